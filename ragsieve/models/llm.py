@@ -1,0 +1,301 @@
+"""Generative LLMs behind one interface.
+
+:class:`LocalLLM` wraps any HF causal LM (the embedded SmolLM2 by default) and is what
+the probe reads hidden states from; :class:`OpenAIChatLLM` talks to an
+OpenAI-compatible server (vLLM, Ollama, ...) for users who serve big models.
+Both expose ``generate(user_messages, ...) -> list[str]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from ragsieve.errors import ModelNotAvailable, RagsieveError
+from ragsieve.models.embedded import get_embedded
+from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
+from ragsieve.paths import cache_dir
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+# Bump when the cached layout changes so stale caches are rebuilt, not misread.
+_CACHE_FORMAT = "1"
+
+
+class Generator(Protocol):
+    """Anything that turns user messages into answers."""
+
+    spec: str
+
+    def generate(
+        self,
+        user_messages: Sequence[str],
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 8,
+    ) -> list[str]: ...
+
+
+@dataclass
+class GenerationStats:
+    prompts: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+
+class LocalLLM:
+    """A local HF causal LM with its tokenizer.
+
+    Example::
+
+        llm = load_llm()  # embedded SmolLM2-135M-Instruct
+        llm.generate(["What is the capital of France?"], max_new_tokens=8)
+    """
+
+    def __init__(self, model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", spec: str):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.spec = spec
+        if tokenizer.pad_token is None:  # batching needs one; eos is the usual choice
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"  # the last position must be the last prompt token
+        self.stats = GenerationStats()
+
+    # -- architecture facts the probe needs ---------------------------------
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+    @property
+    def device(self) -> "torch.device":
+        return next(self.model.parameters()).device
+
+    # -- prompts --------------------------------------------------------------
+    def format_prompt(self, user_message: str, system: str | None = None) -> str:
+        """Apply the chat template (with generation prompt) when the tokenizer has one."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return f"{system}\n\n{user_message}\n" if system else f"{user_message}\n"
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": user_message})
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def truncate_tokens(self, text: str, max_tokens: int) -> tuple[str, bool]:
+        """Cut ``text`` to at most ``max_tokens`` tokens; returns (text, was_truncated)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_tokens:
+            return text, False
+        return self.tokenizer.decode(ids[: max(max_tokens, 0)]), True
+
+    # -- generation -----------------------------------------------------------
+    def generate(
+        self,
+        user_messages: Sequence[str],
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 8,
+        formatted: bool = False,
+    ) -> list[str]:
+        """Greedy answers, one per message; ``formatted=True`` skips the chat template."""
+        import torch
+
+        prompts = list(user_messages) if formatted else [self.format_prompt(m, system) for m in user_messages]
+        outputs: list[str] = []
+        start = time.perf_counter()
+        # Length-sorted batches waste less compute on padding; results go back in order.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        by_index: dict[int, str] = {}
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo : lo + batch_size]
+            enc = self.tokenizer(
+                [prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(self.device)
+            with torch.inference_mode():
+                out = self.model.generate(
+                    **enc,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            new = out[:, enc["input_ids"].shape[1] :]
+            for row, i in enumerate(idx):
+                by_index[i] = self.tokenizer.decode(new[row], skip_special_tokens=True).strip()
+                self.stats.new_tokens += int((new[row] != self.tokenizer.pad_token_id).sum())
+        outputs = [by_index[i] for i in range(len(prompts))]
+        self.stats.prompts += len(prompts)
+        self.stats.seconds += time.perf_counter() - start
+        return outputs
+
+
+class OpenAIChatLLM:
+    """Client for an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``spec`` is ``openai:<base_url>#<model>``, e.g. ``openai:http://localhost:8000/v1#meta-llama/Meta-Llama-3-8B-Instruct``.
+    The API key, if the server needs one, comes from ``OPENAI_API_KEY``. Requests are
+    retried with exponential backoff; a server that stays down raises one clear error.
+    """
+
+    def __init__(self, spec: str, *, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0):
+        parsed = ModelSpec.parse(spec)
+        if parsed.scheme != "openai":
+            raise ModelNotAvailable(f"'{spec}' is not an openai:<url>#<model> spec")
+        self.spec = str(parsed)
+        self.base_url = parsed.target
+        self.model_name = parsed.model
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.stats = GenerationStats()
+
+    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        headers = {"Content-Type": "application/json"}
+        if key := os.environ.get("OPENAI_API_KEY"):
+            headers["Authorization"] = f"Bearer {key}"
+        url = f"{self.base_url}/chat/completions"
+        last_error = ""
+        for attempt in range(self.retries + 1):
+            try:
+                response = httpx.post(url, json=payload, headers=headers, timeout=self.timeout)
+                if response.status_code < 500 and response.status_code != 429:
+                    if response.status_code >= 400:
+                        raise RagsieveError(f"{url} answered {response.status_code}: {response.text[:200]}")
+                    return response.json()
+                last_error = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        raise RagsieveError(f"endpoint {url} unavailable after {self.retries + 1} tries ({last_error})")
+
+    def generate(
+        self,
+        user_messages: Sequence[str],
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 8,  # requests go one at a time; kept for interface parity
+    ) -> list[str]:
+        start = time.perf_counter()
+        answers = []
+        for message in user_messages:
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": message})
+            body = self._post(
+                {"model": self.model_name, "messages": messages, "max_tokens": max_new_tokens, "temperature": 0.0}
+            )
+            try:
+                answers.append((body["choices"][0]["message"]["content"] or "").strip())
+            except (KeyError, IndexError, TypeError):
+                raise RagsieveError(f"{self.base_url}: response has no choices[0].message.content") from None
+        self.stats.prompts += len(user_messages)
+        self.stats.seconds += time.perf_counter() - start
+        return answers
+
+
+# -- loading -------------------------------------------------------------------
+
+
+def _embedded_cache_dir(name: str) -> Path:
+    return cache_dir() / "models" / f"{name}-v{_CACHE_FORMAT}"
+
+
+def _convert_gguf_to_cache(name: str) -> Path:
+    """Dequantise an embedded GGUF once and keep a safetensors copy.
+
+    A file lock serialises concurrent converters; the copy is written to a temp dir
+    and renamed into place, so readers never see a half-written cache.
+    """
+    from filelock import FileLock
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    embedded = get_embedded(name, kind="gguf-llm")
+    target = _embedded_cache_dir(name)
+    if (target / "config.json").exists():
+        return target
+    gguf_path = embedded.path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():  # another process finished while we waited
+            return target
+        log.info("converting %s (first load, ~20 s) into %s", gguf_path.name, target)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        # The weights are now plain fp32; drop the GGUF quantiser so save_pretrained
+        # writes ordinary safetensors that load without gguf installed.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def resolve_llm_path(spec: str) -> str:
+    """The local folder or HF id that ``from_pretrained`` should read for ``spec``."""
+    parsed = ModelSpec.parse(spec)
+    if parsed.scheme == "embedded":
+        return str(_convert_gguf_to_cache(parsed.target))
+    if parsed.scheme == "hf":
+        return parsed.target
+    raise ModelNotAvailable(f"'{spec}' is an endpoint, not a local model")
+
+
+def load_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str = "float32") -> LocalLLM | OpenAIChatLLM:
+    """Load a generator from a spec (see :mod:`ragsieve.models.specs`).
+
+    Example::
+
+        llm = load_llm("embedded:smollm2-135m-instruct")
+        llm = load_llm("openai:http://localhost:11434/v1#llama3")
+    """
+    parsed = ModelSpec.parse(spec)
+    if parsed.scheme == "openai":
+        return OpenAIChatLLM(spec)
+    return load_local_llm(spec, device=device, dtype=dtype)
+
+
+def load_local_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str = "float32") -> LocalLLM:
+    """Like :func:`load_llm` but only local models (the probe needs hidden states)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_llm_path(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except OSError as exc:
+        raise ModelNotAvailable(
+            f"cannot load LLM '{spec}' from {path}: {str(exc).splitlines()[0]} "
+            "(no hub access here: give a local folder or an embedded: spec)"
+        ) from exc
+    return LocalLLM(model.to(device), tokenizer, str(ModelSpec.parse(spec)))
