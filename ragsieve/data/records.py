@@ -1,0 +1,87 @@
+"""Typed records shared by every stage.
+
+They are plain frozen dataclasses: cheap to build by the hundred thousand, hashable,
+and easy to turn into JSON with :func:`dataclasses.asdict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A retrievable unit of text (paragraph, sentence, snippet, abstract section)."""
+
+    id: str
+    text: str
+    title: str = ""
+
+    @property
+    def full_text(self) -> str:
+        """Title and text the way encoders and prompts see them."""
+        return f"{self.title}: {self.text}" if self.title else self.text
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A query with its gold answers and, where the dataset has them, gold passage ids."""
+
+    id: str
+    text: str
+    answers: tuple[str, ...] = ()
+    gold_passage_ids: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgment:
+    """A relevance label: 1 = the passage is relevant to / supports the query."""
+
+    query_id: str
+    passage_id: str
+    label: int
+
+
+@dataclass(frozen=True, slots=True)
+class LabeledPair:
+    """A pointwise (query, passage) classification example with a binary label.
+
+    ``fields`` keeps the dataset's own names (premise/hypothesis, claim/evidence, ...)
+    so prompt templates can use them; ``group`` is a batch / round key where the data
+    has one (e.g. BioASQ ``7B1``).
+    """
+
+    id: str
+    query_id: str
+    query: str
+    passage: str
+    label: int
+    fields: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    group: str = ""
+
+
+@dataclass(slots=True)
+class Dataset:
+    """Everything one loader yields: questions, the passage pool and gold judgments."""
+
+    name: str
+    questions: list[Question]
+    passages: list[Passage] = field(default_factory=list)
+    judgments: list[Judgment] = field(default_factory=list)
+    pairs: list[LabeledPair] = field(default_factory=list)
+    skipped_lines: int = 0
+    # loader facts: licence, source files, counts of dropped / repaired records
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def passage_by_id(self) -> dict[str, Passage]:
+        return {p.id: p for p in self.passages}
+
+    def qrels(self) -> dict[str, dict[str, int]]:
+        """Judgments as ``{query_id: {passage_id: label}}`` (positives only), the ranx shape."""
+        out: dict[str, dict[str, int]] = {}
+        for j in self.judgments:
+            if j.label > 0:
+                out.setdefault(j.query_id, {})[j.passage_id] = j.label
+        return out
