@@ -1,0 +1,115 @@
+"""The RAG pipeline: (gate) → retrieve → (rerank → grade) → generate.
+
+Batched answering over prompts built by :class:`~ragsieve.prompts.builder.PromptBuilder`.
+Later stages (gate, reranker, grader) plug in as optional components.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.prompts import QAPrompts
+from ragsieve.prompts.builder import PromptBuilder
+
+if TYPE_CHECKING:
+    from ragsieve.gate.cbdr import CBDRGate
+    from ragsieve.models.llm import Generator
+    from ragsieve.retrieve.base import Retriever
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RAGAnswer:
+    question: str
+    answer: str
+    contexts: list[Passage] = field(default_factory=list)
+    retrieved: bool = False
+    truncated_contexts: int = 0
+    seconds: float = 0.0
+    confidence: float | None = None  # Conf(Q) when a CBDR gate decided
+
+
+class RAGPipeline:
+    """Answer questions closed-book or with retrieved contexts.
+
+    Example::
+
+        pipe = RAGPipeline(load_llm(), load_index("index/nq"), top_k=3)
+        pipe.answer("who wrote hamlet").answer
+    """
+
+    def __init__(
+        self,
+        llm: "Generator",
+        retriever: "Retriever | None" = None,
+        *,
+        top_k: int = 3,
+        max_prompt_tokens: int = 1024,
+        max_new_tokens: int = 16,
+        batch_size: int = 8,
+        prompts: QAPrompts | None = None,
+        gate: "CBDRGate | None" = None,
+    ):
+        if top_k < 1:
+            raise RagsieveError(f"top_k must be >= 1, got {top_k}")
+        self.llm = llm
+        self.retriever = retriever
+        self.top_k = top_k
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.gate = gate
+        self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
+
+    def retrieve(self, questions: Sequence[str]) -> list[list[Passage]]:
+        if self.retriever is None:
+            raise RagsieveError("no retriever configured: build an index (ragsieve index) or answer closed-book")
+        hits = self.retriever.search_batch(list(questions), k=self.top_k)
+        return [[h.passage for h in row] for row in hits]
+
+    def answer_many(self, questions: Sequence[str], *, retrieve: bool = True) -> list[RAGAnswer]:
+        questions = [q.strip() if isinstance(q, str) else "" for q in questions]
+        for i, q in enumerate(questions):
+            if not q:
+                raise RagsieveError(f"empty question at position {i}")
+        start = time.perf_counter()
+        # The gate answers confident questions closed-book; only the rest retrieve.
+        decisions = self.gate.decide_many(questions) if (self.gate and retrieve) else None
+        needs = [d.retrieve for d in decisions] if decisions else [retrieve] * len(questions)
+        contexts: list[list[Passage]] = [[] for _ in questions]
+        to_retrieve = [i for i, flag in enumerate(needs) if flag]
+        if to_retrieve:
+            for i, ctx in zip(to_retrieve, self.retrieve([questions[i] for i in to_retrieve])):
+                contexts[i] = ctx
+        built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
+        texts = self.llm.generate(
+            [b.text for b in built],
+            system=self.builder.prompts.system,
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size,
+        )
+        per_question = (time.perf_counter() - start) / max(len(questions), 1)
+        truncated = sum(b.truncated_contexts for b in built)
+        if truncated:
+            log.warning("%d context passage(s) truncated to fit max_prompt_tokens", truncated)
+        return [
+            RAGAnswer(q, first_line(t), c, flag, b.truncated_contexts, per_question,
+                      decisions[i].confidence if decisions else None)
+            for i, (q, t, c, b, flag) in enumerate(zip(questions, texts, contexts, built, needs))
+        ]
+
+    def answer(self, question: str, *, retrieve: bool = True) -> RAGAnswer:
+        return self.answer_many([question], retrieve=retrieve)[0]
+
+
+def first_line(text: str) -> str:
+    """Models often continue after the answer; the first non-empty line is the answer."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""

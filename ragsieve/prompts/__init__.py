@@ -1,0 +1,45 @@
+"""Prompt templates, stored as YAML next to this file (prompts are data, not code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+from ragsieve.errors import RagsieveError
+
+PROMPT_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class QAPrompts:
+    system: str
+    closed_book: str
+    with_context: str
+    context_item: str
+    context_separator: str = "\n\n"
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    if not path.is_file():
+        raise RagsieveError(f"prompt file not found: {path}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise RagsieveError(f"{path}: expected a mapping of template names to strings")
+    return data
+
+
+@lru_cache(maxsize=8)
+def load_qa_prompts(path: str | None = None) -> QAPrompts:
+    """Load QA templates (default: the packaged ``qa.yaml``); unknown keys are refused."""
+    source = Path(path) if path else PROMPT_DIR / "qa.yaml"
+    data = _read_yaml(source)
+    known = {f.name for f in fields(QAPrompts)}
+    if extra := sorted(set(data) - known):
+        raise RagsieveError(f"{source}: unknown template key(s) {extra}; known: {sorted(known)}")
+    try:
+        return QAPrompts(**data)
+    except TypeError as exc:
+        raise RagsieveError(f"{source}: {exc}") from None
