@@ -23,6 +23,7 @@ from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
 from ragsieve.paths import cache_dir
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -119,34 +120,75 @@ class LocalLLM:
         formatted: bool = False,
     ) -> list[str]:
         """Greedy answers, one per message; ``formatted=True`` skips the chat template."""
+        prompts = list(user_messages) if formatted else [self.format_prompt(m, system) for m in user_messages]
+        return self._generate(prompts, max_new_tokens, batch_size, capture_layer=None)[0]
+
+    def generate_with_states(
+        self,
+        user_messages: Sequence[str],
+        layer: int,
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 8,
+    ) -> tuple[list[str], "np.ndarray"]:
+        """Greedy answers plus the pre-token state of hidden layer ``layer`` (1-based).
+
+        The state is read during the prefill that generation runs anyway, so the probe's
+        training data costs no extra forward pass. It equals
+        :class:`~ragsieve.probe.hidden.HiddenStateExtractor` on the same prompt.
+        """
+        prompts = [self.format_prompt(m, system) for m in user_messages]
+        texts, states = self._generate(prompts, max_new_tokens, batch_size, capture_layer=layer)
+        return texts, states
+
+    def _generate(
+        self, prompts: list[str], max_new_tokens: int, batch_size: int, capture_layer: int | None
+    ) -> tuple[list[str], "np.ndarray | None"]:
+        import numpy as np
         import torch
 
-        prompts = list(user_messages) if formatted else [self.format_prompt(m, system) for m in user_messages]
-        outputs: list[str] = []
         start = time.perf_counter()
+        states = np.zeros((len(prompts), self.hidden_size), dtype=np.float32) if capture_layer else None
+        captured: list["torch.Tensor"] = []
+        handle = None
+        if capture_layer:
+            from ragsieve.probe.hidden import decoder_layers
+
+            def hook(_module, _inputs, output):
+                if not captured:  # the first call is the prefill over the whole prompt
+                    captured.append((output[0] if isinstance(output, tuple) else output)[:, -1, :].float().cpu())
+
+            handle = decoder_layers(self.model)[capture_layer - 1].register_forward_hook(hook)
         # Length-sorted batches waste less compute on padding; results go back in order.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         by_index: dict[int, str] = {}
-        for lo in range(0, len(order), batch_size):
-            idx = order[lo : lo + batch_size]
-            enc = self.tokenizer(
-                [prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False
-            ).to(self.device)
-            with torch.inference_mode():
-                out = self.model.generate(
-                    **enc,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                )
-            new = out[:, enc["input_ids"].shape[1] :]
-            for row, i in enumerate(idx):
-                by_index[i] = self.tokenizer.decode(new[row], skip_special_tokens=True).strip()
-                self.stats.new_tokens += int((new[row] != self.tokenizer.pad_token_id).sum())
-        outputs = [by_index[i] for i in range(len(prompts))]
+        try:
+            for lo in range(0, len(order), batch_size):
+                idx = order[lo : lo + batch_size]
+                enc = self.tokenizer(
+                    [prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False
+                ).to(self.device)
+                captured.clear()
+                with torch.inference_mode():
+                    out = self.model.generate(
+                        **enc,
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        pad_token_id=self.tokenizer.pad_token_id,
+                    )
+                if states is not None:
+                    states[idx] = captured[0].numpy()
+                new = out[:, enc["input_ids"].shape[1] :]
+                for row, i in enumerate(idx):
+                    by_index[i] = self.tokenizer.decode(new[row], skip_special_tokens=True).strip()
+                    self.stats.new_tokens += int((new[row] != self.tokenizer.pad_token_id).sum())
+        finally:
+            if handle is not None:
+                handle.remove()
         self.stats.prompts += len(prompts)
         self.stats.seconds += time.perf_counter() - start
-        return outputs
+        return [by_index[i] for i in range(len(prompts))], states
 
 
 class OpenAIChatLLM:

@@ -1,0 +1,50 @@
+"""On-disk cache of hidden states in SQLite, keyed by (model, layer, prompt) hash."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+class StateCache:
+    """A float32 vector store: ``put_many({key: vec})`` / ``get_many(keys)``.
+
+    SQLite gives atomic commits, so an interrupted run keeps every batch it finished.
+
+    Example::
+
+        cache = StateCache("states.sqlite")
+        cache.put_many({"k": np.ones(4, np.float32)})
+        cache.get_many(["k"])["k"]
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS states (key TEXT PRIMARY KEY, dim INTEGER, data BLOB)")
+        self._db.commit()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for lo in range(0, len(keys), 500):  # SQLite caps bound parameters
+            chunk = list(keys[lo : lo + 500])
+            marks = ",".join("?" * len(chunk))
+            for key, dim, data in self._db.execute(f"SELECT key, dim, data FROM states WHERE key IN ({marks})", chunk):
+                out[key] = np.frombuffer(data, dtype=np.float32, count=dim).copy()
+        return out
+
+    def put_many(self, items: Mapping[str, np.ndarray]) -> None:
+        rows = [(k, int(v.shape[-1]), np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
+        with self._db:
+            self._db.executemany("INSERT OR REPLACE INTO states VALUES (?, ?, ?)", rows)
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM states").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,172 @@
+"""Pre-token hidden states: the layer-ℓ state at the last prompt position.
+
+That position is where the first answer token is generated from, so its state tells
+what the LLM "knows" before it answers (the knowledge-boundary probe reads it).
+
+The forward pass stops after decoder layer ℓ (a hook raises once that layer has
+run), so reading the middle layer costs about half a forward. Batches are left
+padded and get position ids from the attention mask, exactly as ``generate`` does,
+so a padded row gives the same state as the prompt alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ragsieve.errors import RagsieveError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ragsieve.models.llm import LocalLLM
+    from ragsieve.probe.cache import StateCache
+
+log = logging.getLogger(__name__)
+
+
+class _StopForward(Exception):
+    """Raised from the layer hook to skip the rest of the network."""
+
+
+def resolve_layer(layer: int | float, num_layers: int) -> int:
+    """Map a layer spec to a hidden-state index in ``[1, num_layers]``.
+
+    An int is an index into HF ``hidden_states`` (1 = output of the first decoder
+    layer; negative counts from the end); a float in (0, 1) is a fraction of depth
+    (0.5 → L/2, the paper's middle layer).
+
+    Example::
+
+        resolve_layer(0.5, 30)  # 15
+    """
+    if isinstance(layer, float) and not layer.is_integer():
+        if not 0.0 < layer < 1.0:
+            raise RagsieveError(f"layer fraction must be in (0, 1), got {layer}")
+        index = max(1, round(layer * num_layers))
+    else:
+        index = int(layer)
+        if index < 0:
+            index = num_layers + 1 + index
+    if not 1 <= index <= num_layers:
+        raise RagsieveError(f"layer {layer} out of range for a {num_layers}-layer model (1..{num_layers})")
+    return index
+
+
+def decoder_layers(model) -> "torch.nn.ModuleList":
+    """The decoder block list of an HF causal LM (Llama, Qwen, Mistral, Gemma, GPT-2, ...)."""
+    base = getattr(model, "base_model", model)
+    for owner in (base, getattr(base, "model", None), getattr(model, "model", None)):
+        if owner is None:
+            continue
+        for name in ("layers", "h", "blocks"):
+            layers = getattr(owner, name, None)
+            if layers is not None and hasattr(layers, "__len__"):
+                return layers
+    raise RagsieveError(f"cannot find decoder layers in {type(model).__name__}; early exit needs model.model.layers")
+
+
+def prompt_key(model_spec: str, layer: int, prompt: str) -> str:
+    return hashlib.sha1(f"{model_spec}\x00{layer}\x00{prompt}".encode()).hexdigest()
+
+
+class HiddenStateExtractor:
+    """Batched early-exit extraction of pre-token hidden states.
+
+    Example::
+
+        extractor = HiddenStateExtractor(load_local_llm(), layer=0.5)
+        states = extractor.extract([llm.format_prompt("who wrote hamlet?")])  # (1, 576)
+    """
+
+    def __init__(
+        self,
+        llm: "LocalLLM",
+        layer: int | float = 0.5,
+        *,
+        batch_size: int = 16,
+        max_length: int | None = None,
+        cache: "StateCache | None" = None,
+    ):
+        self.llm = llm
+        self.layer = resolve_layer(layer, llm.num_layers)
+        self.batch_size = batch_size
+        self.max_length = max_length or llm.context_length
+        self.cache = cache
+        self.layers = decoder_layers(llm.model)
+
+    @property
+    def dim(self) -> int:
+        return self.llm.hidden_size
+
+    def _forward_batch(self, prompts: Sequence[str]) -> np.ndarray:
+        import torch
+
+        tok = self.llm.tokenizer
+        enc = tok(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        if enc["input_ids"].shape[1] > self.max_length:
+            raise RagsieveError(
+                f"prompt of {enc['input_ids'].shape[1]} tokens exceeds max_length={self.max_length}; "
+                "build prompts with a token budget (PromptBuilder) first"
+            )
+        mask = enc["attention_mask"]
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate() uses with left padding
+        captured: dict[str, torch.Tensor] = {}
+
+        def hook(_module, _inputs, output):
+            captured["h"] = output[0] if isinstance(output, tuple) else output
+            raise _StopForward
+
+        handle = self.layers[self.layer - 1].register_forward_hook(hook)
+        try:
+            with torch.inference_mode():
+                self.llm.model(
+                    input_ids=enc["input_ids"].to(self.llm.device),
+                    attention_mask=mask.to(self.llm.device),
+                    position_ids=position_ids.to(self.llm.device),
+                    use_cache=False,
+                )
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
+        if "h" not in captured:
+            raise RagsieveError(f"layer {self.layer} did not run; is the model's layer list {type(self.layers)}?")
+        return captured["h"][:, -1, :].float().cpu().numpy()
+
+    def extract(self, prompts: Sequence[str]) -> np.ndarray:
+        """States for already formatted prompts, shape ``(len(prompts), hidden_size)``, float32."""
+        out = np.zeros((len(prompts), self.dim), dtype=np.float32)
+        todo: list[int] = []
+        keys = [prompt_key(self.llm.spec, self.layer, p) for p in prompts] if self.cache is not None else []
+        if self.cache is not None:
+            found = self.cache.get_many(keys)
+            for i, key in enumerate(keys):
+                if key in found:
+                    out[i] = found[key]
+                else:
+                    todo.append(i)
+        else:
+            todo = list(range(len(prompts)))
+        # Sorting by length keeps padding (wasted compute) low within each batch.
+        todo.sort(key=lambda i: len(prompts[i]))
+        for lo in range(0, len(todo), self.batch_size):
+            idx = todo[lo : lo + self.batch_size]
+            states = self._forward_batch([prompts[i] for i in idx])
+            out[idx] = states
+            if self.cache is not None:
+                self.cache.put_many({keys[i]: states[j] for j, i in enumerate(idx)})
+        return out
+
+
+def full_forward_state(llm: "LocalLLM", prompt: str, layer: int) -> np.ndarray:
+    """The reference path: one prompt, full forward with ``output_hidden_states=True``."""
+    import torch
+
+    enc = llm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(llm.device)
+    with torch.inference_mode():
+        out = llm.model(**enc, output_hidden_states=True, use_cache=False)
+    return out.hidden_states[layer][0, -1, :].float().cpu().numpy()

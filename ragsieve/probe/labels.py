@@ -1,0 +1,125 @@
+"""Correctness labels: answer greedily, mark correct by normalised answer containment.
+
+Every generation is appended to a jsonl as soon as its batch finishes, so labels can
+be audited and an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ragsieve.data.records import Passage
+
+if TYPE_CHECKING:
+    from ragsieve.models.llm import LocalLLM
+    from ragsieve.probe.cache import StateCache
+    from ragsieve.prompts.builder import PromptBuilder
+
+
+@dataclass
+class LabelRequest:
+    """One (question, context) prompt to answer; ``variant`` names the context kind."""
+
+    question_id: str
+    question: str
+    answers: tuple[str, ...]
+    variant: str  # "closed" | "gold" | "retrieved" | "top1" | ...
+    contexts: list[Passage] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.question_id}|{self.variant}|{','.join(p.id for p in self.contexts)}"
+
+
+@dataclass
+class LabeledGeneration:
+    question_id: str
+    variant: str
+    context_ids: list[str]
+    generation: str
+    correct: int
+    em: float
+    f1: float
+    truncated_contexts: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.question_id}|{self.variant}|{','.join(self.context_ids)}"
+
+
+def read_generations(path: str | Path) -> dict[str, LabeledGeneration]:
+    """Previously labelled generations by key; a half-written last line is ignored."""
+    from ragsieve.data import read_jsonl
+
+    path = Path(path)
+    if not path.exists():
+        return {}
+    out = {}
+    for row in read_jsonl(path, skip_bad=True):
+        g = LabeledGeneration(**row)
+        out[g.key] = g
+    return out
+
+
+def label_generations(
+    llm: "LocalLLM",
+    builder: "PromptBuilder",
+    requests: Sequence[LabelRequest],
+    out_path: str | Path,
+    *,
+    max_new_tokens: int = 16,
+    batch_size: int = 16,
+    progress: Callable[[int], None] | None = None,
+    state_layer: int | None = None,
+    state_cache: "StateCache | None" = None,
+) -> list[LabeledGeneration]:
+    """Answer every request (skipping ones already in ``out_path``) and label it.
+
+    With ``state_layer`` and ``state_cache``, the layer's pre-token state is captured
+    during generation and cached under the same key the probe's extractor uses, so
+    the probe's training states cost no extra forward pass.
+    """
+    from ragsieve.data import append_jsonl
+    from ragsieve.eval.qa import contains_answer, exact_match, token_f1
+    from ragsieve.pipeline.rag import first_line
+
+    done = read_generations(out_path)
+    todo = [r for r in requests if r.key not in done]
+    if progress:
+        progress(len(requests) - len(todo))
+    for lo in range(0, len(todo), batch_size):
+        batch = todo[lo : lo + batch_size]
+        built = [builder.with_context(r.question, r.contexts) for r in batch]
+        messages = [b.text for b in built]
+        system = builder.prompts.system
+        if state_layer and state_cache is not None:
+            from ragsieve.probe.hidden import prompt_key
+
+            texts, states = llm.generate_with_states(
+                messages, state_layer, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
+            )
+            state_cache.put_many(
+                {prompt_key(llm.spec, state_layer, llm.format_prompt(m, system)): v for m, v in zip(messages, states)}
+            )
+        else:
+            texts = llm.generate(messages, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        for r, b, text in zip(batch, built, texts):
+            answer = first_line(text)
+            g = LabeledGeneration(
+                question_id=r.question_id,
+                variant=r.variant,
+                context_ids=[p.id for p in r.contexts],
+                generation=answer,
+                correct=int(contains_answer(answer, r.answers)),
+                em=float(exact_match(answer, r.answers)),
+                f1=float(token_f1(answer, r.answers)),
+                truncated_contexts=b.truncated_contexts,
+            )
+            append_jsonl(out_path, asdict(g))
+            done[g.key] = g
+        if progress:
+            progress(len(batch))
+    return [done[r.key] for r in requests]

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.probe.cache import StateCache
+from ragsieve.probe.hidden import HiddenStateExtractor, full_forward_state, resolve_layer
+from ragsieve.probe.model import ConfidenceProbe, ProbeConfig, ProbeHead
+from ragsieve.probe.train import ProbeTrainConfig, train_probe_head
+
+PROMPT_TEXTS = [
+    "Who wrote Hamlet?",
+    "the quick brown fox jumps over the lazy dog and the lazy dog jumps over the fox again",
+    "yes",
+    "Paris is the capital of France. What is the capital of France?",
+]
+
+
+def test_resolve_layer():
+    assert resolve_layer(0.5, 30) == 15
+    assert resolve_layer(15, 30) == 15
+    assert resolve_layer(-1, 30) == 30
+    assert resolve_layer(1.0, 30) == 1  # an integral float is an index, not a fraction
+    for bad in (0, 31, 1.5, -31):
+        with pytest.raises(RagsieveError):
+            resolve_layer(bad, 30)
+
+
+@pytest.mark.parametrize("layer", [1, 2, 3, 0.5])
+def test_early_exit_batched_equals_full_forward(tiny_llm, layer):
+    prompts = [tiny_llm.format_prompt(t) for t in PROMPT_TEXTS]
+    extractor = HiddenStateExtractor(tiny_llm, layer, batch_size=3)  # mixed lengths → left padding
+    batched = extractor.extract(prompts)
+    for i, prompt in enumerate(prompts):
+        np.testing.assert_allclose(batched[i], full_forward_state(tiny_llm, prompt, extractor.layer), atol=1e-5)
+
+
+def test_early_exit_skips_later_layers(tiny_llm):
+    calls = []
+    handles = [layer.register_forward_hook(lambda m, i, o, n=n: calls.append(n))
+               for n, layer in enumerate(tiny_llm.model.model.layers)]
+    try:
+        HiddenStateExtractor(tiny_llm, 2).extract([tiny_llm.format_prompt("hi")])
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == [0, 1]
+
+
+def test_state_cache_avoids_recompute(tiny_llm, tmp_path, monkeypatch):
+    prompts = [tiny_llm.format_prompt(t) for t in PROMPT_TEXTS]
+    cache = StateCache(tmp_path / "s.sqlite")
+    first = HiddenStateExtractor(tiny_llm, 2, cache=cache).extract(prompts)
+    assert len(cache) == len(prompts)
+    again = HiddenStateExtractor(tiny_llm, 2, cache=StateCache(tmp_path / "s.sqlite"))
+    monkeypatch.setattr(again, "_forward_batch", lambda p: (_ for _ in ()).throw(AssertionError("recomputed")))
+    np.testing.assert_array_equal(again.extract(prompts), first)
+    other_layer = HiddenStateExtractor(tiny_llm, 3, cache=cache)  # a different key: must compute
+    assert not np.allclose(other_layer.extract(prompts[:1]), first[:1])
+
+
+def _separable(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    x[:, 0] += 3.0 * y  # one informative direction ...
+    x[:, 1] *= 100.0  # ... and one huge uninformative one (like mid-layer outlier dims)
+    return x, y
+
+
+def test_probe_head_learns_and_early_stops():
+    x, y = _separable(600, 32, 0)
+    xd, yd = _separable(200, 32, 1)
+    xt, yt = _separable(300, 32, 2)
+    result = train_probe_head(x, y, xd, yd, ProbeTrainConfig(hidden=16, lr=1e-3, epochs=40, patience=3))
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(yt, result.head.predict_proba(xt)) > 0.95
+    assert result.best_epoch <= len(result.history) <= 40
+    with pytest.raises(RagsieveError, match="both correct and incorrect"):
+        train_probe_head(x, np.zeros_like(y), xd, yd)
+
+
+def _probe(tiny_llm, layer=2) -> ConfidenceProbe:
+    head = ProbeHead(tiny_llm.hidden_size, 8)
+    cfg = ProbeConfig(llm_spec=tiny_llm.spec, layer=layer, num_layers=tiny_llm.num_layers,
+                      hidden_size=tiny_llm.hidden_size, probe_hidden=8, max_prompt_tokens=250)
+    return ConfidenceProbe(tiny_llm, head, cfg)
+
+
+def test_probe_save_load_and_refusals(tiny_llm, tmp_path):
+    probe = _probe(tiny_llm)
+    ctx = Passage("p", "Hamlet was written by Shakespeare.", "Hamlet")
+    before = probe.score_batch(["Who wrote Hamlet?", "Who wrote Hamlet?"], [None, ctx])
+    assert before.shape == (2,) and np.all((before >= 0) & (before <= 1))
+    probe.save(tmp_path / "p")
+    loaded = ConfidenceProbe.load(tmp_path / "p", tiny_llm)
+    np.testing.assert_allclose(loaded.score_batch(["Who wrote Hamlet?", "Who wrote Hamlet?"], [None, ctx]), before)
+    with pytest.raises(RagsieveError, match="trained on layer 2, not layer 3"):
+        ConfidenceProbe.load(tmp_path / "p", tiny_llm, layer=3)
+    tiny_llm_spec = tiny_llm.spec
+    try:
+        tiny_llm.spec = "embedded:smollm2-135m-instruct"
+        with pytest.raises(RagsieveError, match="trained on LLM"):
+            ConfidenceProbe.load(tmp_path / "p", tiny_llm)
+    finally:
+        tiny_llm.spec = tiny_llm_spec
+    with pytest.raises(RagsieveError, match="not a saved probe"):
+        ConfidenceProbe.load(tmp_path / "nothing", tiny_llm)
+    with pytest.raises(RagsieveError, match="empty question"):
+        probe.score("  ")
+
+
+def test_probe_prompts_truncate_context_keep_question(tiny_llm):
+    probe = _probe(tiny_llm)
+    long = Passage("p", "the lazy dog " * 500, "Dog")
+    prompt = probe.prompts(["Who wrote Hamlet?"], [long])[0]
+    assert "Who wrote Hamlet?" in prompt
+    assert tiny_llm.count_tokens(prompt) <= 250
+    assert np.isfinite(probe.score("Who wrote Hamlet?", long))
+
+
+def test_label_generations_resume(tiny_llm, tmp_path, monkeypatch):
+    from ragsieve.probe.labels import LabelRequest, label_generations, read_generations
+    from ragsieve.prompts.builder import PromptBuilder
+
+    builder = PromptBuilder(tiny_llm, max_prompt_tokens=200)
+    reqs = [LabelRequest(f"q{i}", f"question {i}?", ("fox",), "closed") for i in range(5)]
+    out = tmp_path / "gens.jsonl"
+    first = label_generations(tiny_llm, builder, reqs[:3], out, max_new_tokens=3, batch_size=2)
+    assert len(read_generations(out)) == 3
+    seen = []
+    real = tiny_llm.generate
+    monkeypatch.setattr(tiny_llm, "generate", lambda msgs, **kw: seen.extend(msgs) or real(msgs, **kw))
+    all_gens = label_generations(tiny_llm, builder, reqs, out, max_new_tokens=3, batch_size=2)
+    assert len(seen) == 2 and [g.question_id for g in all_gens] == [r.question_id for r in reqs]
+    assert [g.generation for g in all_gens[:3]] == [g.generation for g in first]
+    with open(out, "a") as f:
+        f.write('{"question_id": "half')  # a crash mid-line must not break the next resume
+    assert len(read_generations(out)) == 5
+
+
+@pytest.mark.integration
+def test_smollm2_middle_layer_equivalence(smollm2):
+    prompts = [smollm2.format_prompt(t) for t in PROMPT_TEXTS[:3]]
+    extractor = HiddenStateExtractor(smollm2, 0.5, batch_size=3)
+    assert extractor.layer == 15 and extractor.dim == 576
+    states = extractor.extract(prompts)
+    for i, p in enumerate(prompts):
+        ref = full_forward_state(smollm2, p, 15)
+        np.testing.assert_allclose(states[i], ref, atol=1e-3 * np.abs(ref).max())
+
+
+def test_states_captured_during_generation_match_extractor(tiny_llm, tmp_path):
+    from ragsieve.probe.hidden import prompt_key
+    from ragsieve.probe.labels import LabelRequest, label_generations
+    from ragsieve.prompts.builder import PromptBuilder
+
+    texts, states = tiny_llm.generate_with_states(PROMPT_TEXTS, 2, max_new_tokens=3, batch_size=3)
+    assert texts == tiny_llm.generate(PROMPT_TEXTS, max_new_tokens=3, batch_size=3)
+    reference = HiddenStateExtractor(tiny_llm, 2).extract([tiny_llm.format_prompt(t) for t in PROMPT_TEXTS])
+    np.testing.assert_allclose(states, reference, atol=1e-5)
+
+    builder = PromptBuilder(tiny_llm, max_prompt_tokens=250)
+    cache = StateCache(tmp_path / "s.sqlite")
+    reqs = [LabelRequest("q1", "Who wrote Hamlet?", ("Shakespeare",), "gold", [Passage("p", "By Shakespeare.")])]
+    label_generations(tiny_llm, builder, reqs, tmp_path / "g.jsonl", max_new_tokens=2, state_layer=2, state_cache=cache)
+    prompt = tiny_llm.format_prompt(builder.with_context(reqs[0].question, reqs[0].contexts).text, builder.prompts.system)
+    stored = cache.get_many([prompt_key(tiny_llm.spec, 2, prompt)])
+    assert len(stored) == 1
+    np.testing.assert_allclose(next(iter(stored.values())), HiddenStateExtractor(tiny_llm, 2).extract([prompt])[0],
+                               atol=1e-5)
