@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.gate import CBDRGate, gate_accuracy, skip_at_parity, sweep_cbdr
+from ragsieve.pipeline import RAGPipeline
+
+
+class _FixedProbe:
+    """Conf(Q) from a lookup table: the gate logic is what is under test."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def score_batch(self, questions, contexts=None):
+        return np.array([self.table[q] for q in questions])
+
+
+def test_gate_decides_by_beta():
+    gate = CBDRGate(_FixedProbe({"a": 0.2, "b": 0.95, "c": 0.9}), beta=0.9)
+    assert [d.retrieve for d in gate.decide_many(["a", "b", "c"])] == [True, False, True]  # ties retrieve
+    with pytest.raises(RagsieveError):
+        CBDRGate(_FixedProbe({}), beta=1.5)
+
+
+def test_sweep_and_parity_hand_example():
+    conf = np.array([0.1, 0.6, 0.8, 0.99])
+    closed = np.array([0, 0, 1, 1])
+    rag = np.array([1, 0, 1, 1])
+    # β=0.5: q2,q3,q4 skip → correct = [1, 0, 1, 1]; RR = 1/4
+    assert gate_accuracy(conf, closed, rag, 0.5) == (0.75, 0.25)
+    # β=0: everyone with conf > 0 skips → closed-book accuracy
+    assert gate_accuracy(conf, closed, rag, 0.0) == (0.5, 0.0)
+    rows = sweep_cbdr(conf, closed, {1: rag, 3: rag}, [0.0, 1.0])
+    assert rows[0] == {"beta": 0.0, "top_k": 1, "rr": 0.0, "accuracy": 0.5}
+    assert rows[1] == {"beta": 1.0, "top_k": 1, "rr": 1.0, "accuracy": 0.75}
+    best = skip_at_parity(conf, closed, rag, [0.0, 0.5, 1.0])
+    assert best["skip"] == 0.75 and best["beta"] == 0.5 and best["accuracy"] == 0.75
+    fine = skip_at_parity(conf, closed, rag)
+    assert fine["skip"] == 0.75
+
+
+def test_pipeline_with_gate_retrieves_only_unconfident(tiny_llm):
+    from ragsieve.retrieve import BM25Retriever
+
+    pool = [Passage("p0", "Hamlet was written by William Shakespeare."), Passage("p1", "Paris is in France.")]
+    gate = CBDRGate(_FixedProbe({"Who wrote Hamlet?": 0.2, "Where is Paris?": 0.99}), beta=0.9)
+    pipe = RAGPipeline(tiny_llm, BM25Retriever.build(pool), top_k=1, max_new_tokens=2, gate=gate)
+    low, high = pipe.answer_many(["Who wrote Hamlet?", "Where is Paris?"])
+    assert low.retrieved and [p.id for p in low.contexts] == ["p0"] and low.confidence == pytest.approx(0.2)
+    assert not high.retrieved and high.contexts == [] and high.confidence == pytest.approx(0.99)
