@@ -1,0 +1,22 @@
+"""First-stage retrieval: BM25, dense (bi-encoder + faiss) and hybrid (RRF), plus on-disk indexes.
+
+Heavy dependencies (torch, sentence-transformers, faiss, bm25s) load only when an index is
+built, loaded or searched, so importing this package is cheap.
+
+Example::
+
+    from ragsieve.retrieve import build_index, load_index
+
+    retriever = build_index(passages, "indexes/demo", kind="hybrid", show_progress=False)
+    hits = load_index("indexes/demo").search("who discovered penicillin", k=5)
+"""
+
+from __future__ import annotations
+
+from ragsieve.retrieve.base import Hit, Retriever
+from ragsieve.retrieve.bm25 import BM25Retriever
+from ragsieve.retrieve.dense import DenseRetriever
+from ragsieve.retrieve.hybrid import HybridRetriever
+from ragsieve.retrieve.index import build_index, load_index
+
+__all__ = ["Hit", "Retriever", "BM25Retriever", "DenseRetriever", "HybridRetriever", "build_index", "load_index"]

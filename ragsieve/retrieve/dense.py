@@ -1,0 +1,401 @@
+"""Dense retrieval: a sentence-transformers bi-encoder plus a faiss inner-product index.
+
+Embeddings are L2-normalised, so inner product = cosine similarity. The default index is
+HNSW (``faiss.IndexHNSWFlat``, ``METRIC_INNER_PRODUCT``); ``exact=True`` uses a brute-force
+``faiss.IndexFlatIP`` instead (best for pools of a few thousand passages, or as ground truth).
+
+HNSW defaults (``M=32, ef_construction=200, ef_search=64``) come from
+``bench/retrieval.py`` on ~100k MiniLM vectors: see ``bench/results/retrieval.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.models.specs import DEFAULT_ENCODER
+from ragsieve.retrieve.base import Hit, Retriever, _check_dir, _check_k, _load_passages, check_passages
+
+if TYPE_CHECKING:
+    import faiss
+    from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_M = 32
+DEFAULT_EF_CONSTRUCTION = 200
+DEFAULT_EF_SEARCH = 64
+DEFAULT_BATCH_SIZE = 64
+
+_INDEX_FILE = "index.faiss"
+_EMB_FILE = "embeddings.npy"
+_CONFIG_FILE = "dense.json"
+
+
+def count_truncated(encoder: "SentenceTransformer", texts: Sequence[str], chunk: int = 4096) -> int:
+    """How many ``texts`` the encoder will truncate (token count incl. special tokens > ``max_seq_length``).
+
+    Example::
+
+        n = count_truncated(load_encoder(), [p.full_text for p in passages])
+    """
+    max_len = encoder.max_seq_length
+    tokenizer = getattr(encoder, "tokenizer", None)
+    if not max_len or tokenizer is None:
+        return 0
+    n = 0
+    for start in range(0, len(texts), chunk):
+        # verbose=False: we count the long ones ourselves instead of one tokenizer warning per call
+        ids = tokenizer(list(texts[start : start + chunk]), add_special_tokens=True, truncation=False, verbose=False)
+        n += sum(len(x) > max_len for x in ids["input_ids"])
+    return n
+
+
+def embed_texts(
+    encoder: "SentenceTransformer",
+    texts: Sequence[str],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    show_progress: bool = True,
+    description: str = "embedding",
+) -> np.ndarray:
+    """Encode ``texts`` to L2-normalised float32 vectors ``(len(texts), dim)``, with a rich progress bar.
+
+    Texts are encoded longest-first in batches of ``batch_size`` (less padding per batch),
+    and returned in input order.
+
+    Example::
+
+        vecs = embed_texts(load_encoder(), ["a passage", "another"], show_progress=False)
+    """
+    if batch_size <= 0:
+        raise RagsieveError(f"batch_size must be positive, got {batch_size}")
+    n = len(texts)
+    dim = _encoder_dim(encoder)
+    out = np.empty((n, dim), dtype=np.float32)
+    order = sorted(range(n), key=lambda i: -len(texts[i]))
+
+    def encode_all(advance: Any) -> None:
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            vecs = encoder.encode(
+                [texts[i] for i in idx],
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out[idx] = np.asarray(vecs, dtype=np.float32)
+            advance(len(idx))
+
+    if show_progress and n:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, transient=False) as progress:
+            task = progress.add_task(description, total=n)
+            encode_all(lambda m: progress.advance(task, m))
+    else:
+        encode_all(lambda m: None)
+    return out
+
+
+def _encoder_dim(encoder: "SentenceTransformer") -> int:
+    get_dim = getattr(encoder, "get_embedding_dimension", None) or encoder.get_sentence_embedding_dimension
+    dim = get_dim()
+    if not dim:
+        raise RagsieveError("encoder does not report an embedding dimension")
+    return int(dim)
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if not np.all(np.isfinite(x)) or np.any(norms == 0):
+        raise RagsieveError("embeddings must be finite and non-zero")
+    return x / norms
+
+
+def make_faiss_index(
+    embeddings: np.ndarray,
+    *,
+    exact: bool = False,
+    m: int = DEFAULT_M,
+    ef_construction: int = DEFAULT_EF_CONSTRUCTION,
+    ef_search: int = DEFAULT_EF_SEARCH,
+) -> "faiss.Index":
+    """Build an inner-product faiss index over (already normalised) ``embeddings``.
+
+    Example::
+
+        index = make_faiss_index(vecs, exact=False, m=32, ef_construction=200, ef_search=64)
+    """
+    import faiss
+
+    dim = embeddings.shape[1]
+    if exact:
+        index = faiss.IndexFlatIP(dim)
+    else:
+        index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction
+        index.hnsw.efSearch = ef_search
+    index.add(np.ascontiguousarray(embeddings, dtype=np.float32))
+    return index
+
+
+class DenseRetriever(Retriever):
+    """Bi-encoder retrieval over a faiss index (cosine similarity via inner product).
+
+    Build with :meth:`build`; the encoder is named by a spec string (default the embedded
+    all-MiniLM-L6-v2, or an HF id / local folder) and loaded only when text is encoded, so a
+    loaded index with injected vectors costs nothing until the first query.
+
+    ``truncated_count`` is the number of passages longer than the encoder's ``max_seq_length``
+    (those are embedded from their first tokens only); ``None`` when embeddings were injected.
+
+    Example::
+
+        dense = DenseRetriever.build(passages, exact=True, show_progress=False)
+        dense.search("who discovered penicillin", k=5)
+    """
+
+    kind = "dense"
+    subdir = "dense"
+    uses_encoder = True
+
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        index: "faiss.Index",
+        embeddings: np.ndarray,
+        *,
+        encoder_spec: str = DEFAULT_ENCODER,
+        encoder: "SentenceTransformer | None" = None,
+        exact: bool = False,
+        m: int = DEFAULT_M,
+        ef_construction: int = DEFAULT_EF_CONSTRUCTION,
+        truncated_count: int | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        super().__init__(passages)
+        if index.ntotal != len(self.passages) or embeddings.shape[0] != len(self.passages):
+            raise RagsieveError(
+                f"dense index holds {index.ntotal} vectors / {embeddings.shape[0]} embeddings "
+                f"for {len(self.passages)} passages; rebuild the index"
+            )
+        self.index = index
+        self.embeddings = embeddings
+        self.encoder_spec = encoder_spec
+        self._encoder = encoder
+        self.exact = exact
+        self.m = m
+        self.ef_construction = ef_construction
+        self.truncated_count = truncated_count
+        self.batch_size = batch_size
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        passages: Iterable[Passage],
+        *,
+        encoder_spec: str = DEFAULT_ENCODER,
+        encoder: "SentenceTransformer | None" = None,
+        embeddings: np.ndarray | None = None,
+        exact: bool = False,
+        m: int = DEFAULT_M,
+        ef_construction: int = DEFAULT_EF_CONSTRUCTION,
+        ef_search: int = DEFAULT_EF_SEARCH,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        show_progress: bool = True,
+    ) -> "DenseRetriever":
+        """Embed ``passages`` (``full_text``) and index them.
+
+        Inputs: ``encoder_spec`` (spec string saved with the index) or an already loaded
+        ``encoder`` (its spec is still what gets saved); ``embeddings`` ``(n, dim)`` skips
+        encoding (rows are re-normalised); ``exact`` picks ``IndexFlatIP`` over HNSW;
+        ``m`` / ``ef_construction`` / ``ef_search`` tune HNSW; ``batch_size`` and
+        ``show_progress`` control encoding.
+
+        Example::
+
+            dense = DenseRetriever.build(passages, embeddings=vecs, exact=True)
+        """
+        passages = check_passages(passages)
+        truncated: int | None = None
+        if embeddings is None:
+            if encoder is None:
+                from ragsieve.models.encoder import load_encoder
+
+                encoder = load_encoder(encoder_spec)
+            texts = [p.full_text for p in passages]
+            truncated = count_truncated(encoder, texts)
+            if truncated:
+                log.warning(
+                    "%d of %d passages are longer than the encoder's max_seq_length (%s tokens) and were truncated",
+                    truncated,
+                    len(texts),
+                    encoder.max_seq_length,
+                )
+            vecs = embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress)
+        else:
+            vecs = np.asarray(embeddings)
+            if vecs.ndim != 2 or vecs.shape[0] != len(passages):
+                raise RagsieveError(f"embeddings have shape {vecs.shape}; expected ({len(passages)}, dim)")
+            vecs = _normalise(vecs)
+        index = make_faiss_index(vecs, exact=exact, m=m, ef_construction=ef_construction, ef_search=ef_search)
+        return cls(
+            passages,
+            index,
+            vecs,
+            encoder_spec=encoder_spec,
+            encoder=encoder,
+            exact=exact,
+            m=m,
+            ef_construction=ef_construction,
+            truncated_count=truncated,
+            batch_size=batch_size,
+        )
+
+    # -- encoder ----------------------------------------------------------------------------
+    @property
+    def encoder(self) -> "SentenceTransformer":
+        """The bi-encoder, loaded from ``encoder_spec`` on first use."""
+        if self._encoder is None:
+            from ragsieve.models.encoder import load_encoder
+
+            encoder = load_encoder(self.encoder_spec)
+            if _encoder_dim(encoder) != self.dim:
+                raise RagsieveError(
+                    f"encoder '{self.encoder_spec}' gives {_encoder_dim(encoder)}-d vectors "
+                    f"but the index holds {self.dim}-d vectors; use the encoder the index was built with"
+                )
+            self._encoder = encoder
+        return self._encoder
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    @property
+    def ef_search(self) -> int | None:
+        """HNSW search breadth (higher = better recall, slower); ``None`` for an exact index."""
+        return None if self.exact else int(self.index.hnsw.efSearch)
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        if self.exact:
+            raise RagsieveError("ef_search only applies to an HNSW index (exact=False)")
+        self.index.hnsw.efSearch = int(value)
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """Normalised float32 query vectors ``(len(queries), dim)``.
+
+        Example::
+
+            q = dense.encode_queries(["who wrote Hamlet"])
+        """
+        vecs = self.encoder.encode(
+            list(queries),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    # -- search -----------------------------------------------------------------------------
+    def search_vectors(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+        """Search with precomputed query vectors ``(n, dim)`` (normalised here).
+
+        Example::
+
+            dense.search_vectors(dense.embeddings[:2], k=3)
+        """
+        vectors = _normalise(np.atleast_2d(np.asarray(vectors)))
+        if vectors.shape[1] != self.dim:
+            raise RagsieveError(f"query vectors are {vectors.shape[1]}-d; the index is {self.dim}-d")
+        k = min(_check_k(k), len(self))
+        scores, ids = self.index.search(vectors, k)
+        out = []
+        for row_s, row_i in zip(scores, ids):
+            keep = row_i >= 0  # faiss pads with -1 when it finds fewer than k
+            out.append(self._hits(row_i[keep], row_s[keep]))
+        return out
+
+    def _search(self, query: str, k: int) -> list[Hit]:
+        return self._search_batch([query], k)[0]
+
+    def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
+        return self.search_vectors(self.encode_queries(queries), k)
+
+    # -- persistence ------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """The settings saved next to the index (JSON-able)."""
+        return {
+            "encoder": self.encoder_spec,
+            "exact": self.exact,
+            "m": self.m,
+            "ef_construction": self.ef_construction,
+            "ef_search": self.ef_search,
+            "dim": self.dim,
+            "n_passages": len(self),
+            "truncated_count": self.truncated_count,
+            "batch_size": self.batch_size,
+        }
+
+    def save(self, path: str | Path, *, with_passages: bool = True) -> None:
+        """Write ``index.faiss``, ``embeddings.npy``, ``dense.json`` (encoder spec, settings) and passages.
+
+        Example::
+
+            dense.save("my_index/dense")
+        """
+        import faiss
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(self.index, str(path / _INDEX_FILE))
+        np.save(path / _EMB_FILE, self.embeddings)
+        (path / _CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+        self._save_passages(path, with_passages)
+
+    @classmethod
+    def load(cls, path: str | Path, *, passages: Sequence[Passage] | None = None) -> "DenseRetriever":
+        """Load a folder written by :meth:`save`; the encoder loads lazily on the first text query.
+
+        Example::
+
+            dense = DenseRetriever.load("my_index/dense")
+        """
+        import faiss
+
+        path = _check_dir(path, cls.kind)
+        missing = [f for f in (_INDEX_FILE, _EMB_FILE, _CONFIG_FILE) if not (path / f).exists()]
+        if missing:
+            raise RagsieveError(f"{path}: incomplete dense index (missing {', '.join(missing)}); rebuild it")
+        cfg = json.loads((path / _CONFIG_FILE).read_text())
+        index = faiss.read_index(str(path / _INDEX_FILE))
+        return cls(
+            _load_passages(path, passages),
+            index,
+            np.load(path / _EMB_FILE),
+            encoder_spec=cfg["encoder"],
+            exact=cfg["exact"],
+            m=cfg.get("m", DEFAULT_M),
+            ef_construction=cfg.get("ef_construction", DEFAULT_EF_CONSTRUCTION),
+            truncated_count=cfg.get("truncated_count"),
+            batch_size=cfg.get("batch_size", DEFAULT_BATCH_SIZE),
+        )

@@ -1,0 +1,167 @@
+"""Build and load on-disk indexes.
+
+An index directory looks like::
+
+    my_index/
+      manifest.json     {format_version, kind, encoder, n_passages, created, options}
+      passages.jsonl    the passages, once, shared by every part
+      bm25/             bm25s files            (kind "bm25" or "hybrid")
+      dense/            faiss index + vectors  (kind "dense" or "hybrid")
+      hybrid.json       RRF settings           (kind "hybrid")
+
+:func:`build_index` writes everything into a hidden temporary folder next to ``out_dir``
+and renames it into place only when complete, so an interrupted build never leaves a
+half-written index behind; ``manifest.json`` is the last file written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.models.specs import DEFAULT_ENCODER
+from ragsieve.retrieve.base import PASSAGES_FILE, Retriever, check_passages, read_passages, write_passages
+from ragsieve.retrieve.bm25 import BM25Retriever
+from ragsieve.retrieve.dense import DenseRetriever
+from ragsieve.retrieve.hybrid import HybridRetriever
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+
+#: kind name -> retriever class; adding a retriever kind means adding a row here
+RETRIEVER_KINDS: dict[str, type[Retriever]] = {
+    cls.kind: cls for cls in (BM25Retriever, DenseRetriever, HybridRetriever)
+}
+
+
+def _retriever_class(kind: str) -> type[Retriever]:
+    try:
+        return RETRIEVER_KINDS[kind]
+    except (KeyError, TypeError):
+        raise RagsieveError(f"unknown index kind {kind!r}; known: {', '.join(sorted(RETRIEVER_KINDS))}") from None
+
+
+def _part_dir(root: Path, cls: type[Retriever]) -> Path:
+    return root / cls.subdir if cls.subdir else root
+
+
+def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Options for the manifest: plain values as-is, arrays / objects only as a marker."""
+    out: dict[str, Any] = {}
+    for key, value in sorted(options.items()):
+        try:
+            json.dumps(value)
+            out[key] = value
+        except TypeError:
+            out[key] = f"<{type(value).__name__} provided>"
+    return out
+
+
+def build_index(
+    passages: Iterable[Passage],
+    out_dir: str | Path,
+    kind: str = "hybrid",
+    encoder_spec: str = DEFAULT_ENCODER,
+    *,
+    overwrite: bool = False,
+    **options: Any,
+) -> Retriever:
+    """Build a ``kind`` index over ``passages`` and write it atomically to ``out_dir``.
+
+    Inputs: ``kind`` is ``"hybrid"``, ``"bm25"`` or ``"dense"``; ``encoder_spec`` names the
+    bi-encoder (ignored for ``"bm25"``); ``overwrite`` replaces an existing ``out_dir``;
+    ``options`` go to the retriever's ``build`` (e.g. ``exact=True``, ``m=32``,
+    ``ef_search=64``, ``batch_size=64``, ``show_progress=False``, ``embeddings=vecs``,
+    ``k1``/``b`` for BM25, ``rrf_k``/``depth`` for hybrid). Duplicate passage ids raise.
+
+    Example::
+
+        retriever = build_index(dataset.passages, "indexes/nq", kind="hybrid", show_progress=False)
+        retriever.search("who got the first nobel prize in physics", k=10)
+    """
+    cls = _retriever_class(kind)
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise RagsieveError(f"{out} already exists; pass overwrite=True or pick another folder")
+    passages = check_passages(passages)
+    if cls.uses_encoder:
+        options = {"encoder_spec": encoder_spec, **options}
+    retriever = cls.build(passages, **options)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=out.parent))
+    try:
+        write_passages(passages, tmp / PASSAGES_FILE)
+        retriever.save(_part_dir(tmp, cls), with_passages=False)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "kind": kind,
+            "encoder": options.get("encoder_spec") if cls.uses_encoder else None,
+            "n_passages": len(passages),
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "options": _jsonable_options({k: v for k, v in options.items() if k != "encoder_spec"}),
+        }
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return retriever
+
+
+def read_manifest(index_dir: str | Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of an index folder (one-line error if absent or broken).
+
+    Example::
+
+        read_manifest("indexes/nq")["kind"]
+    """
+    path = Path(index_dir)
+    manifest_path = path / MANIFEST_FILE
+    if not manifest_path.is_file():
+        why = "folder does not exist" if not path.exists() else f"no {MANIFEST_FILE}"
+        raise RagsieveError(f"{path}: not a ragsieve index ({why}); build one with build_index()")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RagsieveError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise RagsieveError(f"{manifest_path}: manifest must be a JSON object")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise RagsieveError(
+            f"{manifest_path}: index format_version {version!r} is not supported (this ragsieve reads <= {FORMAT_VERSION})"
+        )
+    return manifest
+
+
+def load_index(index_dir: str | Path) -> Retriever:
+    """Load an index folder written by :func:`build_index`.
+
+    Example::
+
+        retriever = load_index("indexes/nq")
+        retriever.kind, len(retriever.passages)
+    """
+    path = Path(index_dir)
+    manifest = read_manifest(path)
+    cls = _retriever_class(manifest.get("kind"))
+    passages = read_passages(path / PASSAGES_FILE)
+    if manifest.get("n_passages") not in (None, len(passages)):
+        raise RagsieveError(
+            f"{path}: manifest says {manifest['n_passages']} passages, {PASSAGES_FILE} has {len(passages)}; rebuild the index"
+        )
+    return cls.load(_part_dir(path, cls), passages=passages)
