@@ -65,7 +65,7 @@ def tiny_llm_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     LlamaForCausalLM(config).save_pretrained(path)

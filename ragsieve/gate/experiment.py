@@ -26,6 +26,7 @@ class CBDRExperimentConfig(StrictConfig):
     betas: list[float] = [0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0]
     top_ks: list[int] = [1, 3]
     encoder: str = DEFAULT_ENCODER
+    retriever: str = "hybrid"  # bm25 | dense | hybrid
     dataset: str = "nq-oracle"
     max_new_tokens: int = 16
     max_prompt_tokens: int = 1024
@@ -63,7 +64,7 @@ class CBDRExperiment:
         probe = ConfidenceProbe.load(probe_dir / "probe", llm, batch_size=cfg.batch_size)
         conf_q = probe.score_batch([q.text for q in questions])
 
-        retriever, _ = build_or_load_index(cfg.dataset, ds.passages, "hybrid", cfg.encoder)
+        retriever, _ = build_or_load_index(cfg.dataset, ds.passages, cfg.retriever, cfg.encoder)
         hits = retriever.search_batch([q.text for q in questions], k=max(cfg.top_ks))
         requests = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions]
         for k in cfg.top_ks:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from rich.console import Console
@@ -26,9 +27,10 @@ class ProbeExperimentConfig(StrictConfig):
     dataset: str = "nq-oracle"
     llm: str = DEFAULT_LLM
     encoder: str = DEFAULT_ENCODER
+    retriever: str = "hybrid"  # bm25 | dense | hybrid
     layer: float | int = 0.5
-    n_questions: int = 1600  # 0 = every question
-    retrieved_per_question: int = 2  # retrieved non-gold contexts per question
+    n_questions: int = 1000  # 0 = every question
+    retrieved_per_question: int = 1  # retrieved non-gold contexts per question
     retrieval_depth: int = 10
     split: dict[str, float] = {"train": 0.6, "dev": 0.15, "test": 0.25}
     per_class: dict[str, int] = {"train": 1000, "dev": 300, "test": 500}  # the paper's balanced sizes
@@ -37,6 +39,13 @@ class ProbeExperimentConfig(StrictConfig):
     batch_size: int = 16
     seed: int = 0
     train: ProbeTrainConfig = ProbeTrainConfig()
+    # Learning rates to try (train.lr is replaced by the one with the best dev AUROC);
+    # empty = train once with train.lr.
+    lr_grid: list[float] = []
+    # How the train split is used: "balanced" = the paper's equal-size subsample;
+    # "oversample" = every state, positives resampled to match the negatives (more
+    # negatives seen when positives are scarce). dev / test stay balanced either way.
+    train_sampling: Literal["balanced", "oversample"] = "balanced"
     data_dir: str | None = None
 
 
@@ -90,7 +99,7 @@ class ProbeExperiment:
         (out_dir / "split.json").write_text(
             json.dumps({k: [q.id for q in v] for k, v in splits.items()}, indent=1) + "\n"
         )
-        retriever, _ = build_or_load_index(cfg.dataset, ds.passages, "hybrid", cfg.encoder)
+        retriever, _ = build_or_load_index(cfg.dataset, ds.passages, cfg.retriever, cfg.encoder)
         passages = ds.passage_by_id()
         llm = load_local_llm(cfg.llm)
         builder = PromptBuilder(llm, load_qa_prompts(), cfg.max_prompt_tokens)
@@ -144,9 +153,26 @@ class ProbeExperiment:
             idx = np.flatnonzero(split_arr == name)
             chosen[name] = idx[balanced_indices(labels[idx], cfg.per_class.get(name, 10**9), rng)]
 
-        result = train_probe_head(
-            states[chosen["train"]], labels[chosen["train"]], states[chosen["dev"]], labels[chosen["dev"]], cfg.train
-        )
+        train_idx = chosen["train"]
+        if cfg.train_sampling == "oversample":
+            every = np.flatnonzero(split_arr == "train")
+            pos, neg = every[labels[every] == 1], every[labels[every] == 0]
+            train_idx = np.sort(np.concatenate([neg, rng.choice(pos, len(neg), replace=True)]))
+
+        def fit(lr: float):
+            return train_probe_head(
+                states[train_idx], labels[train_idx], states[chosen["dev"]], labels[chosen["dev"]],
+                cfg.train.model_copy(update={"lr": lr}),
+            )
+
+        lr_search = {}
+        if cfg.lr_grid:
+            fits = {lr: fit(lr) for lr in cfg.lr_grid}
+            lr_search = {str(lr): max(h["dev_auroc"] for h in r.history) for lr, r in fits.items()}
+            best_lr = max(fits, key=lambda lr: lr_search[str(lr)])
+            result = fits[best_lr]
+        else:
+            best_lr, result = cfg.train.lr, fit(cfg.train.lr)
         probe_cfg = ProbeConfig(
             llm_spec=llm.spec, layer=extractor.layer, num_layers=llm.num_layers, hidden_size=llm.hidden_size,
             probe_hidden=cfg.train.hidden, dropout=cfg.train.dropout, max_prompt_tokens=cfg.max_prompt_tokens,
@@ -197,6 +223,10 @@ class ProbeExperiment:
             "details": metrics,
             "layer": extractor.layer,
             "best_epoch": result.best_epoch,
+            "lr": best_lr,
+            "lr_search_dev_auroc": lr_search,
+            "train_sampling": cfg.train_sampling,
+            "train_states_used": int(len(train_idx)),
             "history": result.history,
             "truncated_contexts": int(sum(g.truncated_contexts for g in generations)),
             "seconds": {"label": t_label, "states": t_states, "total": time.perf_counter() - t0},

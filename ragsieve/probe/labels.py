@@ -88,6 +88,9 @@ def label_generations(
 
     done = read_generations(out_path)
     todo = [r for r in requests if r.key not in done]
+    # Similar lengths per batch: a closed-book prompt padded to a passage prompt's length
+    # would cost as much as the passage prompt.
+    todo.sort(key=lambda r: len(r.question) + sum(len(p.title) + len(p.text) for p in r.contexts))
     if progress:
         progress(len(requests) - len(todo))
     for lo in range(0, len(todo), batch_size):

@@ -80,7 +80,7 @@ def train_probe_head(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         dev_prob = head.predict_proba(x_dev)
         dev_auroc = float(roc_auc_score(y_dev, dev_prob)) if dev_has_both else float("nan")
         dev_acc = float(((dev_prob > 0.5) == y_dev).mean()) if len(y_dev) else float("nan")

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragsieve.errors import RagsieveError
+from ragsieve.experiments import run_experiment_file
+from tests.conftest import requires_data
+
+
+def test_unknown_experiment_and_bad_params(tmp_path):
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("experiment: nope\nout_dir: out\n")
+    with pytest.raises(RagsieveError, match="unknown experiment 'nope'"):
+        run_experiment_file(cfg)
+    cfg.write_text("experiment: probe_nq\nout_dir: out\nparams: {n_question: 3}\n")
+    with pytest.raises(RagsieveError, match="unknown key 'n_question'"):
+        run_experiment_file(cfg)
+    cfg.write_text("experiment: probe_nq\noutdir: out\n")
+    with pytest.raises(RagsieveError, match="unknown key 'outdir'"):
+        run_experiment_file(cfg)
+
+
+@requires_data
+def test_probe_then_cbdr_smoke(tmp_path, tiny_llm_dir, monkeypatch):
+    """The two experiments end to end on a tiny LLM and BM25: files, keys, resumability."""
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
+    # A random tiny LLM is never right; label by gold-answer length parity so both classes exist.
+    monkeypatch.setattr("ragsieve.eval.qa.contains_answer", lambda pred, golds: len(golds[0]) % 2 == 1)
+    probe_out = tmp_path / "probe"
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text(
+        f"experiment: probe_nq\nout_dir: {probe_out}\nparams:\n  llm: {tiny_llm_dir}\n  retriever: bm25\n"
+        "  n_questions: 24\n  max_new_tokens: 2\n  max_prompt_tokens: 450\n  train: {epochs: 2}\n"
+    )
+    metrics = run_experiment_file(cfg)
+    for key in ("auroc_q", "auroc_qc", "accuracy_q", "accuracy_qc", "counts"):
+        assert key in metrics
+    assert (probe_out / "calibration.png").stat().st_size > 0
+    assert (probe_out / "probe" / "probe.safetensors").exists()
+    lines = (probe_out / "generations.jsonl").read_text().splitlines()
+    assert len(lines) == 24 * 3  # closed + gold + 1 retrieved per question
+    run_experiment_file(cfg)  # a rerun resumes: nothing is generated twice
+    assert len((probe_out / "generations.jsonl").read_text().splitlines()) == len(lines)
+
+    cbdr = tmp_path / "cbdr.yaml"
+    cbdr.write_text(
+        f"experiment: cbdr_nq\nout_dir: {tmp_path / 'cbdr'}\nparams:\n  probe_results: {probe_out}\n"
+        "  retriever: bm25\n  max_new_tokens: 2\n  max_prompt_tokens: 450\n  betas: [0.0, 0.5, 1.0]\n"
+    )
+    result = run_experiment_file(cbdr)
+    assert len(result["sweep"]) == 3 * 2
+    row = next(r for r in result["sweep"] if r["beta"] == 1.0 and r["top_k"] == 1)
+    assert row["rr"] == 1.0 and row["accuracy"] == result["always_retrieve_accuracy"]["top1"]
+    assert 0.0 <= result["skip_at_parity"] <= 1.0
+    saved = json.loads((tmp_path / "cbdr" / "metrics.json").read_text())
+    assert saved["n_questions"] == result["n_questions"] > 0
+    assert (tmp_path / "cbdr" / "accuracy_vs_rr.png").stat().st_size > 0
