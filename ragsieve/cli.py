@@ -1,0 +1,333 @@
+"""The `ragsieve` command line (typer + rich).
+
+Every command turns a :class:`~ragsieve.errors.RagsieveError` into one red line and
+exit code 2, so bad input never ends in a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ragsieve.errors import RagsieveError
+from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
+
+app = typer.Typer(
+    name="ragsieve",
+    help="LLM-aware post-retrieval filtering for RAG.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+DataDirOption = typer.Option(None, "--data-dir", help="Benchmark data folder (default: $RAGSIEVE_DATA or ../shared/data).")
+SkipBadOption = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing.")
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise RagsieveError(f"bad list of cut-offs '{text}'; expected e.g. 1,5,10") from None
+    if not ks or ks[0] < 1:
+        raise RagsieveError(f"cut-offs must be positive integers, got '{text}'")
+    return ks
+
+
+@app.command("datasets")
+def datasets_cmd(data_dir: Optional[Path] = DataDirOption) -> None:
+    """List the benchmark datasets with their sizes and licences."""
+    from ragsieve.data import available_datasets, load_dataset
+    from ragsieve.data.loaders import DATASET_LICENCES
+
+    table = Table(title="datasets")
+    for col in ("name", "questions", "pool passages", "judgments", "pairs", "licence"):
+        table.add_column(col)
+    for name in available_datasets():
+        ds = load_dataset(name, data_dir=data_dir)
+        table.add_row(name, str(len(ds.questions)), str(len(ds.passages)), str(len(ds.judgments)),
+                      str(len(ds.pairs)), DATASET_LICENCES.get(name, "?"))
+    console.print(table)
+
+
+@app.command("index")
+def index_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Index directory to create."),
+    dataset: str = typer.Option("nq-oracle", help="Dataset whose passage pool is indexed."),
+    kind: str = typer.Option("hybrid", help="bm25 | dense | hybrid"),
+    encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
+    data_dir: Optional[Path] = DataDirOption,
+    skip_bad: bool = SkipBadOption,
+) -> None:
+    """Build a retrieval index over a dataset's passage pool."""
+    from ragsieve.data import load_dataset
+    from ragsieve.retrieve import build_index
+
+    ds = load_dataset(dataset, data_dir=data_dir, skip_bad=skip_bad)
+    if not ds.passages:
+        raise RagsieveError(f"dataset '{dataset}' has no passage pool to index")
+    if ds.skipped_lines:
+        err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
+    build_index(ds.passages, out, kind=kind, encoder_spec=encoder)
+    console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {out}")
+
+
+@app.command("retrieve")
+def retrieve_cmd(
+    query: str = typer.Argument(..., help="The query text."),
+    index: Path = typer.Option(..., "--index", "-i", help="Index directory (ragsieve index)."),
+    k: int = typer.Option(5, "-k", help="How many passages."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+) -> None:
+    """Retrieve the top-k passages for a query."""
+    from ragsieve.retrieve import load_index
+
+    hits = load_index(index).search(query, k=k)
+    if as_json:
+        for h in hits:
+            print(json.dumps({"rank": h.rank, "score": h.score, "id": h.passage.id, "title": h.passage.title,
+                              "text": h.passage.text}, ensure_ascii=False))
+        return
+    table = Table(title=query)
+    for col in ("rank", "score", "id", "passage"):
+        table.add_column(col)
+    for h in hits:
+        table.add_row(str(h.rank + 1), f"{h.score:.4f}", h.passage.id, h.passage.full_text[:160])
+    console.print(table)
+
+
+@app.command("eval-retrieval")
+def eval_retrieval_cmd(
+    dataset: str = typer.Option("nq-oracle", help="A dataset with gold passages (nq-oracle, bioasq, fever, ...)."),
+    kinds: str = typer.Option("bm25,dense,hybrid", help="Comma-separated retriever kinds."),
+    ks: str = typer.Option("1,5,10,20", "--ks", help="Recall cut-offs."),
+    n_questions: int = typer.Option(500, help="Held-out questions to evaluate (0 = all)."),
+    encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
+    out: Optional[Path] = typer.Option(None, help="Write the metrics as JSON here."),
+    data_dir: Optional[Path] = DataDirOption,
+    seed: int = typer.Option(0, help="Split seed (held-out = the 'test' split by id)."),
+) -> None:
+    """Compare BM25, dense and hybrid retrieval on held-out questions: recall@k and MRR@10."""
+    from ragsieve.eval.retrieval import evaluate_retrievers
+
+    results = evaluate_retrievers(
+        dataset, kinds=[k.strip() for k in kinds.split(",") if k.strip()], ks=_parse_ks(ks),
+        n_questions=n_questions, encoder_spec=encoder, data_dir=data_dir, seed=seed,
+    )
+    table = Table(title=f"{dataset}: {results['n_questions']} held-out questions, {results['n_passages']} passages")
+    metric_names = list(next(iter(results["metrics"].values())).keys())
+    table.add_column("retriever")
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    for kind, m in results["metrics"].items():
+        table.add_row(kind, *(f"{m[n]:.3f}" for n in metric_names))
+    console.print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        console.print(f"wrote {out}")
+
+
+@app.command("ask")
+def ask_cmd(
+    question: str = typer.Argument(..., help="The question."),
+    index: Optional[Path] = typer.Option(None, "--index", "-i", help="Index directory; needed unless --no-retrieval."),
+    top_k: int = typer.Option(3, "--top-k", "-k", help="Passages fed to the LLM."),
+    no_retrieval: bool = typer.Option(False, "--no-retrieval", help="Answer closed-book."),
+    llm: str = typer.Option(DEFAULT_LLM, help="LLM spec: embedded:..., HF id/path, or openai:<url>#<model>."),
+    max_new_tokens: int = typer.Option(32, help="Answer length cap."),
+    show_contexts: bool = typer.Option(False, "--show-contexts", help="Print the passages used."),
+    cbdr: Optional[float] = typer.Option(None, "--cbdr", help="CBDR β: skip retrieval when Conf(Q) > β."),
+    probe: Path = typer.Option(Path("results/probe_nq/probe"), "--probe", help="Probe folder used by --cbdr."),
+) -> None:
+    """Answer a question with the LLM, with or without retrieved passages."""
+    from ragsieve.models import load_llm
+    from ragsieve.pipeline import RAGPipeline
+    from ragsieve.retrieve import load_index
+
+    if not question.strip():
+        raise RagsieveError("empty question")
+    if not no_retrieval and index is None:
+        raise RagsieveError("give --index DIR (build one with `ragsieve index`) or use --no-retrieval")
+    retriever = None if no_retrieval else load_index(index)
+    model = load_llm(llm)
+    gate = None
+    if cbdr is not None:
+        from ragsieve.gate import CBDRGate
+        from ragsieve.probe.model import ConfidenceProbe
+
+        if not hasattr(model, "tokenizer"):
+            raise RagsieveError("--cbdr reads hidden states: it needs a local LLM, not an endpoint")
+        gate = CBDRGate(ConfidenceProbe.load(probe, model), cbdr)
+    pipe = RAGPipeline(model, retriever, top_k=top_k, max_new_tokens=max_new_tokens, gate=gate)
+    answer = pipe.answer(question, retrieve=not no_retrieval)
+    if answer.confidence is not None:
+        verdict = "retrieve" if answer.retrieved else "answer closed-book"
+        err_console.print(f"[dim]Conf(Q) = {answer.confidence:.3f}, β = {cbdr} → {verdict}[/]")
+    if show_contexts:
+        for i, p in enumerate(answer.contexts, 1):
+            console.print(f"[dim][{i}] {p.id} {p.full_text[:200]}[/]")
+    if answer.truncated_contexts:
+        err_console.print(f"[yellow]{answer.truncated_contexts} passage(s) truncated to fit the prompt[/]")
+    console.print(answer.answer)
+
+
+@app.command("demo")
+def demo_cmd(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON overriding the embedded defaults."),
+) -> None:
+    """Run the main job on embedded defaults (what `make demo` runs)."""
+    from ragsieve.config import load_config
+    from ragsieve.demo import DemoConfig, run_demo
+
+    cfg = load_config(DemoConfig, config) if config else DemoConfig()
+    run_demo(cfg, console)
+
+
+@app.command("run")
+def run_cmd(config: Path = typer.Argument(..., help="Experiment YAML (see experiments/).")) -> None:
+    """Run an experiment config end to end and write its results."""
+    from ragsieve.experiments import run_experiment_file
+
+    run_experiment_file(config, console)
+
+
+probe_app = typer.Typer(help="Knowledge-boundary confidence probe.", no_args_is_help=True)
+app.add_typer(probe_app, name="probe")
+
+
+def _read_probe_rows(path: Path) -> list[dict]:
+    from ragsieve.data import read_jsonl
+
+    rows = []
+    for lineno, row in read_jsonl(path).numbered():
+        if not str(row.get("question", "")).strip():
+            raise RagsieveError(f"{path}:{lineno}: missing or empty 'question'")
+        rows.append(row)
+    if not rows:
+        raise RagsieveError(f"{path}: no rows")
+    return rows
+
+
+def _context_of(row: dict):
+    from ragsieve.data.records import Passage
+
+    text = row.get("context")
+    return Passage("ctx", str(text), str(row.get("title", ""))) if text else None
+
+
+@probe_app.command("extract")
+def probe_extract_cmd(
+    input: Path = typer.Option(..., "--input", help="jsonl rows {question, context?, title?}."),
+    out: Path = typer.Option(..., "--out", help="Where to write the states (.npy)."),
+    llm: str = typer.Option(DEFAULT_LLM, help="Local LLM spec."),
+    layer: float = typer.Option(0.5, help="Layer index (int) or depth fraction (0.5 = L/2)."),
+    max_prompt_tokens: int = typer.Option(1024, help="Prompt budget; contexts are truncated to fit."),
+) -> None:
+    """Extract pre-token hidden states for the QA prompts of each row."""
+    import numpy as np
+
+    from ragsieve.models import load_local_llm
+    from ragsieve.probe.hidden import HiddenStateExtractor
+    from ragsieve.prompts.builder import PromptBuilder
+
+    rows = _read_probe_rows(input)
+    model = load_local_llm(llm)
+    builder = PromptBuilder(model, max_prompt_tokens=max_prompt_tokens)
+    built = [builder.with_context(r["question"], [c] if (c := _context_of(r)) else []) for r in rows]
+    prompts = [model.format_prompt(b.text, builder.prompts.system) for b in built]
+    extractor = HiddenStateExtractor(model, int(layer) if float(layer).is_integer() else layer)
+    np.save(out, extractor.extract(prompts))
+    truncated = sum(b.truncated_contexts for b in built)
+    console.print(f"{len(rows)} states of layer {extractor.layer} → {out} ({truncated} context(s) truncated)")
+
+
+@probe_app.command("train")
+def probe_train_cmd(
+    config: Path = typer.Argument(Path("experiments/probe_nq.yaml"), help="Probe experiment YAML."),
+) -> None:
+    """Label answers, extract states, train and evaluate a probe (the probe experiment)."""
+    from ragsieve.experiments import run_experiment_file
+
+    run_experiment_file(config, console)
+
+
+@probe_app.command("eval")
+def probe_eval_cmd(
+    input: Path = typer.Option(..., "--input", help="jsonl rows {question, context?, correct?}."),
+    probe: Path = typer.Option(Path("results/probe_nq/probe"), "--probe", help="Saved probe folder."),
+    llm: str = typer.Option(DEFAULT_LLM, help="Local LLM spec (must match the probe)."),
+) -> None:
+    """Score rows with a saved probe; with `correct` labels, report AUROC and accuracy."""
+    import numpy as np
+
+    from ragsieve.eval.classification import classification_metrics
+    from ragsieve.models import load_local_llm
+    from ragsieve.probe.model import ConfidenceProbe
+
+    rows = _read_probe_rows(input)
+    scorer = ConfidenceProbe.load(probe, load_local_llm(llm))
+    conf = scorer.score_batch([r["question"] for r in rows], [_context_of(r) for r in rows])
+    labelled = [i for i, r in enumerate(rows) if "correct" in r]
+    if labelled:
+        y = np.array([int(rows[i]["correct"]) for i in labelled])
+        m = classification_metrics(y, (conf[labelled] > 0.5).astype(int), conf[labelled])
+        console.print(json.dumps({k: m[k] for k in ("n", "auroc", "accuracy", "precision", "recall", "f1")}))
+    else:
+        for r, c in zip(rows, conf):
+            print(json.dumps({"question": r["question"], "confidence": float(c)}, ensure_ascii=False))
+
+
+cbdr_app = typer.Typer(help="Confidence-based dynamic retrieval.", no_args_is_help=True)
+app.add_typer(cbdr_app, name="cbdr")
+
+
+@cbdr_app.command("sweep")
+def cbdr_sweep_cmd(
+    config: Path = typer.Argument(Path("experiments/cbdr_nq.yaml"), help="CBDR experiment YAML."),
+    betas: Optional[str] = typer.Option(None, help="Override β values, e.g. 0,0.9,0.95."),
+) -> None:
+    """Sweep β × top-k on held-out questions: accuracy and retrieval rate."""
+    from ragsieve.experiments import run_experiment_file
+
+    overrides = {}
+    if betas:
+        try:
+            overrides["betas"] = [float(b) for b in betas.split(",") if b.strip()]
+        except ValueError:
+            raise RagsieveError(f"bad --betas '{betas}'; expected e.g. 0,0.9,0.95") from None
+    run_experiment_file(config, console, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app(args=argv, standalone_mode=False)
+    except RagsieveError as exc:
+        err_console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    except Exception as exc:  # click usage errors carry their own exit codes
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

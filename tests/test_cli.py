@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragsieve.cli import main
+from tests.conftest import requires_data
+
+
+def test_unknown_dataset_is_one_line(capsys):
+    assert main(["index", "--out", "/tmp/never", "--dataset", "no-such-set"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown dataset 'no-such-set'") and "\n" not in err
+
+
+def test_missing_data_dir(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGSIEVE_DATA", str(tmp_path / "nowhere"))
+    assert main(["index", "--out", str(tmp_path / "idx"), "--dataset", "nq-oracle"]) == 2
+    assert "RAGSIEVE_DATA" in capsys.readouterr().err
+
+
+def test_ask_needs_index_or_closed_book(capsys):
+    assert main(["ask", "who wrote hamlet"]) == 2
+    assert "--no-retrieval" in capsys.readouterr().err
+    assert main(["ask", "  ", "--no-retrieval"]) == 2
+    assert "empty question" in capsys.readouterr().err
+
+
+def test_demo_config_with_wrong_key(tmp_path, capsys):
+    cfg = tmp_path / "demo.yaml"
+    cfg.write_text("n_question: 5\n")
+    assert main(["demo", "--config", str(cfg)]) == 2
+    assert "unknown key 'n_question'" in capsys.readouterr().err
+
+
+@requires_data
+def test_index_retrieve_ask_end_to_end(tmp_path, capsys, tiny_llm_dir):
+    """BM25 index over a real pool, retrieval as JSON, and `ask` with a tiny LLM."""
+    out = tmp_path / "idx"
+    assert main(["index", "--out", str(out), "--dataset", "hotpotqa-distractor", "--kind", "bm25"]) == 0
+    capsys.readouterr()
+    assert main(["retrieve", "VIVA Media acronym", "--index", str(out), "-k", "3", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 3 and rows[0]["rank"] == 0
+    assert any("VIVA" in r["title"] for r in rows)
+    assert main(["ask", "What does VIVA stand for?", "--index", str(out), "--llm", str(tiny_llm_dir),
+                 "--max-new-tokens", "3", "--show-contexts"]) == 0
+
+
+@pytest.mark.integration
+@requires_data
+def test_eval_retrieval_small(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["eval-retrieval", "--dataset", "hotpotqa-distractor", "--kinds", "bm25,hybrid", "--ks", "2,10",
+                 "--n-questions", "10", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["metrics"]) == {"bm25", "hybrid"}
+    assert set(res["metrics"]["bm25"]) == {"R@2", "R@10", "MRR@10"}
+    assert 0 < res["metrics"]["hybrid"]["R@10"] <= 1
+
+
+@requires_data
+def test_demo_writes_metrics(tmp_path, tiny_llm_dir, monkeypatch, capsys):
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
+    cfg = tmp_path / "demo.yaml"
+    cfg.write_text(f"llm: {tiny_llm_dir}\nindex_kind: bm25\nn_questions: 3\nmax_new_tokens: 2\n"
+                   f"max_prompt_tokens: 450\nout_dir: {tmp_path / 'out'}\n")
+    assert main(["demo", "--config", str(cfg)]) == 0
+    res = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert res["n_questions"] == 3 and set(res["metrics"]) == {"closed_book", "rag_top3"}
+    for m in res["metrics"].values():
+        assert {"accuracy", "em", "f1", "seconds_per_question"} <= set(m)
+    assert len((tmp_path / "out" / "predictions.jsonl").read_text().splitlines()) == 6
+    assert "rag_top3" in capsys.readouterr().out
