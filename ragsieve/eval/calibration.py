@@ -1,4 +1,4 @@
-"""Calibration of P(relevant): reliability bins, ECE and a reliability diagram.
+"""Calibration of a binary probability (P(correct), P(relevant), ...): reliability bins, ECE and a reliability diagram.
 
 This is the positive-class view (as in ``sklearn.calibration.calibration_curve``):
 a bin's confidence is the mean predicted P(y=1) and its accuracy the fraction of
@@ -91,6 +91,7 @@ def plot_reliability_diagram(
     path: str | Path,
     title: str = "Reliability diagram",
     n_bins: int = 10,
+    xlabel: str = "predicted P(positive)",
 ) -> Path:
     """Write a reliability diagram PNG (accuracy bars, diagonal, count histogram); returns path.
 
@@ -129,7 +130,7 @@ def plot_reliability_diagram(
     top.legend(loc="upper left", fontsize="small")
 
     bottom.bar(centers, [b.count for b in bins], width=width, edgecolor="black", color="tab:gray")
-    bottom.set_xlabel("predicted P(relevant)")
+    bottom.set_xlabel(xlabel)
     bottom.set_ylabel("count")
     fig.tight_layout()
     fig.savefig(path, format="png")

@@ -194,7 +194,7 @@ class ProbeExperiment:
         metrics["ece_test_balanced"] = expected_calibration_error(labels[balanced_test], probs[balanced_test])
         plot_reliability_diagram(
             labels[balanced_test], probs[balanced_test], out_dir / "calibration.png",
-            title=f"Probe reliability, balanced test ({len(balanced_test)} states)",
+            title=f"Probe, balanced test (n={len(balanced_test)})", xlabel="probe P(correct)",
         )
 
         counts = {}
