@@ -280,7 +280,7 @@ def probe_eval_cmd(
     if labelled:
         y = np.array([int(rows[i]["correct"]) for i in labelled])
         m = classification_metrics(y, (conf[labelled] > 0.5).astype(int), conf[labelled])
-        console.print(json.dumps({k: m[k] for k in ("n", "auroc", "accuracy", "precision", "recall", "f1")}))
+        print(json.dumps({k: m[k] for k in ("n", "auroc", "accuracy", "precision", "recall", "f1")}))
     else:
         for r, c in zip(rows, conf):
             print(json.dumps({"question": r["question"], "confidence": float(c)}, ensure_ascii=False))

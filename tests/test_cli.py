@@ -73,3 +73,37 @@ def test_demo_writes_metrics(tmp_path, tiny_llm_dir, monkeypatch, capsys):
         assert {"accuracy", "em", "f1", "seconds_per_question"} <= set(m)
     assert len((tmp_path / "out" / "predictions.jsonl").read_text().splitlines()) == 6
     assert "rag_top3" in capsys.readouterr().out
+
+
+@requires_data
+def test_probe_cli_extract_eval_and_ask_with_cbdr(tmp_path, tiny_llm, tiny_llm_dir, capsys):
+    import numpy as np
+
+    from ragsieve.probe.model import ConfidenceProbe, ProbeConfig, ProbeHead
+
+    cfg = ProbeConfig(llm_spec=tiny_llm.spec, layer=2, num_layers=tiny_llm.num_layers,
+                      hidden_size=tiny_llm.hidden_size, probe_hidden=8, max_prompt_tokens=450)
+    ConfidenceProbe(tiny_llm, ProbeHead(tiny_llm.hidden_size, 8), cfg).save(tmp_path / "probe")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "Who wrote Hamlet?", "correct": 1}\n'
+                    '{"question": "Where is Paris?", "context": "Paris is in France.", "correct": 0}\n')
+    assert main(["probe", "extract", "--input", str(rows), "--out", str(tmp_path / "s.npy"), "--llm",
+                 str(tiny_llm_dir), "--layer", "2", "--max-prompt-tokens", "450"]) == 0
+    assert np.load(tmp_path / "s.npy").shape == (2, tiny_llm.hidden_size)
+    capsys.readouterr()
+    assert main(["probe", "eval", "--input", str(rows), "--probe", str(tmp_path / "probe"), "--llm",
+                 str(tiny_llm_dir)]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["n"] == 2 and 0 <= report["auroc"] <= 1
+    rows.write_text('{"question": ""}\n')
+    assert main(["probe", "eval", "--input", str(rows), "--probe", str(tmp_path / "probe"), "--llm",
+                 str(tiny_llm_dir)]) == 2
+    assert "rows.jsonl:1: missing or empty 'question'" in capsys.readouterr().err
+
+    index = tmp_path / "idx"
+    assert main(["index", "--out", str(index), "--dataset", "hotpotqa-distractor", "--kind", "bm25"]) == 0
+    capsys.readouterr()
+    # β = 1.0: Conf(Q) can never exceed it, so the gate must retrieve.
+    assert main(["ask", "What does VIVA stand for?", "--index", str(index), "--llm", str(tiny_llm_dir),
+                 "--max-new-tokens", "2", "--cbdr", "1.0", "--probe", str(tmp_path / "probe")]) == 0
+    assert "→ retrieve" in capsys.readouterr().err
