@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import ModelNotAvailable, RagsieveError
+from ragsieve.rerank import BaseRanker, load_reranker
+
+POOL = [
+    Passage("p0", "Paris is the capital of France."),
+    Passage("p1", "Hamlet is a tragedy written by William Shakespeare."),
+    Passage("p2", "Foxes are small omnivorous mammals."),
+]
+
+
+class _LengthRanker(BaseRanker):
+    name = "length"
+
+    def score(self, query, passages):
+        return np.array([float(len(p.text) % 3) for p in passages])
+
+
+def test_rank_keeps_indices_duplicates_and_stable_ties():
+    passages = ["aaa", "bb", "aaa", "c"]  # scores 0, 2, 0, 1 → order 1, 3, 0, 2 (ties by input order)
+    res = _LengthRanker().rank("q", passages)
+    assert [r.index for r in res.results] == [1, 3, 0, 2]
+    assert [r.rank for r in res.results] == [0, 1, 2, 3]
+    assert [r.passage.text for r in res.results].count("aaa") == 2
+    assert [r.index for r in res.top_k(2)] == [1, 3]
+    assert len(_LengthRanker().rank("q", [])) == 0  # empty list → empty result, not an error
+    with pytest.raises(RagsieveError, match="empty query"):
+        _LengthRanker().rank("  ", passages)
+    with pytest.raises(RagsieveError, match="expected Passage or str"):
+        _LengthRanker().rank("q", [3])
+
+
+def test_bm25_ranker_and_factory_errors():
+    res = load_reranker("bm25").rank("who wrote hamlet", POOL)
+    assert res.results[0].passage.id == "p1"
+    dup = load_reranker("bm25").rank("hamlet", [POOL[1], POOL[0], POOL[1]])
+    assert sorted(r.index for r in dup.results[:2]) == [0, 2]
+    with pytest.raises(RagsieveError, match="unknown reranker 'nope'"):
+        load_reranker("nope")
+    with pytest.raises(ModelNotAvailable, match="cross-encoder needs a model"):
+        load_reranker("cross-encoder")
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder_dir(tmp_path_factory):
+    """A randomly initialised BERT sequence classifier (1 logit) with MiniLM's vocabulary."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ragsieve.models import get_embedded
+
+    src = get_embedded("all-minilm-l6-v2").path()
+    path = tmp_path_factory.mktemp("tiny-ce")
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(src / name, path / name)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(path)
+    return path
+
+
+def test_cross_encoder_ranker_matches_sentence_transformers(tiny_cross_encoder_dir):
+    from sentence_transformers import CrossEncoder
+
+    ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64)
+    res = ranker.rank("who wrote hamlet", POOL)
+    expected = CrossEncoder(str(tiny_cross_encoder_dir), max_length=64).predict(
+        [("who wrote hamlet", p.full_text) for p in POOL])
+    got = {r.index: r.score for r in res.results}
+    np.testing.assert_allclose([got[i] for i in range(3)], expected, rtol=1e-5, atol=1e-6)
+    assert [r.score for r in res.results] == sorted((r.score for r in res.results), reverse=True)
+
+
+@pytest.mark.integration
+def test_bi_encoder_ranker_real_minilm():
+    res = load_reranker("bi-encoder").rank("who wrote hamlet", POOL)
+    assert res.results[0].passage.id == "p1"
