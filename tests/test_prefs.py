@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import DataError
+from ragsieve.prefs import confidence_shift, read_preferences, select_preferences, write_preferences
+
+CANDS = [Passage(f"p{i}", f"text {i}", f"T{i}") for i in range(12)]
+
+
+def test_select_top_and_bottom_by_inc():
+    inc = [0.5, -0.2, 0.1, -0.6, 0.0, 0.3, -0.1, 0.2, 0.4, -0.3, 0.05, -0.05]
+    rec = select_preferences("q", CANDS, inc, question_id="q1")
+    assert rec.pos_ids == ["p0", "p8", "p5", "p7", "p2"]  # top-5 with Inc > 0, best first
+    assert rec.neg_ids == ["p3", "p9", "p1", "p6", "p11"]  # bottom-5 with Inc < 0, worst first
+    assert rec.pos_scores == [0.5, 0.4, 0.3, 0.2, 0.1] and rec.neg_scores[0] == -0.6
+    assert rec.pos[0] == "T0: text 0"
+    assert select_preferences("q", CANDS[:3], [0.1, 0.2, 0.0]) is None  # no negative → dropped
+    with pytest.raises(DataError, match="3 candidates but 2"):
+        select_preferences("q", CANDS[:3], [0.1, 0.2])
+
+
+def test_confidence_shift_uses_closed_book_baseline():
+    class _Probe:
+        def score_batch(self, questions, contexts):
+            assert contexts[0] is None and len(questions) == len(contexts) == 3
+            return np.array([0.2, 0.7, 0.1])
+
+    np.testing.assert_allclose(confidence_shift(_Probe(), "q", CANDS[:2]), [0.5, -0.1])
+
+
+def test_round_trip_and_bad_lines(tmp_path):
+    rec = select_preferences("q", CANDS[:4], [0.3, -0.2, 0.1, -0.4], question_id="q1")
+    path = tmp_path / "prefs.jsonl"
+    write_preferences(path, [rec, rec])
+    assert read_preferences(path) == [rec, rec]
+    row = json.loads(path.read_text().splitlines()[0])
+    assert list(row)[:5] == ["query", "pos", "neg", "pos_scores", "neg_scores"]  # FlagEmbedding order
+    with path.open("a") as f:
+        f.write(json.dumps({"query": "x", "pos": ["a"]}) + "\n")
+    with pytest.raises(DataError, match=r"prefs.jsonl:3: 'neg' must be a non-empty list"):
+        read_preferences(path)
+    assert len(read_preferences(path, skip_bad=True)) == 2
+    path.write_text(json.dumps({"query": "x", "pos": ["a"], "neg": ["b"], "pos_scores": [1, 2]}) + "\n")
+    with pytest.raises(DataError, match="one score per 'pos'"):
+        read_preferences(path)
