@@ -83,3 +83,26 @@ def test_cross_encoder_ranker_matches_sentence_transformers(tiny_cross_encoder_d
 def test_bi_encoder_ranker_real_minilm():
     res = load_reranker("bi-encoder").rank("who wrote hamlet", POOL)
     assert res.results[0].passage.id == "p1"
+
+
+def test_group_infonce_equals_softmax_over_own_group(tiny_cross_encoder_dir):
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from ragsieve.rerank.losses import GroupInfoNCELoss
+
+    model = CrossEncoder(str(tiny_cross_encoder_dir), max_length=32, num_labels=1)
+    queries = ["who wrote hamlet", "capital of france"]
+    columns = [queries, ["Shakespeare wrote Hamlet.", "Paris."], ["Foxes.", "Berlin."], ["Rome.", "Dogs."]]
+    tau = 0.5
+    loss = GroupInfoNCELoss(model, temperature=tau)(columns, torch.zeros(2))
+
+    def logits(docs):
+        inputs = model.preprocess(list(zip(queries, docs)))
+        return model(inputs)["scores"].squeeze(1)
+
+    scores = torch.stack([logits(c) for c in columns[1:]], dim=1)  # (batch, 1 + N) — no in-batch negatives
+    expected = torch.nn.functional.cross_entropy(scores / tau, torch.zeros(2, dtype=torch.long))
+    assert torch.allclose(loss, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        GroupInfoNCELoss(model, temperature=0)
