@@ -106,3 +106,32 @@ def test_group_infonce_equals_softmax_over_own_group(tiny_cross_encoder_dir):
     assert torch.allclose(loss, expected, atol=1e-6)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         GroupInfoNCELoss(model, temperature=0)
+
+
+def test_group_rows_fill_and_validate():
+    from ragsieve.prefs import PreferenceRecord
+    from ragsieve.rerank.train import group_rows
+
+    rec = PreferenceRecord("q", ["p1", "p2"], ["n1", "n2"], [0.2, 0.1], [-0.1, -0.3])
+    rows = group_rows([rec], group_size=4)
+    assert len(rows) == 2 and list(rows[0]) == ["query", "positive", "negative_1", "negative_2", "negative_3"]
+    assert {rows[0]["negative_1"], rows[0]["negative_2"]} == {"n1", "n2"}  # own negatives first, then refilled
+    with pytest.raises(RagsieveError, match="group_size must be >= 2"):
+        group_rows([rec], group_size=1)
+
+
+def test_train_cross_encoder_moves_scores(tmp_path, tiny_cross_encoder_dir):
+    from ragsieve.prefs import PreferenceRecord
+    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+
+    pos, neg = "Hamlet was written by William Shakespeare.", "Foxes are small mammals."
+    recs = [PreferenceRecord(f"who wrote hamlet {i}", [pos], [neg, "Paris is in France."], [0.3], [-0.2, -0.1])
+            for i in range(16)]
+    before = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64).score(
+        "who wrote hamlet 0", [Passage("a", pos), Passage("b", neg)])
+    cfg = CrossEncoderTrainConfig(init=str(tiny_cross_encoder_dir), group_size=3, lr=5e-3, epochs=3,
+                                  batch_size=4, max_length=64)
+    out = train_cross_encoder(recs, cfg, tmp_path / "ce")
+    after = load_reranker(f"cross-encoder:{out}", max_length=64).score(
+        "who wrote hamlet 0", [Passage("a", pos), Passage("b", neg)])
+    assert (after[0] - after[1]) > (before[0] - before[1])  # the positive moved up relative to the negative
