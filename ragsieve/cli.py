@@ -243,7 +243,7 @@ def probe_extract_cmd(
     model = load_local_llm(llm)
     builder = PromptBuilder(model, max_prompt_tokens=max_prompt_tokens)
     built = [builder.with_context(r["question"], [c] if (c := _context_of(r)) else []) for r in rows]
-    prompts = [model.format_prompt(b.text, builder.prompts.system) for b in built]
+    prompts = [builder.to_chat(b.text) for b in built]
     extractor = HiddenStateExtractor(model, int(layer) if float(layer).is_integer() else layer)
     np.save(out, extractor.extract(prompts))
     truncated = sum(b.truncated_contexts for b in built)

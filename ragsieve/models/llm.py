@@ -153,11 +153,11 @@ class LocalLLM:
         captured: list["torch.Tensor"] = []
         handle = None
         if capture_layer:
-            from ragsieve.probe.hidden import decoder_layers
+            from ragsieve.probe.hidden import decoder_layers, last_position
 
             def hook(_module, _inputs, output):
                 if not captured:  # the first call is the prefill over the whole prompt
-                    captured.append((output[0] if isinstance(output, tuple) else output)[:, -1, :].float().cpu())
+                    captured.append(last_position(output))
 
             handle = decoder_layers(self.model)[capture_layer - 1].register_forward_hook(hook)
         # Length-sorted batches waste less compute on padding; results go back in order.

@@ -131,10 +131,7 @@ class ProbeExperiment:
             )
         t_label = time.perf_counter() - t0
 
-        prompts = [
-            llm.format_prompt(builder.with_context(r.question, r.contexts).text, builder.prompts.system)
-            for r in requests
-        ]
+        prompts = [builder.chat_prompt(r.question, r.contexts) for r in requests]
         states = np.zeros((len(prompts), extractor.dim), dtype=np.float32)
         with progress_bar(console) as bar:
             task = bar.add_task(f"hidden states (layer {extractor.layer})", total=len(prompts))

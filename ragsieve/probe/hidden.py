@@ -69,6 +69,12 @@ def decoder_layers(model) -> "torch.nn.ModuleList":
     raise RagsieveError(f"cannot find decoder layers in {type(model).__name__}; early exit needs model.model.layers")
 
 
+def last_position(layer_output) -> "torch.Tensor":
+    """Last-position state from a decoder layer's forward output (a tensor or a tuple)."""
+    hidden = layer_output[0] if isinstance(layer_output, tuple) else layer_output
+    return hidden[:, -1, :].float().cpu()
+
+
 def prompt_key(model_spec: str, layer: int, prompt: str) -> str:
     return hashlib.sha1(f"{model_spec}\x00{layer}\x00{prompt}".encode()).hexdigest()
 
@@ -117,7 +123,7 @@ class HiddenStateExtractor:
         captured: dict[str, torch.Tensor] = {}
 
         def hook(_module, _inputs, output):
-            captured["h"] = output[0] if isinstance(output, tuple) else output
+            captured["h"] = last_position(output)
             raise _StopForward
 
         handle = self.layers[self.layer - 1].register_forward_hook(hook)
@@ -135,7 +141,7 @@ class HiddenStateExtractor:
             handle.remove()
         if "h" not in captured:
             raise RagsieveError(f"layer {self.layer} did not run; is the model's layer list {type(self.layers)}?")
-        return captured["h"][:, -1, :].float().cpu().numpy()
+        return captured["h"].numpy()
 
     def extract(self, prompts: Sequence[str]) -> np.ndarray:
         """States for already formatted prompts, shape ``(len(prompts), hidden_size)``, float32."""

@@ -6,7 +6,6 @@ be audited and an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -105,7 +104,7 @@ def label_generations(
                 messages, state_layer, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
             )
             state_cache.put_many(
-                {prompt_key(llm.spec, state_layer, llm.format_prompt(m, system)): v for m, v in zip(messages, states)}
+                {prompt_key(llm.spec, state_layer, builder.to_chat(m)): v for m, v in zip(messages, states)}
             )
         else:
             texts = llm.generate(messages, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size)

@@ -119,8 +119,7 @@ class ConfidenceProbe:
             if not q or not q.strip():
                 raise RagsieveError("empty question")
             ctx = [] if c is None else [c] if isinstance(c, Passage) else list(c)
-            built = self.builder.with_context(q.strip(), ctx)
-            out.append(self.llm.format_prompt(built.text, self.builder.prompts.system))
+            out.append(self.builder.chat_prompt(q.strip(), ctx))
         return out
 
     def score_batch(

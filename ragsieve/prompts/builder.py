@@ -50,10 +50,21 @@ class PromptBuilder:
     def closed_book(self, question: str) -> BuiltPrompt:
         return BuiltPrompt(self.prompts.closed_book.format(question=question))
 
+    def to_chat(self, user_text: str) -> str:
+        """The string the LLM is fed for a user message: chat template and system prompt included.
+
+        Remote endpoints apply their own template; the plain join only serves token counting.
+        """
+        fmt = getattr(self.llm, "format_prompt", None)
+        return fmt(user_text, self.prompts.system) if fmt else f"{self.prompts.system}\n{user_text}"
+
+    def chat_prompt(self, question: str, contexts: Sequence[Passage] = ()) -> str:
+        """The exact prompt a local LLM answers for (question, contexts); what the probe reads."""
+        return self.to_chat(self.with_context(question, contexts).text)
+
     def _prompt_tokens(self, user_text: str) -> int:
         """Tokens of the prompt as the LLM sees it: chat template and system prompt included."""
-        fmt = getattr(self.llm, "format_prompt", None)
-        return self._count(fmt(user_text, self.prompts.system) if fmt else f"{self.prompts.system}\n{user_text}")
+        return self._count(self.to_chat(user_text))
 
     def _render(self, question: str, contexts: Sequence[Passage], texts: Sequence[str]) -> str:
         items = [
