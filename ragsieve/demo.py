@@ -37,7 +37,7 @@ class DemoConfig(StrictConfig):
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
-    from ragsieve.data import load_dataset, split_by_id
+    from ragsieve.data import held_out_questions, load_dataset, write_jsonl
     from ragsieve.eval import qa_metrics
     from ragsieve.models import load_llm
     from ragsieve.pipeline import RAGPipeline
@@ -46,13 +46,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     console = console or Console()
     t0 = time.perf_counter()
     dataset = load_dataset(cfg.dataset, data_dir=cfg.data_dir)
-    splits = split_by_id(
-        [q.id for q in dataset.questions],
-        {"train": 1 - cfg.test_fraction, "test": cfg.test_fraction},
-        seed=cfg.split_seed,
-    )
-    held_out = set(splits["test"])
-    questions = sorted((q for q in dataset.questions if q.id in held_out), key=lambda q: q.id)[: cfg.n_questions]
+    questions = held_out_questions(dataset.questions, cfg.test_fraction, cfg.split_seed)[: cfg.n_questions]
     console.print(
         f"[bold]{cfg.dataset}[/]: {len(dataset.questions)} questions, {len(dataset.passages)} pool passages; "
         f"{len(questions)} held-out questions"
@@ -108,9 +102,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-    with (out / "predictions.jsonl").open("w") as f:
-        for row in predictions:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_jsonl(out / "predictions.jsonl", predictions)
 
     table = Table(title=f"{cfg.dataset}: {len(questions)} held-out questions, {cfg.llm}")
     for col in ("mode", "accuracy (contains)", "EM", "F1", "s / question"):

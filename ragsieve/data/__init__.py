@@ -14,7 +14,7 @@ from ragsieve.data.loaders import (
     register_dataset,
 )
 from ragsieve.data.records import Dataset, Judgment, LabeledPair, Passage, Question
-from ragsieve.data.splits import SplitError, split_by_id, stratified_split_by_id
+from ragsieve.data.splits import SplitError, held_out_questions, split_by_id, stratified_split_by_id
 
 __all__ = [
     "DATASET_LICENCES",
@@ -30,6 +30,7 @@ __all__ = [
     "available_datasets",
     "dataset_info",
     "dataset_licence",
+    "held_out_questions",
     "default_data_dir",
     "load_dataset",
     "read_jsonl",

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from ragsieve.errors import RagsieveError
 
-__all__ = ["SplitError", "split_by_id", "stratified_split_by_id", "id_unit"]
+__all__ = ["SplitError", "held_out_questions", "split_by_id", "stratified_split_by_id", "id_unit"]
 
 DEFAULT_FRACTIONS: dict[str, float] = {"train": 0.8, "test": 0.2}
 
@@ -127,3 +127,14 @@ def stratified_split_by_id(
             out[name].extend(members[start : start + count])
             start += count
     return {name: sorted(v) for name, v in out.items()}
+
+
+def held_out_questions(questions: Sequence, test_fraction: float = 0.2, seed: int = 0) -> list:
+    """The questions (anything with ``.id``) in the ``test`` split, sorted by id.
+
+    The demo and the retrieval comparison both call this, so they hold out the same
+    questions for the same seed.
+    """
+    ids = split_by_id([q.id for q in questions], {"train": 1 - test_fraction, "test": test_fraction}, seed=seed)
+    held_out = set(ids["test"])
+    return sorted((q for q in questions if q.id in held_out), key=lambda q: q.id)

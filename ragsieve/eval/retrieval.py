@@ -30,7 +30,7 @@ def evaluate_retrievers(
 
         evaluate_retrievers("nq-oracle", kinds=["bm25", "hybrid"], n_questions=100)["metrics"]["hybrid"]["R@10"]
     """
-    from ragsieve.data import load_dataset, split_by_id
+    from ragsieve.data import held_out_questions, load_dataset
     from ragsieve.eval.ranking import ranking_metrics
     from ragsieve.models.specs import DEFAULT_ENCODER
     from ragsieve.retrieve import BM25Retriever, DenseRetriever, HybridRetriever
@@ -39,9 +39,7 @@ def evaluate_retrievers(
     qrels_all = ds.qrels()
     if not ds.passages or not qrels_all:
         raise RagsieveError(f"dataset '{dataset}' has no passage pool with gold judgments to evaluate against")
-    splits = split_by_id([q.id for q in ds.questions], {"train": 1 - test_fraction, "test": test_fraction}, seed=seed)
-    held_out = set(splits["test"])
-    questions = sorted((q for q in ds.questions if q.id in held_out and q.id in qrels_all), key=lambda q: q.id)
+    questions = [q for q in held_out_questions(ds.questions, test_fraction, seed) if q.id in qrels_all]
     if n_questions:
         questions = questions[:n_questions]
     qrels = {q.id: qrels_all[q.id] for q in questions}
