@@ -208,8 +208,12 @@ def _check_k(k: int) -> int:
     return k
 
 
-def _check_dir(path: str | Path, kind: str) -> Path:
+def _check_dir(path: str | Path, kind: str, *required: str) -> Path:
+    """The saved retriever's folder, after checking it and the ``required`` files exist."""
     path = Path(path)
     if not path.is_dir():
         raise RagsieveError(f"{path}: no saved {kind} retriever here (folder missing)")
+    missing = [name for name in required if not (path / name).exists()]
+    if missing:
+        raise RagsieveError(f"{path}: incomplete {kind} index (missing {', '.join(missing)}); rebuild it")
     return path

@@ -128,9 +128,7 @@ class BM25Retriever(Retriever):
         """
         import bm25s
 
-        path = _check_dir(path, cls.kind)
-        if not (path / _CONFIG_FILE).exists():
-            raise RagsieveError(f"{path}: incomplete BM25 index (missing {_CONFIG_FILE}); rebuild it")
+        path = _check_dir(path, cls.kind, _CONFIG_FILE)
         config = json.loads((path / _CONFIG_FILE).read_text())
         model = bm25s.BM25.load(str(path), show_progress=False, load_corpus=False)
         return cls(_load_passages(path, passages), model, k1=config["k1"], b=config["b"])

@@ -382,10 +382,7 @@ class DenseRetriever(Retriever):
         """
         import faiss
 
-        path = _check_dir(path, cls.kind)
-        missing = [f for f in (_INDEX_FILE, _EMB_FILE, _CONFIG_FILE) if not (path / f).exists()]
-        if missing:
-            raise RagsieveError(f"{path}: incomplete dense index (missing {', '.join(missing)}); rebuild it")
+        path = _check_dir(path, cls.kind, _INDEX_FILE, _EMB_FILE, _CONFIG_FILE)
         cfg = json.loads((path / _CONFIG_FILE).read_text())
         index = faiss.read_index(str(path / _INDEX_FILE))
         return cls(

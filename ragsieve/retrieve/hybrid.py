@@ -126,9 +126,7 @@ class HybridRetriever(Retriever):
 
             hybrid = HybridRetriever.load("my_index")
         """
-        path = _check_dir(path, cls.kind)
-        if not (path / _CONFIG_FILE).exists():
-            raise RagsieveError(f"{path}: incomplete hybrid index (missing {_CONFIG_FILE}); rebuild it")
+        path = _check_dir(path, cls.kind, _CONFIG_FILE)
         config = json.loads((path / _CONFIG_FILE).read_text())
         passages = _load_passages(path, passages)
         bm25 = BM25Retriever.load(path / BM25Retriever.subdir, passages=passages)
