@@ -1,0 +1,468 @@
+"""`ragsieve run experiments/grader.yaml`: the lightweight-grader study (paper Tables II–V).
+
+Builds the grading dataset (top-5 dense retrieval over several benchmarks, gold or
+LLM-judge labels, 80/20 split by query), then trains and evaluates every grader
+configuration on the same held-out queries: the prompted baseline, A (generative full
+fine-tune), B (frozen backbone + head), C (sequence classification), the loss
+comparison (cross-entropy vs contrastive margin), the LoRA rank × alpha grid and the
+cosine / cross-encoder baselines.
+
+The full run is long, so it is resumable per configuration: each one's metrics are
+written to ``configs/<name>.json`` the moment it finishes and a rerun skips every
+configuration whose settings and data are unchanged. The backbone's final states,
+which the prompted baseline and config B both read, are computed once and cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import field_validator
+from rich.console import Console
+from rich.table import Table
+
+from ragsieve.config import StrictConfig, build_config
+from ragsieve.errors import RagsieveError
+from ragsieve.grade.dataset import GradingDataConfig, GradingPair
+from ragsieve.grade.train import GraderTrainConfig
+from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
+
+METRIC_KEYS = ("accuracy", "precision", "recall", "f1")
+TRAINABLE_LM_KINDS = ("generative", "classifier", "lora")
+
+
+def _check_train_overrides(value: dict[str, Any]) -> dict[str, Any]:
+    # Validate the keys here so a typo fails before hours of training, not inside a run.
+    build_config(GraderTrainConfig, value, "train")
+    return value
+
+
+class GraderRunSpec(StrictConfig):
+    """One grader configuration; ``train`` overrides the experiment-wide training settings."""
+
+    kind: Literal["prompted", "generative", "head", "classifier", "lora"]
+    train: dict[str, Any] = {}
+    lora_r: int | None = None
+    lora_alpha: int | None = None
+
+    _check_train = field_validator("train")(_check_train_overrides)
+
+
+class LoraGridConfig(StrictConfig):
+    """The LoRA grid (paper Table V): every rank × alpha, each a config C with adapters."""
+
+    ranks: list[int] = [16, 128]
+    alphas: list[int] = [16, 32, 64, 128]
+    train: dict[str, Any] = {}
+
+    _check_train = field_validator("train")(_check_train_overrides)
+
+
+def _default_configs() -> dict[str, GraderRunSpec]:
+    return {
+        "prompted": GraderRunSpec(kind="prompted"),
+        "A": GraderRunSpec(kind="generative"),
+        "B": GraderRunSpec(kind="head", train={"lr": 1e-3, "epochs": 20}),
+        "C": GraderRunSpec(kind="classifier"),
+    }
+
+
+class GraderExperimentConfig(StrictConfig):
+    llm: str = DEFAULT_LLM
+    data: GradingDataConfig = GradingDataConfig()
+    teacher: Literal["gold", "judge"] = "gold"
+    judge_llm: str | None = None  # any load_llm spec, e.g. openai:http://host:8000/v1#model
+    judge_max_new_tokens: int = 8
+    max_length: int = 512
+    max_passage_tokens: int = 192
+    max_query_tokens: int = 96
+    eval_batch_size: int = 16
+    train: GraderTrainConfig = GraderTrainConfig()
+    configs: dict[str, GraderRunSpec] = _default_configs()
+    # Each listed config is also trained with every other loss in `losses`.
+    loss_comparison: list[str] = ["B", "C"]
+    losses: list[Literal["cross_entropy", "contrastive"]] = ["cross_entropy", "contrastive"]
+    lora_grid: LoraGridConfig | None = LoraGridConfig()
+    cosine_baseline: bool = True
+    encoder: str = DEFAULT_ENCODER  # for the cosine baseline and the histogram
+    cross_encoder: str | None = None  # a cross-encoder folder → the cross-encoder baseline
+    save_models: list[str] = ["C"]  # configs whose trained grader is saved to models/<name>
+    target_config: str = "C"
+    target_precision: float = 0.75
+    target_recall: float = 0.60
+
+
+@dataclass
+class Job:
+    """One configuration to train (or not) and evaluate."""
+
+    name: str
+    kind: str
+    train: GraderTrainConfig
+    lora_r: int | None = None
+    lora_alpha: int | None = None
+
+    def settings(self, cfg: GraderExperimentConfig, data_key: str) -> dict[str, Any]:
+        """Everything the result depends on; a stored result with other settings is recomputed."""
+        return {
+            "kind": self.kind, "llm": cfg.llm, "lora_r": self.lora_r, "lora_alpha": self.lora_alpha,
+            "train": self.train.model_dump() if self.kind != "prompted" else None,
+            "prompt": [cfg.max_length, cfg.max_passage_tokens, cfg.max_query_tokens], "data": data_key,
+        }
+
+
+def plan_jobs(cfg: GraderExperimentConfig) -> list[Job]:
+    """The configs, their loss-comparison twins and the LoRA grid, in run order (cheap first)."""
+    def merged(overrides: dict[str, Any]) -> GraderTrainConfig:
+        return build_config(GraderTrainConfig, {**cfg.train.model_dump(), **overrides}, "train")
+
+    jobs: dict[str, Job] = {}
+    for name, spec in cfg.configs.items():
+        jobs[name] = Job(name, spec.kind, merged(spec.train), spec.lora_r, spec.lora_alpha)
+    for name in cfg.loss_comparison:
+        if name not in jobs:
+            raise RagsieveError(f"loss_comparison names '{name}', which is not in configs ({', '.join(jobs)})")
+        base = jobs[name]
+        if base.kind == "prompted":
+            raise RagsieveError(f"loss_comparison: '{name}' is the prompted baseline; it has no loss")
+        for loss in cfg.losses:
+            if loss != base.train.loss:
+                twin = f"{name}+{loss}"
+                train = base.train.model_copy(update={"loss": loss})
+                jobs[twin] = Job(twin, base.kind, train, base.lora_r, base.lora_alpha)
+    if cfg.lora_grid:
+        for r in cfg.lora_grid.ranks:
+            for a in cfg.lora_grid.alphas:
+                name = f"lora_r{r}_a{a}"
+                jobs[name] = Job(name, "lora", merged(cfg.lora_grid.train), r, a)
+    for name in cfg.save_models:
+        if name not in jobs:
+            raise RagsieveError(f"save_models names '{name}', which is not a config ({', '.join(jobs)})")
+    cost = {"prompted": 0, "head": 1, "classifier": 2, "generative": 3, "lora": 4}  # the target config C early
+    return sorted(jobs.values(), key=lambda j: cost[j.kind])  # stable: yaml order within a kind
+
+
+class _Split:
+    """The pairs of one split as parallel lists."""
+
+    def __init__(self, pairs: list[GradingPair]):
+        self.pairs = pairs
+        self.queries = [p.query for p in pairs]
+        self.passages = [p.passage for p in pairs]
+        self.labels = np.array([p.label for p in pairs], dtype=np.int64)
+
+
+class GraderExperiment:
+    Config = GraderExperimentConfig
+
+    def run(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console) -> dict:
+        from ragsieve.grade.dataset import (
+            assign_splits, build_grading_pairs, label_skew, write_grading_pairs,
+        )
+
+        t0 = time.perf_counter()
+        jobs = plan_jobs(cfg)  # fail on a bad config before any work
+        pairs = build_grading_pairs(cfg.data, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+        teacher = {"teacher": "gold"}
+        if cfg.teacher == "judge":
+            pairs, teacher = self._judge(cfg, pairs, out_dir, console)
+        pairs = assign_splits(pairs, cfg.data.test_fraction, cfg.data.seed)
+        write_grading_pairs(out_dir / "pairs.jsonl", pairs)
+        train = _Split([p for p in pairs if p.split == "train"])
+        test = _Split([p for p in pairs if p.split == "test"])
+        if len(set(train.labels.tolist())) < 2 or len(test.pairs) == 0:
+            raise RagsieveError("the grading data needs both labels in train and a non-empty test split; add queries")
+        data_key = hashlib.sha1(
+            json.dumps([(p.id, p.label, p.split) for p in pairs]).encode()
+        ).hexdigest()[:16]
+        skew = label_skew(pairs)
+        console.print(
+            f"{len(pairs)} pairs from {skew['queries']} queries, {skew['positive_rate']:.1%} relevant; "
+            f"train {len(train.pairs)} / test {len(test.pairs)}"
+        )
+
+        runner = _Runner(cfg, out_dir, console, train, test, data_key)
+        results: dict[str, dict] = {}
+        if cfg.cosine_baseline:
+            results["cosine"] = runner.baseline("cosine", cfg.encoder)
+        if cfg.cross_encoder:
+            results["cross-encoder"] = runner.baseline("cross-encoder", cfg.cross_encoder)
+        for job in jobs:
+            results[job.name] = runner.run(job)
+
+        out = {
+            "configs": results,
+            "loss_comparison": _loss_comparison(cfg, jobs, results),
+            "lora_grid": [
+                {"rank": j.lora_r, "alpha": j.lora_alpha, **_headline(results[j.name])}
+                for j in jobs if j.name.startswith("lora_r")
+            ],
+            "label_skew": skew,
+            "teacher": teacher,
+            "target": _target(cfg, results),
+            "data": {
+                "sources": cfg.data.sources, "queries_per_source": cfg.data.queries_per_source,
+                "top_k": cfg.data.top_k, "retriever": cfg.data.retriever, "train_pairs": len(train.pairs),
+                "test_pairs": len(test.pairs), "data_key": data_key,
+            },
+            "seconds": time.perf_counter() - t0,
+            "config": cfg.model_dump(),
+        }
+        (out_dir / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
+        _print_table(console, results, test)
+        console.print(f"wrote {out_dir / 'metrics.json'} in {out['seconds']:.0f}s")
+        return out
+
+    def _judge(
+        self, cfg: GraderExperimentConfig, pairs: list[GradingPair], out_dir: Path, console: Console
+    ) -> tuple[list[GradingPair], dict]:
+        from ragsieve.grade.dataset import apply_judge_labels
+        from ragsieve.grade.judge import LLMJudge
+        from ragsieve.models import load_llm
+        from ragsieve.probe.experiment import progress_bar
+
+        if not cfg.judge_llm:
+            raise RagsieveError("teacher: judge needs judge_llm (a local model or openai:<url>#<model>)")
+        judge = LLMJudge(
+            load_llm(cfg.judge_llm), out_dir / "judge_labels.jsonl", max_new_tokens=cfg.judge_max_new_tokens
+        )
+        with progress_bar(console) as bar:
+            task = bar.add_task(f"judge ({judge.spec})", total=len(pairs))
+            report = judge.label(pairs, progress=lambda n: bar.advance(task, n))
+        judged, dropped = apply_judge_labels(pairs, report.labels)
+        gold = np.array([p.gold_label for p in judged])
+        labels = np.array([p.label for p in judged])
+        summary = {**report.summary(), "dropped_unparseable": dropped}
+        if len(judged):
+            from sklearn.metrics import cohen_kappa_score
+
+            summary["agreement_with_gold"] = float((gold == labels).mean())
+            both_seen = len(set(gold) | set(labels)) > 1
+            summary["kappa_with_gold"] = float(cohen_kappa_score(gold, labels)) if both_seen else None
+        console.print(f"judge: {summary}")
+        return judged, {"teacher": "judge", **summary}
+
+
+class _Runner:
+    """Runs jobs against one dataset, with the per-config result files and the state cache."""
+
+    def __init__(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console, train: _Split, test: _Split,
+                 data_key: str):
+        self.cfg, self.out_dir, self.console = cfg, out_dir, console
+        self.train, self.test, self.data_key = train, test, data_key
+        self._states: tuple[np.ndarray, np.ndarray] | None = None
+        self._empty_test = np.array([not p.strip() for p in test.passages], dtype=bool)
+        self.kind_runners: dict[str, Callable[[Job], tuple[np.ndarray, dict]]] = {
+            "prompted": self._prompted,
+            "head": self._head,
+            "generative": self._lm,
+            "classifier": self._lm,
+            "lora": self._lm,
+        }
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _result_file(self, name: str) -> Path:
+        return self.out_dir / "configs" / f"{name.replace('/', '_')}.json"
+
+    def _cached(self, name: str, settings: dict) -> dict | None:
+        file = self._result_file(name)
+        if not file.is_file():
+            return None
+        try:
+            stored = json.loads(file.read_text())
+        except json.JSONDecodeError:
+            return None  # a torn write: recompute
+        if stored.get("settings") != settings:
+            self.console.print(f"[yellow]{name}: settings or data changed since the stored result; rerunning[/]")
+            return None
+        return stored["metrics"]
+
+    def _finish(self, name: str, settings: dict, scores: np.ndarray, threshold: float, extra: dict) -> dict:
+        from ragsieve.eval.classification import classification_metrics, plot_confusion_matrix
+
+        predicted = ((scores >= threshold) & ~self._empty_test).astype(int)
+        metrics = classification_metrics(self.test.labels, predicted, scores)
+        metrics.update(threshold=float(threshold), **extra)
+        plot_confusion_matrix(
+            metrics["confusion_matrix"], self.out_dir / "confusion" / f"{name}.png",
+            f"{name}: test (n={metrics['n']})",
+        )
+        file = self._result_file(name)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"settings": settings, "metrics": metrics}, indent=2) + "\n")
+        tmp.replace(file)  # atomic: a crash never leaves a half-written result to be trusted
+        self.console.print(
+            f"[bold]{name}[/]: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in METRIC_KEYS)
+            + (f", AUROC {metrics['auroc']:.3f}" if metrics.get("auroc") is not None else "")
+        )
+        return metrics
+
+    def _progress(self, name: str):
+        from ragsieve.probe.experiment import progress_bar
+
+        bar = progress_bar(self.console)
+        task = bar.add_task(f"train {name}", total=None)
+
+        def update(step: int, total: int, loss: float) -> None:
+            bar.update(task, completed=step, total=total, description=f"train {name} (loss {loss:.3f})")
+
+        return bar, update
+
+    # -- runs ----------------------------------------------------------------------------
+    def run(self, job: Job) -> dict:
+        settings = job.settings(self.cfg, self.data_key)
+        if (done := self._cached(job.name, settings)) is not None:
+            self.console.print(f"[dim]{job.name}: done earlier, skipped[/]")
+            return done
+        start = time.perf_counter()
+        scores, extra = self.kind_runners[job.kind](job)
+        extra["seconds_total"] = time.perf_counter() - start
+        return self._finish(job.name, settings, scores, 0.5, extra)
+
+    def baseline(self, kind: str, base: str) -> dict:
+        from ragsieve.grade import new_grader
+        from ragsieve.grade.dataset import plot_score_histogram
+
+        settings = {"kind": kind, "base": base, "data": self.data_key}
+        if (done := self._cached(kind, settings)) is not None and (self.out_dir / "cosine_histogram.png").exists():
+            return done
+        start = time.perf_counter()
+        grader = new_grader(kind, base)
+        train_scores = grader.score_pairs(self.train.queries, self.train.passages)
+        threshold = grader.fit_threshold(train_scores, self.train.labels)
+        t_eval = time.perf_counter()
+        scores = grader.score_pairs(self.test.queries, self.test.passages)
+        eval_seconds = time.perf_counter() - t_eval
+        if kind == "cosine":  # the paper's Fig. 4: how far cosine alone separates the labels
+            plot_score_histogram(
+                np.r_[train_scores, scores], np.r_[self.train.labels, self.test.labels],
+                self.out_dir / "cosine_histogram.png", "MiniLM cosine: relevant vs not relevant (all pairs)",
+            )
+        extra = {
+            "seconds_total": time.perf_counter() - start, "eval_seconds": eval_seconds,
+            "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9), "tuned_on": "train f1",
+        }
+        return self._finish(kind, settings, scores, threshold, extra)
+
+    def _new(self, job: Job):
+        from ragsieve.grade import new_grader
+
+        grader = new_grader(
+            job.kind, self.cfg.llm, max_length=self.cfg.max_length, max_passage_tokens=self.cfg.max_passage_tokens,
+            max_query_tokens=self.cfg.max_query_tokens, lora_r=job.lora_r, lora_alpha=job.lora_alpha,
+        )
+        grader.batch_size = self.cfg.eval_batch_size
+        return grader
+
+    def _final_states(self) -> tuple[np.ndarray, np.ndarray]:
+        """Final last-token states of every train and test pair, computed once and cached on disk."""
+        if self._states is not None:
+            return self._states
+        cache = self.out_dir / "cache"
+        inputs = [self.cfg.llm, self.data_key, self.cfg.max_length, self.cfg.max_passage_tokens,
+                  self.cfg.max_query_tokens]
+        key = hashlib.sha1(json.dumps(inputs).encode()).hexdigest()[:16]
+        file = cache / f"states-{key}.npz"
+        if file.exists():
+            data = np.load(file)
+            self._states = (data["train"], data["test"])
+            return self._states
+        grader = self._new(Job("states", "head", self.cfg.train))
+        start = time.perf_counter()
+        with self.console.status(f"final states of {len(self.train.pairs) + len(self.test.pairs)} pairs (once)"):
+            states = (
+                grader.final_states(self.train.queries, self.train.passages),
+                grader.final_states(self.test.queries, self.test.passages),
+            )
+        self.console.print(f"[dim]final states in {time.perf_counter() - start:.0f}s (cached in {file})[/]")
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".{file.name}"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, train=states[0], test=states[1])
+        tmp.replace(file)
+        self._states = states
+        return states
+
+    def _prompted(self, job: Job) -> tuple[np.ndarray, dict]:
+        _, test_states = self._final_states()
+        grader = self._new(job)
+        scores = grader.scores_from_states(test_states)
+        scores[self._empty_test] = 0.0  # the empty-passage policy
+        self._maybe_save(job.name, grader)
+        return scores, {"note": "next-token P(yes) vs P(no), read from the cached final states"}
+
+    def _head(self, job: Job) -> tuple[np.ndarray, dict]:
+        train_states, test_states = self._final_states()
+        grader = self._new(job)
+        keep = [i for i, p in enumerate(self.train.passages) if p.strip()]
+        bar, update = self._progress(job.name)
+        with bar:
+            result = grader.fit_states(train_states[keep], self.train.labels[keep], job.train, update)
+        scores = grader.state_scores(test_states)
+        scores[self._empty_test] = 0.0
+        self._maybe_save(job.name, grader)
+        return scores, {"train": result.summary()}
+
+    def _lm(self, job: Job) -> tuple[np.ndarray, dict]:
+        grader = self._new(job)
+        bar, update = self._progress(job.name)
+        with bar:
+            result = grader.fit(self.train.queries, self.train.passages, self.train.labels, job.train, update)
+        truncated_before = grader.stats.truncated_passages
+        start = time.perf_counter()
+        scores = grader.score_pairs(self.test.queries, self.test.passages)
+        eval_seconds = time.perf_counter() - start
+        self._maybe_save(job.name, grader)
+        return scores, {
+            "train": result.summary(), "eval_seconds": eval_seconds,
+            "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9),
+            "test_truncated_passages": grader.stats.truncated_passages - truncated_before,
+        }
+
+    def _maybe_save(self, name: str, grader) -> None:
+        if name in self.cfg.save_models:
+            grader.save(self.out_dir / "models" / name)
+
+
+def _loss_comparison(cfg: GraderExperimentConfig, jobs: list[Job], results: dict[str, dict]) -> dict:
+    """``{config: {loss: headline metrics}}``; the config itself stands for its own loss."""
+    loss_of = {j.name: j.train.loss for j in jobs}
+    return {
+        name: {loss: _headline(results[name if loss == loss_of[name] else f"{name}+{loss}"]) for loss in cfg.losses}
+        for name in cfg.loss_comparison
+    }
+
+
+def _headline(metrics: dict) -> dict:
+    return {k: metrics[k] for k in METRIC_KEYS}
+
+
+def _target(cfg: GraderExperimentConfig, results: dict[str, dict]) -> dict | None:
+    m = results.get(cfg.target_config)
+    if m is None:
+        return None
+    return {
+        "config": cfg.target_config, "precision": m["precision"], "recall": m["recall"],
+        "precision_target": cfg.target_precision, "recall_target": cfg.target_recall,
+        "met": m["precision"] >= cfg.target_precision and m["recall"] >= cfg.target_recall,
+        "precision_gap": max(0.0, cfg.target_precision - m["precision"]),
+        "recall_gap": max(0.0, cfg.target_recall - m["recall"]),
+    }
+
+
+def _print_table(console: Console, results: dict[str, dict], test: _Split) -> None:
+    table = Table(title=f"graders on {len(test.pairs)} held-out pairs ({test.labels.mean():.1%} relevant)")
+    for col in ("config", "accuracy", "precision", "recall", "F1", "AUROC", "seconds"):
+        table.add_column(col, justify="right" if col != "config" else "left")
+    for name, m in results.items():
+        auroc = "n/a" if m.get("auroc") is None else f"{m['auroc']:.3f}"
+        table.add_row(name, *(f"{m[k]:.3f}" for k in METRIC_KEYS), auroc, f"{m.get('seconds_total', 0):.0f}")
+    console.print(table)
