@@ -92,3 +92,24 @@ def minilm():
     from ragsieve.models import load_encoder
 
     return load_encoder()
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tmp_path_factory):
+    """A randomly initialised BERT sequence classifier (1 logit) with MiniLM's vocabulary."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ragsieve.models import get_embedded
+
+    src = get_embedded("all-minilm-l6-v2").path()
+    path = tmp_path_factory.mktemp("tiny-ce")
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(src / name, path / name)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(path)
+    return path

@@ -1,0 +1,150 @@
+"""Faster cross-encoder inference on CPU: the same tokenised inputs, a cheaper forward.
+
+Inputs come from the CrossEncoder's own ``preprocess`` (so tokenisation, truncation and
+pair order are exactly what ``CrossEncoder.predict`` uses); only the forward pass
+changes:
+
+* ``torch-int8`` — ``torch.ao.quantization.quantize_dynamic`` on every ``nn.Linear``.
+* ``onnx`` / ``onnx-int8`` — ``torch.onnx.export`` (TorchScript exporter: the dynamo one
+  breaks ``quantize_dynamic``) run by onnxruntime; int8 is per-channel dynamic
+  quantisation, which keeps rankings much closer to fp32 than per-tensor.
+
+The ONNX files are cached under ``$RAGSIEVE_CACHE/onnx/<weights digest>/``. Whether a
+backend keeps quality is measured, not assumed: ``bench/rerank.py`` reports nDCG@10
+against fp32 for each one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ragsieve.errors import RagsieveError
+from ragsieve.paths import cache_dir
+
+if TYPE_CHECKING:
+    from sentence_transformers import CrossEncoder
+
+#: backend name → forward function factory ``(cross_encoder, model_dir) -> (features -> logits)``
+Forward = Callable[[dict], np.ndarray]
+
+
+def _torch_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
+    import torch
+
+    def forward(features: dict) -> np.ndarray:
+        with torch.inference_mode():
+            return ce.model(**features).logits.float().numpy()
+
+    return forward
+
+
+def _torch_int8_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
+    import copy
+
+    import torch
+
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ce.model).eval(), {torch.nn.Linear},
+                                                       dtype=torch.qint8)
+
+    def forward(features: dict) -> np.ndarray:
+        with torch.inference_mode():
+            return quantized(**features).logits.float().numpy()
+
+    return forward
+
+
+def _onnx_forward(int8: bool) -> Callable[["CrossEncoder", str], Forward]:
+    def factory(ce: "CrossEncoder", model_dir: str) -> Forward:
+        import onnxruntime as ort
+        import torch
+
+        path = export_onnx(ce, model_dir, int8=int8)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+
+        def forward(features: dict) -> np.ndarray:
+            feeds = {k: v.numpy().astype(np.int64) for k, v in features.items() if k in names}
+            return session.run(["logits"], feeds)[0]
+
+        return forward
+
+    return factory
+
+
+BACKENDS: dict[str, Callable[["CrossEncoder", str], Forward]] = {
+    "torch": _torch_forward,
+    "torch-int8": _torch_int8_forward,
+    "onnx": _onnx_forward(int8=False),
+    "onnx-int8": _onnx_forward(int8=True),
+}
+
+
+def make_forward(backend: str, ce: "CrossEncoder", model_dir: str) -> Forward:
+    try:
+        factory = BACKENDS[backend]
+    except KeyError:
+        raise RagsieveError(f"unknown cross-encoder backend '{backend}'; known: {', '.join(BACKENDS)}") from None
+    return factory(ce, model_dir)
+
+
+def _weights_digest(ce: "CrossEncoder") -> str:
+    """Digest of the weights themselves, so a retrained folder at the same path gets a new export."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(ce.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().numpy().tobytes()[:4096])
+        h.update(str(tuple(tensor.shape)).encode())
+    return h.hexdigest()[:16]
+
+
+def export_onnx(ce: "CrossEncoder", model_dir: str, int8: bool = False) -> Path:
+    """Export (once) the cross-encoder's sequence classifier to ONNX; optionally int8 per-channel."""
+    import torch
+    from filelock import FileLock
+
+    folder = cache_dir() / "onnx" / _weights_digest(ce)
+    fp32, q8 = folder / "model.onnx", folder / "model.int8.onnx"
+    target = q8 if int8 else fp32
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / ".lock")):
+        if not fp32.exists():
+            model = ce.model.eval()
+
+            class LogitsOnly(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.inner = model
+
+                def forward(self, input_ids, attention_mask, token_type_ids):
+                    return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                      token_type_ids=token_type_ids).logits
+
+            sample = ce.preprocess([("a query", "a passage to score")])
+            args = tuple(sample[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+            dynamic = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")}
+            dynamic["logits"] = {0: "batch"}
+            tmp = Path(tempfile.mkdtemp(dir=folder)) / "model.onnx"
+            torch.onnx.export(
+                LogitsOnly(), args, str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
+                output_names=["logits"], dynamic_axes=dynamic, opset_version=17, dynamo=False,
+            )
+            os.replace(tmp, fp32)
+            shutil.rmtree(tmp.parent, ignore_errors=True)
+        if int8 and not q8.exists():
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            tmp = folder / ".model.int8.onnx.tmp"
+            quantize_dynamic(str(fp32), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+            os.replace(tmp, q8)
+    return target
