@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.rerank import BaseRanker, load_reranker
+from tests.conftest import requires_data
 
 POOL = [
     Passage("p0", "Paris is the capital of France."),
@@ -44,27 +47,6 @@ def test_bm25_ranker_and_factory_errors():
         load_reranker("nope")
     with pytest.raises(ModelNotAvailable, match="cross-encoder needs a model"):
         load_reranker("cross-encoder")
-
-
-@pytest.fixture(scope="module")
-def tiny_cross_encoder_dir(tmp_path_factory):
-    """A randomly initialised BERT sequence classifier (1 logit) with MiniLM's vocabulary."""
-    import shutil
-
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from ragsieve.models import get_embedded
-
-    src = get_embedded("all-minilm-l6-v2").path()
-    path = tmp_path_factory.mktemp("tiny-ce")
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(src / name, path / name)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(path)
-    return path
 
 
 def test_cross_encoder_ranker_matches_sentence_transformers(tiny_cross_encoder_dir):
@@ -135,3 +117,79 @@ def test_train_cross_encoder_moves_scores(tmp_path, tiny_cross_encoder_dir):
     after = load_reranker(f"cross-encoder:{out}", max_length=64).score(
         "who wrote hamlet 0", [Passage("a", pos), Passage("b", neg)])
     assert (after[0] - after[1]) > (before[0] - before[1])  # the positive moved up relative to the negative
+
+
+def test_fast_backends_match_predict(tiny_cross_encoder_dir, tmp_path, monkeypatch):
+    """Same inputs as CrossEncoder.predict; fp32 ONNX equal, int8 close and rank-preserving here."""
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
+    pairs = [("who wrote hamlet", p.full_text) for p in POOL] + [("capital of france", "Paris " * 30)]
+    ref = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64).score_pairs(pairs)
+    for backend, atol in (("onnx", 1e-5), ("torch-int8", 0.05), ("onnx-int8", 0.05)):
+        ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64, batch_size=2,
+                               backend=backend)
+        np.testing.assert_allclose(ranker.score_pairs(pairs), ref, atol=atol, err_msg=backend)
+    assert (tmp_path / "onnx").is_dir()  # exported once, cached
+    with pytest.raises(RagsieveError, match="unknown cross-encoder backend 'gpu'"):
+        load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", backend="gpu")
+
+
+def test_bare_folder_is_a_cross_encoder(tiny_cross_encoder_dir):
+    assert load_reranker(str(tiny_cross_encoder_dir)).name == "cross-encoder"
+
+
+def test_evaluate_rankers_counts_misses_and_duplicates():
+    from ragsieve.rerank.relevance import RankingQuery, evaluate_rankers
+
+    queries = [
+        RankingQuery("q1", "who wrote hamlet", tuple(POOL), frozenset({"p1"})),
+        # the relevant passage is not among the candidates: a miss for every ranker
+        RankingQuery("q2", "capital of france", (POOL[0], POOL[0]), frozenset({"zz"})),
+    ]
+    out = evaluate_rankers({"bm25": load_reranker("bm25")}, queries, ks=(1, 3), measures=("P", "MRR"))
+    assert out["bm25"]["P@1"] == pytest.approx(0.5)
+    assert out["bm25"]["MRR@3"] == pytest.approx(0.5)
+
+
+@requires_data
+def test_relevance_groups_and_queries_from_gold_data():
+    from ragsieve.data import load_dataset
+    from ragsieve.rerank.relevance import RelevanceSource, ranking_queries, split_questions, training_groups
+
+    ds = load_dataset("hotpotqa-distractor")
+    source = RelevanceSource(train_questions=5, test_questions=4, positives_per_question=2, test_fraction=0.5)
+    train, test = split_questions(ds, source)
+    assert len(train) == 5 and len(test) == 4 and not {q.id for q in train} & {q.id for q in test}
+    groups = training_groups(ds, train, source, negatives=7)
+    by_id = ds.passage_by_id()
+    for g, q in zip(groups, train):
+        assert len(g.pos) == 2 and len(g.neg) == 7
+        assert set(g.pos_ids) <= set(q.gold_passage_ids) and not set(g.neg_ids) & set(q.gold_passage_ids)
+        assert g.pos[0] == by_id[g.pos_ids[0]].full_text
+    queries = ranking_queries(ds, test, source)
+    assert all(len(q.candidates) == 10 and q.relevant for q in queries)
+
+    fever = load_dataset("fever")
+    src = RelevanceSource(train_questions=3, test_questions=3)
+    _, test = split_questions(fever, src)
+    for q in ranking_queries(fever, test, src):
+        titles = {p.title for p in q.candidates}
+        assert q.relevant & {p.id for p in q.candidates} and len(titles) >= 1
+
+
+@requires_data
+def test_base_reranker_is_trained_once_and_cached(tmp_path, monkeypatch, tiny_cross_encoder_dir):
+    from ragsieve.rerank.embedded import BaseRerankerConfig, ensure_base_reranker
+    from ragsieve.rerank.relevance import RelevanceSource
+
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
+    cfg = BaseRerankerConfig(
+        sources={"hotpotqa-distractor": RelevanceSource(train_questions=4, test_questions=2, test_fraction=0.5)},
+        train={"init": str(tiny_cross_encoder_dir), "batch_size": 2, "max_length": 128},
+    )
+    path = ensure_base_reranker(cfg)
+    card = json.loads((path / "ragsieve_base.json").read_text())
+    assert card["groups"] == {"hotpotqa-distractor": 4}
+    assert not (path / "checkpoints").exists()
+    stamp = (path / "ragsieve_base.json").stat().st_mtime_ns
+    assert ensure_base_reranker(cfg) == path and (path / "ragsieve_base.json").stat().st_mtime_ns == stamp
+    assert load_reranker(f"cross-encoder:{path}").rank("q", ["a", "b"]).results

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from ragsieve.errors import RagsieveError
@@ -13,16 +14,22 @@ RERANKERS: dict[str, str] = {
     "bm25": "ragsieve.rerank.lexical:BM25Ranker",
     "bi-encoder": "ragsieve.rerank.neural:BiEncoderRanker",
     "cross-encoder": "ragsieve.rerank.neural:CrossEncoderRanker",
+    "embedded": "ragsieve.rerank.embedded:load_embedded_reranker",
 }
 
 
 def load_reranker(spec: str, **kwargs: Any) -> BaseRanker:
-    """``bm25``, ``bi-encoder[:<encoder spec>]`` or ``cross-encoder:<folder or HF id>``.
+    """``bm25``, ``bi-encoder[:<encoder spec>]``, ``cross-encoder:<folder or HF id>`` or ``embedded:base``.
+
+    ``embedded:base`` is ragsieve's own cross-encoder, trained from MiniLM on first use;
+    a bare folder path is read as ``cross-encoder:<folder>``.
 
     Example::
 
         load_reranker("cross-encoder:results/rerank/base").top_k(query, passages, 3)
     """
+    if spec and ":" not in spec and Path(spec).is_dir():  # a bare folder = a cross-encoder
+        spec = f"cross-encoder:{spec}"
     name, sep, arg = (spec or "").partition(":")
     try:
         module, _, cls = RERANKERS[name].partition(":")
