@@ -1,0 +1,262 @@
+"""Binary verdict tasks from the benchmark loaders, split into an SFT set and rounds.
+
+One example is a (query, passage) pair with a 0/1 label and the fields its dataset's
+template needs (see ``templates.yaml``):
+
+* ``anli``: premise / hypothesis, 1 = entailment, 0 = neutral or contradiction
+* ``fever``: claim / evidence, 1 = SUPPORTS, 0 = REFUTES (the ERASER set has no NEI)
+* ``pubmedqa``: question / abstract, 1 = yes, 0 = no ("maybe" is dropped by the loader)
+* ``hotpotqa-distractor``: question / sentence, 1 = the sentence is a supporting fact
+* ``bioasq``: question / snippet, 1 = a gold snippet of this question, 0 = the BM25-closest
+  snippet that is gold for another question only (a realistic hard negative)
+* ``multirc``: passage / question + candidate answer, the answer's label (val split)
+
+Rounds: BioASQ keeps its natural batches (7B = the SFT set, then 8B, 9B, 10B, 11B = rounds
+1-4); the others order their examples by a seeded hash of the id
+(:func:`ragsieve.data.splits.id_unit`) and cut the SFT set and then each round in turn.
+With ``balanced=True`` every split takes half positives, half negatives (HotpotQA has
+~6 % positives, so unbalanced rounds would reward "always False").
+
+Example::
+
+    task = build_task_rounds("pubmedqa", initial_size=128, round_size=64)
+    len(task.initial), [len(r) for r in task.rounds]   # 128, [64, 64, 64, 64]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragsieve.data.records import Dataset
+from ragsieve.data.splits import id_unit
+from ragsieve.errors import DataError
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictExample:
+    """A pointwise example: ``fields`` fill the template, ``label`` 1 = true word."""
+
+    id: str
+    dataset: str
+    query_id: str
+    query: str
+    passage: str
+    label: int
+    fields: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    group: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "dataset": self.dataset, "query_id": self.query_id, "query": self.query,
+            "passage": self.passage, "label": self.label, "fields": dict(self.fields), "group": self.group,
+        }
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> "VerdictExample":
+        return cls(
+            id=str(row["id"]), dataset=str(row["dataset"]), query_id=str(row.get("query_id", row["id"])),
+            query=str(row.get("query", "")), passage=str(row.get("passage", "")), label=int(row["label"]),
+            fields={str(k): str(v) for k, v in (row.get("fields") or {}).items()}, group=str(row.get("group", "")),
+        )
+
+
+@dataclass
+class TaskRounds:
+    """A dataset cut for the multi-round protocol."""
+
+    dataset: str
+    initial: list[VerdictExample]
+    rounds: list[list[VerdictExample]]
+    held_out_query_ids: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def sizes(self) -> dict[str, Any]:
+        def count(xs: Sequence[VerdictExample]) -> dict[str, int]:
+            return {"n": len(xs), "positives": sum(x.label for x in xs)}
+
+        return {"initial": count(self.initial), "rounds": [count(r) for r in self.rounds]}
+
+
+# --------------------------------------------------------------------------- per-dataset examples
+
+
+def _from_pairs(ds: Dataset, fields_of: Callable[[Any], dict[str, str]], group: str | None = None) -> list[VerdictExample]:
+    return [
+        VerdictExample(p.id, ds.name, p.query_id, p.query, p.passage, int(p.label), fields_of(p), p.group)
+        for p in ds.pairs
+        if group is None or p.group == group
+    ]
+
+
+def _anli(ds: Dataset) -> list[VerdictExample]:
+    return _from_pairs(ds, lambda p: {"premise": p.fields["premise"], "hypothesis": p.fields["hypothesis"]})
+
+
+def _fever(ds: Dataset) -> list[VerdictExample]:
+    return _from_pairs(ds, lambda p: {"claim": p.fields["claim"], "evidence": p.fields["evidence"]})
+
+
+def _pubmedqa(ds: Dataset) -> list[VerdictExample]:
+    return _from_pairs(ds, lambda p: {"question": p.fields["question"], "context": p.fields["context"]})
+
+
+def _hotpotqa(ds: Dataset) -> list[VerdictExample]:
+    out = _from_pairs(ds, lambda p: {"question": p.fields["question"], "sentence": p.fields["sentence"]})
+    return [x for x in out if x.fields["sentence"].strip()]
+
+
+def _multirc(ds: Dataset) -> list[VerdictExample]:
+    # The template has no answer slot: {question} carries "question + candidate answer" (LabeledPair.query).
+    return _from_pairs(ds, lambda p: {"passage": p.fields["passage"], "question": p.query}, group="val")
+
+
+_BIOASQ_YEAR = re.compile(r"^(\d+)B")
+
+
+def _bioasq(ds: Dataset) -> list[VerdictExample]:
+    """One positive (a gold snippet) and one hard negative per question, grouped by year."""
+    from ragsieve.retrieve.bm25 import BM25Retriever
+
+    passages = ds.passage_by_id()
+    retriever = BM25Retriever.build(ds.passages)
+    out: list[VerdictExample] = []
+    for q in ds.questions:
+        gold = [pid for pid in q.gold_passage_ids if pid in passages]
+        if not gold:
+            continue
+        match = _BIOASQ_YEAR.match(str(q.meta.get("batch", "")))
+        year = match[1] if match else "?"
+        positive = min(gold, key=lambda pid: (id_unit(pid), pid))
+        # Every pool snippet is gold for some question, so the best non-gold hit is a snippet
+        # retrieved for another question: lexically close, judged irrelevant to this one.
+        negative = next((h.passage.id for h in retriever.search(q.text, k=20) if h.passage.id not in set(gold)), None)
+        if negative is None:
+            others = [p.id for p in ds.passages if p.id not in set(gold)]
+            negative = min(others, key=lambda pid: (id_unit(f"{q.id}:{pid}"), pid))
+        for suffix, pid, label in (("pos", positive, 1), ("neg", negative, 0)):
+            text = passages[pid].text
+            out.append(
+                VerdictExample(
+                    f"{q.id}:{suffix}", ds.name, q.id, q.text, text, label,
+                    {"question": q.text, "content": text}, group=year,
+                )
+            )
+    return out
+
+
+#: dataset name → builder of its examples from the loaded :class:`Dataset`.
+TASKS: dict[str, Callable[[Dataset], list[VerdictExample]]] = {
+    "anli": _anli,
+    "fever": _fever,
+    "pubmedqa": _pubmedqa,
+    "hotpotqa-distractor": _hotpotqa,
+    "bioasq": _bioasq,
+    "multirc": _multirc,
+}
+
+#: datasets whose rounds are natural batches (``group``) rather than hash order.
+NATURAL_ROUNDS: dict[str, tuple[str, ...]] = {"bioasq": ("7", "8", "9", "10", "11")}
+
+
+def task_examples(dataset: str, data_dir: str | None = None) -> list[VerdictExample]:
+    """Every example of ``dataset``'s binary task."""
+    from ragsieve.data import load_dataset
+
+    try:
+        builder = TASKS[dataset]
+    except KeyError:
+        raise DataError(f"no verdict task for dataset '{dataset}'; known: {', '.join(sorted(TASKS))}") from None
+    return builder(load_dataset(dataset, data_dir=data_dir))
+
+
+# --------------------------------------------------------------------------- splitting
+
+
+def _ordered(examples: Sequence[VerdictExample], seed: int) -> list[VerdictExample]:
+    return sorted(examples, key=lambda x: (id_unit(x.id, seed), x.id))
+
+
+class _Cutter:
+    """Cuts consecutive splits off a seeded order, per class when balanced."""
+
+    def __init__(self, examples: Sequence[VerdictExample], seed: int, balanced: bool, dataset: str):
+        self.dataset = dataset
+        self.balanced = balanced
+        self.seed = seed
+        ordered = _ordered(examples, seed)
+        self.queues = {1: [x for x in ordered if x.label], 0: [x for x in ordered if not x.label]} if balanced else {
+            -1: ordered
+        }
+
+    def take(self, size: int, what: str) -> list[VerdictExample]:
+        if not self.balanced:
+            queue = self.queues[-1]
+            if len(queue) < size:
+                raise DataError(f"{self.dataset}: {what} needs {size} examples, only {len(queue)} left")
+            out, self.queues[-1] = queue[:size], queue[size:]
+            return out
+        n_pos = size // 2
+        want = {1: n_pos, 0: size - n_pos}
+        for label, n in want.items():
+            if len(self.queues[label]) < n:
+                raise DataError(
+                    f"{self.dataset}: {what} needs {n} examples with label {label}, only "
+                    f"{len(self.queues[label])} left; lower initial_size / round_size"
+                )
+        out = []
+        for label, n in want.items():
+            out += self.queues[label][:n]
+            self.queues[label] = self.queues[label][n:]
+        # Interleave classes in hash order so a truncated round is still mixed.
+        return _ordered(out, self.seed)
+
+
+def build_task_rounds(
+    dataset: str,
+    *,
+    initial_size: int,
+    round_size: int,
+    rounds: int = 4,
+    seed: int = 0,
+    balanced: bool = True,
+    held_out_queries: int = 0,
+    data_dir: str | None = None,
+    examples: Sequence[VerdictExample] | None = None,
+) -> TaskRounds:
+    """The SFT set and ``rounds`` sequential batches of ``dataset`` (see the module doc).
+
+    ``held_out_queries`` removes the first N query ids (seeded order) from every split and
+    returns them, e.g. HotpotQA questions kept for the downstream QA evaluation.
+    ``examples`` skips loading (tests pass their own).
+    """
+    if initial_size < 2 or round_size < 2 or rounds < 1:
+        raise DataError(f"need initial_size >= 2, round_size >= 2 and rounds >= 1 (got {initial_size}, {round_size}, {rounds})")
+    items = list(examples) if examples is not None else task_examples(dataset, data_dir)
+    query_ids = sorted({x.query_id for x in items}, key=lambda q: (id_unit(q, seed), q))
+    held_out = query_ids[:held_out_queries] if held_out_queries else []
+    if held_out:
+        skip = set(held_out)
+        items = [x for x in items if x.query_id not in skip]
+
+    groups = NATURAL_ROUNDS.get(dataset)
+    if groups is not None and examples is None:
+        if rounds > len(groups) - 1:
+            raise DataError(f"{dataset} has {len(groups) - 1} natural rounds after its SFT batch, asked for {rounds}")
+        by_group = {g: [x for x in items if x.group == g] for g in groups}
+        initial = _Cutter(by_group[groups[0]], seed, balanced, dataset).take(initial_size, f"SFT set ({groups[0]}B)")
+        cut = [
+            _Cutter(by_group[g], seed, balanced, dataset).take(round_size, f"round {i} ({g}B)")
+            for i, g in enumerate(groups[1 : rounds + 1], start=1)
+        ]
+        how = f"natural batches: SFT = {groups[0]}B, rounds = " + ", ".join(f"{g}B" for g in groups[1 : rounds + 1])
+    else:
+        cutter = _Cutter(items, seed, balanced, dataset)
+        initial = cutter.take(initial_size, "SFT set")
+        cut = [cutter.take(round_size, f"round {i}") for i in range(1, rounds + 1)]
+        how = f"seeded id order (seed {seed})"
+    task = TaskRounds(dataset, initial, cut, held_out, {"split": how, "balanced": balanced, "available": len(items)})
+    task.meta["sizes"] = task.sizes()
+    return task
