@@ -1,0 +1,295 @@
+"""Training a verdict model for one round: SFT on the verdict token, or DPO.
+
+Every trainer attaches a fresh LoRA adapter to the current model (M_{t-1}), trains it,
+and leaves ``llm.model`` as the PEFT model; :func:`train_round` then saves the adapter
+(the round's delta) and merges it, so ``llm.model`` is M_t afterwards.
+
+Objectives and backends, by name (:data:`TRAINERS`):
+
+* ``sft``: cross-entropy of the label word's (first) token at the answer position.
+* ``dpo-fast``: :class:`~ragsieve.evolve.verdict_dpo.VerdictDPOTrainer`, one forward per
+  batch gives both the chosen and rejected log-probs; the default.
+* ``dpo-trl``: TRL's ``DPOTrainer`` on the same single-token pairs (≈ 4× slower on CPU,
+  kept as the reference implementation; see ``/work/shared/NOTES.md``).
+
+Example::
+
+    llm = load_local_llm()
+    ranker = PointwiseLLMReranker(llm, "pubmedqa")
+    prompts = ranker.prompts(examples)
+    train_round(llm, ranker.tokens, "sft", prompts, [x.label for x in examples],
+                VerdictTrainConfig(lr=2e-4, epochs=2), save_dir="adapters/round-00")
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import random
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from ragsieve.config import StrictConfig
+from ragsieve.errors import RagsieveError
+from ragsieve.evolve.lora import LoraSettings, attach_lora, merge_lora, save_adapter
+from ragsieve.evolve.reranker import VerdictScores, encode_left_padded, answer_logits
+from ragsieve.evolve.templates import VerdictTokens
+
+if TYPE_CHECKING:
+    import torch
+
+    from ragsieve.models.llm import LocalLLM
+
+log = logging.getLogger(__name__)
+
+
+class VerdictTrainConfig(StrictConfig):
+    """One round of adapter training (β = 0.2 and LoRA r16 from the paper)."""
+
+    lr: float = 1e-4
+    epochs: int = 1
+    batch_size: int = 8
+    beta: float = 0.2  # DPO temperature
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    lora: LoraSettings = LoraSettings()
+    dpo_backend: Literal["fast", "trl"] = "fast"
+    seed: int = 0
+
+
+@dataclass
+class TrainResult:
+    n_examples: int
+    steps: int = 0
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / self.steps if self.steps else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "n": self.n_examples, "steps": self.steps, "seconds": round(self.seconds, 2),
+            "seconds_per_step": round(self.seconds_per_step, 3),
+            "loss_first": self.losses[0] if self.losses else None, "loss_last": self.losses[-1] if self.losses else None,
+        }
+
+
+class VerdictTrainer(ABC):
+    """Base: a seeded loop of AdamW steps over shuffled batches of (prompt, label)."""
+
+    def __init__(self, llm: "LocalLLM", tokens: VerdictTokens, config: VerdictTrainConfig):
+        self.llm = llm
+        self.tokens = tokens
+        self.config = config
+
+    def fit(self, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None = None) -> TrainResult:
+        """Attach a fresh adapter and train it; ``ref`` (aligned with prompts) is for DPO."""
+        import torch
+
+        if len(prompts) != len(labels):
+            raise RagsieveError(f"{len(prompts)} prompts but {len(labels)} labels")
+        result = TrainResult(len(prompts))
+        if not prompts:
+            return result
+        start = time.perf_counter()
+        model = attach_lora(self.llm, self.config.lora, self.config.seed)
+        self.prepare(model, prompts, labels, ref)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        rng = random.Random(self.config.seed)
+        for _ in range(self.config.epochs):
+            order = list(range(len(prompts)))
+            rng.shuffle(order)
+            for lo in range(0, len(order), self.config.batch_size):
+                idx = order[lo : lo + self.config.batch_size]
+                batch = encode_left_padded(self.llm.tokenizer, [prompts[i] for i in idx])
+                loss = self.loss(model, batch, idx, [int(labels[i]) for i in idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.config.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+                optimizer.step()
+                result.losses.append(float(loss.detach()))
+                result.steps += 1
+        model.eval()
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def prepare(self, model, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None) -> None:
+        """Hook run once before the first step (DPO caches reference log-probs here)."""
+
+    @abstractmethod
+    def loss(self, model, batch, index: list[int], labels: list[int]) -> "torch.Tensor": ...
+
+
+class VerdictSFTTrainer(VerdictTrainer):
+    """Cross-entropy of the label word's token at the answer position (full vocabulary).
+
+    Example::
+
+        VerdictSFTTrainer(llm, ranker.tokens, VerdictTrainConfig(lr=2e-4)).fit(prompts, labels)
+    """
+
+    def loss(self, model, batch, index, labels):
+        import torch
+        import torch.nn.functional as F
+
+        targets = torch.tensor([self.tokens.id_for(y) for y in labels])
+        return F.cross_entropy(answer_logits(model, batch), targets)
+
+
+class TRLVerdictDPOTrainer(VerdictTrainer):
+    """TRL ``DPOTrainer`` (sigmoid loss) on single-token completions: chosen = the correct
+    label word's token, rejected = the other one, no EOS appended.
+
+    TRL's own preprocessing appends EOS to every completion, which would add a
+    log P(EOS | word) term to both sides; the subclass from :func:`single_token_dpo_trainer_class`
+    feeds pre-tokenised ``prompt_ids`` / ``chosen_ids`` / ``rejected_ids`` instead, so this
+    backend optimises exactly the objective of the fast one. With ``peft_config`` and no
+    ``ref_model``, TRL's reference is the adapter-disabled model, which here is M_{t-1}.
+    ``ref`` is ignored: TRL precomputes its own (``precompute_ref_log_probs=True``).
+
+    Example::
+
+        TRLVerdictDPOTrainer(llm, ranker.tokens, VerdictTrainConfig(dpo_backend="trl")).fit(prompts, labels)
+    """
+
+    def fit(self, prompts, labels, ref=None):
+        import torch
+
+        result = TrainResult(len(prompts))
+        if not prompts:
+            return result
+        start = time.perf_counter()
+        torch.manual_seed(self.config.seed)
+        with tempfile.TemporaryDirectory(prefix="trl-dpo-") as tmp:
+            trainer = build_trl_dpo_trainer(self.llm, self.tokens, prompts, labels, self.config, tmp)
+            trainer.train()
+        self.llm.model = trainer.model.eval()
+        result.losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        result.steps = int(trainer.state.global_step)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def loss(self, model, batch, index, labels):  # pragma: no cover - TRL computes its own
+        raise NotImplementedError
+
+
+def single_token_dpo_trainer_class():
+    """A ``DPOTrainer`` subclass whose dataset is already tokenised (no EOS appended)."""
+    from trl import DPOTrainer
+
+    class SingleTokenDPOTrainer(DPOTrainer):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset
+
+    return SingleTokenDPOTrainer
+
+
+def single_token_rows(tokenizer, tokens: VerdictTokens, prompts: Sequence[str], labels: Sequence[int]) -> list[dict]:
+    """TRL's tokenised preference rows for verdict pairs."""
+    rows = []
+    for prompt, label in zip(prompts, labels):
+        rows.append({
+            "prompt_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
+            "chosen_ids": [tokens.id_for(int(label))],
+            "rejected_ids": [tokens.id_for(1 - int(label))],
+        })
+    return rows
+
+
+def build_trl_dpo_trainer(llm: "LocalLLM", tokens: VerdictTokens, prompts, labels, config: VerdictTrainConfig, output_dir):
+    """The configured TRL trainer (CPU settings from NOTES: fp32, no checkpointing, precomputed ref)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+    from trl import DPOConfig
+
+    args = DPOConfig(
+        output_dir=str(output_dir),
+        learning_rate=config.lr,
+        beta=config.beta,
+        loss_type=["sigmoid"],
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.batch_size,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        precompute_ref_log_probs=True,
+        max_length=None,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_drop_last=False,
+        disable_tqdm=True,
+    )
+    dataset = Dataset.from_list(single_token_rows(llm.tokenizer, tokens, prompts, labels))
+    trainer_cls = single_token_dpo_trainer_class()
+    trainer = trainer_cls(
+        model=llm.model, args=args, processing_class=llm.tokenizer, train_dataset=dataset,
+        peft_config=config.lora.peft_config(),
+    )
+    trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict to stdout
+    return trainer
+
+
+#: objective name → "module:Class" of its trainer (imported on demand).
+TRAINERS: dict[str, str] = {
+    "sft": "ragsieve.evolve.train:VerdictSFTTrainer",
+    "dpo-fast": "ragsieve.evolve.verdict_dpo:VerdictDPOTrainer",
+    "dpo-trl": "ragsieve.evolve.train:TRLVerdictDPOTrainer",
+}
+
+
+def trainer_class(objective: str, config: VerdictTrainConfig) -> type[VerdictTrainer]:
+    """``sft`` or ``dpo`` (its backend from ``config.dpo_backend``)."""
+    name = f"dpo-{config.dpo_backend}" if objective == "dpo" else objective
+    try:
+        module, _, cls = TRAINERS[name].partition(":")
+    except KeyError:
+        raise RagsieveError(f"unknown training objective '{objective}'; known: sft, dpo") from None
+    return getattr(importlib.import_module(module), cls)
+
+
+def train_round(
+    llm: "LocalLLM",
+    tokens: VerdictTokens,
+    objective: str,
+    prompts: Sequence[str],
+    labels: Sequence[int],
+    config: VerdictTrainConfig,
+    *,
+    ref: VerdictScores | None = None,
+    save_dir: str | Path | None = None,
+) -> TrainResult:
+    """Train one round's delta, save it (atomically) to ``save_dir``, and merge it in."""
+    trainer = trainer_class(objective, config)(llm, tokens, config)
+    result = trainer.fit(prompts, labels, ref=ref)
+    if result.steps and save_dir is not None:
+        save_adapter(llm.model, save_dir)
+    merge_lora(llm)
+    if result.losses and not all(math.isfinite(x) for x in result.losses):
+        raise RagsieveError(f"{objective} training diverged (non-finite loss); lower the learning rate")
+    return result
+
+
+def nan_scores(n: int) -> VerdictScores:
+    """Reference placeholders: rows left NaN are computed by the DPO trainer."""
+    return VerdictScores(np.full(n, np.nan), np.full(n, np.nan))
