@@ -1,0 +1,215 @@
+"""Judges: the jury CautiousDPO asks when the model is not confident.
+
+A judge votes 1 (true word), 0 (false word) or ``None`` (abstains) per example. Judges
+are configured as a list of specs and built through :data:`JUDGES` (kind → class):
+
+* ``llm:<local LLM spec>``: a prompted local causal LM (zero-shot, same template), score
+  P(true) / (P(true) + P(false)), thresholded.
+* ``cross-encoder:<folder, HF id or embedded:base>``: a cross-encoder's logit, thresholded.
+* ``reranker:<load_reranker spec>``: any ragsieve reranker (``bi-encoder``, ``bm25``, ...), thresholded.
+* ``openai:<url>#<model>``: an OpenAI-compatible endpoint; its answer's first word is
+  matched to the label words (anything else abstains).
+
+Thresholds are a number or ``calibrate``: the accuracy-maximising cut on the labelled SFT
+set (the only labels CautiousDPO may use), via :func:`ragsieve.eval.classification.best_threshold`.
+
+Example::
+
+    judges = build_judges(["llm:embedded:smollm2-135m-instruct", "reranker:bi-encoder"], "fever")
+    for judge in judges:
+        judge.calibrate(task.initial)
+    votes = [judge.votes(batch) for judge in judges]
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+from pydantic import model_validator
+
+from ragsieve.config import StrictConfig
+from ragsieve.errors import RagsieveError
+from ragsieve.evolve.tasks import VerdictExample
+from ragsieve.evolve.templates import VerdictTemplate, get_template
+
+Vote = Optional[int]
+
+
+class JudgeSpec(StrictConfig):
+    """``kind`` (a key of :data:`JUDGES`) and its model; a string ``"kind:model"`` also works."""
+
+    kind: str
+    model: str = ""
+    threshold: Union[float, Literal["calibrate"]] = "calibrate"
+    max_prompt_tokens: int = 384
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return cls.parse_fields(data)
+        return data
+
+    @staticmethod
+    def parse_fields(text: str) -> dict[str, str]:
+        kind, sep, rest = text.strip().partition(":")
+        if not sep or not rest:
+            raise ValueError(f"judge spec '{text}' should look like kind:model, e.g. llm:embedded:smollm2-135m-instruct")
+        # An endpoint spec keeps its own scheme: openai:<url>#<model>.
+        return {"kind": kind, "model": text.strip() if kind == "openai" else rest}
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.model}" if self.kind != "openai" else self.model
+
+
+class Judge(ABC):
+    """Votes on examples; scores are cached by example id (judges never change)."""
+
+    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
+        self.spec = spec
+        self.template = template
+        self.threshold: float | None = spec.threshold if isinstance(spec.threshold, float) else None
+        self._cache: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.label
+
+    def calibrate(self, examples: Sequence[VerdictExample]) -> None:
+        """Pick the threshold on labelled examples when the spec asks for ``calibrate``."""
+
+    @abstractmethod
+    def votes(self, examples: Sequence[VerdictExample]) -> list[Vote]: ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"judge": self.name, "threshold": self.threshold}
+
+
+class ScoreJudge(Judge):
+    """A judge with a real-valued score per example, voting ``score >= threshold``."""
+
+    @abstractmethod
+    def compute_scores(self, examples: Sequence[VerdictExample]) -> np.ndarray: ...
+
+    def scores(self, examples: Sequence[VerdictExample]) -> np.ndarray:
+        todo = [x for x in examples if x.id not in self._cache]
+        if todo:
+            for x, s in zip(todo, self.compute_scores(todo)):
+                self._cache[x.id] = float(s)
+        return np.array([self._cache[x.id] for x in examples], dtype=np.float64)
+
+    def calibrate(self, examples: Sequence[VerdictExample]) -> None:
+        from ragsieve.eval.classification import best_threshold
+
+        if self.spec.threshold != "calibrate":
+            return
+        labels = [x.label for x in examples]
+        if len(set(labels)) < 2:
+            raise RagsieveError(f"judge {self.name}: calibration needs both labels in the labelled set")
+        self.threshold = best_threshold(labels, self.scores(examples), metric="accuracy")
+
+    def votes(self, examples: Sequence[VerdictExample]) -> list[Vote]:
+        if self.threshold is None:
+            raise RagsieveError(f"judge {self.name} has threshold 'calibrate' but was never calibrated")
+        return [int(s >= self.threshold) for s in self.scores(examples)]
+
+
+class LLMJudge(ScoreJudge):
+    """A prompted local causal LM (no adapter), e.g. the base SmolLM2 or gemma-3-270m."""
+
+    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
+        from ragsieve.evolve.reranker import PointwiseLLMReranker
+
+        super().__init__(spec, template)
+        self.ranker = PointwiseLLMReranker(spec.model, template, max_prompt_tokens=spec.max_prompt_tokens)
+
+    def compute_scores(self, examples):
+        return self.ranker.predict(examples).score
+
+
+class RerankerJudge(ScoreJudge):
+    """Any :func:`ragsieve.rerank.load_reranker` spec scoring (query, passage)."""
+
+    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
+        from ragsieve.rerank import load_reranker
+
+        super().__init__(spec, template)
+        self.ranker = load_reranker(self.reranker_spec(spec.model))
+
+    @staticmethod
+    def reranker_spec(model: str) -> str:
+        return model
+
+    def compute_scores(self, examples):
+        from ragsieve.data.records import Passage
+
+        out = np.zeros(len(examples), dtype=np.float64)
+        by_query: dict[str, list[int]] = {}
+        for i, x in enumerate(examples):
+            by_query.setdefault(x.query, []).append(i)
+        for query, idx in by_query.items():  # one call per query batches its passages
+            passages = [Passage(examples[i].id, examples[i].passage) for i in idx]
+            out[idx] = np.asarray(self.ranker.score(query, passages), dtype=np.float64)
+        return out
+
+
+class CrossEncoderJudge(RerankerJudge):
+    """A cross-encoder folder or HF id, or a reranker spec such as ``embedded:base`` (the
+    project's base cross-encoder), thresholded."""
+
+    @staticmethod
+    def reranker_spec(model: str) -> str:
+        from ragsieve.rerank import RERANKERS
+
+        return model if model.partition(":")[0] in RERANKERS else f"cross-encoder:{model}"
+
+
+class EndpointJudge(Judge):
+    """An OpenAI-compatible endpoint answering the template; the first word is the vote."""
+
+    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
+        from ragsieve.models.llm import load_llm
+
+        super().__init__(spec, template)
+        self.generator = load_llm(spec.model)
+
+    def parse(self, answer: str) -> Vote:
+        first = re.sub(r"[^\w]", "", (answer.split() or [""])[0]).lower()
+        words = {self.template.true_word.lower(): 1, self.template.false_word.lower(): 0}
+        return words.get(first)
+
+    def votes(self, examples):
+        todo = [x for x in examples if x.id not in self._cache]
+        if todo:
+            answers = self.generator.generate([self.template.render(x.fields) for x in todo], max_new_tokens=8)
+            for x, a in zip(todo, answers):
+                self._cache[x.id] = self.parse(a)
+        return [self._cache[x.id] for x in examples]
+
+
+#: judge kind → class.
+JUDGES: dict[str, type[Judge]] = {
+    "llm": LLMJudge,
+    "cross-encoder": CrossEncoderJudge,
+    "reranker": RerankerJudge,
+    "openai": EndpointJudge,
+}
+
+
+def build_judges(specs: Sequence[JudgeSpec | str | dict], template: VerdictTemplate | str) -> list[Judge]:
+    """Judges for a dataset's template from their specs (see the module doc)."""
+    template = get_template(template) if isinstance(template, str) else template
+    judges = []
+    for raw in specs:
+        spec = raw if isinstance(raw, JudgeSpec) else JudgeSpec.model_validate(raw)
+        try:
+            cls = JUDGES[spec.kind]
+        except KeyError:
+            raise RagsieveError(f"unknown judge kind '{spec.kind}'; known: {', '.join(sorted(JUDGES))}") from None
+        judges.append(cls(spec, template))
+    return judges

@@ -1,0 +1,288 @@
+"""The evolving-reranker methods and one round of the protocol.
+
+Round t (:func:`evolve_round`): M_{t-1} predicts the new batch D_t (accuracy and F1 on
+D_t are the evaluation), the method turns D_t into pairs, builds its training set and
+trains M_t as a fresh LoRA delta on M_{t-1}. Methods, by name (:data:`METHODS`):
+
+=================  ==========  ===================================================================
+name               objective   training set of round t
+=================  ==========  ===================================================================
+``sft-only``       none        nothing: M0 stays frozen
+``sft``            sft         gold labels of D_t
+``dpo``            dpo         gold pairs of D_t (new pairs only)
+``replay-dpo``     dpo         gold pairs of D_t plus replayed history pairs, so that new pairs
+                               are a share ``alpha`` of the set (alpha = 1: plain ``dpo``)
+``cautious-dpo``   dpo         no labels after M0: M_{t-1}'s own label where its confidence
+                               >= ``tau`` (source ``self``), else the majority vote of the
+                               judges plus M_{t-1} (source ``jury``), ties skipped
+=================  ==========  ===================================================================
+
+CautiousDPO ablations: ``gating: false`` sends every example to the vote (no confidence
+gate); ``jury: false`` keeps only the confident self-labels (no multi-judge vote).
+A pair is (prompt, chosen = label word of the accepted label, rejected = the other word).
+Replay keeps every new pair and adds ``round(n_new * (1 - alpha) / alpha)`` pairs drawn
+without replacement from all earlier rounds (round 0 = the gold SFT set).
+
+Example::
+
+    method = build_method(MethodConfig(kind="replay-dpo", alpha=0.7))
+    record, new_pairs = evolve_round(ranker, method, batch, history, round_id=1,
+                                     labels={x.id: x.label for x in batch}, train_config=VerdictTrainConfig())
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from abc import ABC
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ragsieve.config import StrictConfig
+from ragsieve.errors import RagsieveError
+from ragsieve.evolve.reranker import VerdictScores
+from ragsieve.evolve.tasks import VerdictExample
+
+if TYPE_CHECKING:
+    from ragsieve.evolve.judges import Judge
+    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.evolve.train import VerdictTrainConfig
+
+SOURCES = ("gold", "self", "jury")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A training pair: ``label`` is the verdict taken as correct (its word is chosen)."""
+
+    example: VerdictExample
+    label: int
+    source: str  # gold | self | jury
+    round: int
+
+
+@dataclass
+class LabelOutcome:
+    pairs: list[Pair]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class MethodConfig(StrictConfig):
+    kind: str
+    alpha: float = 1.0  # share of new pairs in the training set (replay)
+    tau: float = 0.9  # CautiousDPO confidence gate
+    gating: bool = True  # ablation: False = every example goes to the vote
+    jury: bool = True  # ablation: False = confident self-labels only
+
+
+class EvolveMethod(ABC):
+    """Labels a round's batch and assembles the training set."""
+
+    objective: ClassVar[str] = "dpo"  # none | sft | dpo
+    replays: ClassVar[bool] = False
+    uses_gold: ClassVar[bool] = True  # False: no labels after M0 (only feedback, if any)
+
+    def __init__(self, config: MethodConfig, judges: Sequence["Judge"] = ()):
+        if not 0.0 < config.alpha <= 1.0:
+            raise RagsieveError(f"alpha must be in (0, 1], got {config.alpha}")
+        self.config = config
+        self.judges = list(judges)
+
+    @property
+    def alpha(self) -> float:
+        return self.config.alpha if self.replays else 1.0
+
+    def label(
+        self, examples: Sequence[VerdictExample], verdicts: VerdictScores, round_id: int, labels: Mapping[str, int]
+    ) -> LabelOutcome:
+        """Default: the labels the method may see (gold / feedback); unlabelled examples are skipped."""
+        pairs = [Pair(x, int(labels[x.id]), "gold", round_id) for x in examples if x.id in labels]
+        return LabelOutcome(pairs, {"n": len(examples), "accepted": len(pairs), "source": "gold"})
+
+    def training_set(self, new: Sequence[Pair], history: Sequence[Pair], rng: random.Random) -> list[Pair]:
+        return list(new) + replay_sample(new, history, self.alpha, rng)
+
+
+class SFTOnly(EvolveMethod):
+    objective = "none"
+
+    def label(self, examples, verdicts, round_id, labels):
+        return LabelOutcome([], {"n": len(examples), "accepted": 0})
+
+
+class MultiRoundSFT(EvolveMethod):
+    objective = "sft"
+
+
+class MultiRoundDPO(EvolveMethod):
+    objective = "dpo"
+
+
+class ReplayDPO(EvolveMethod):
+    objective = "dpo"
+    replays = True
+
+
+class CautiousDPO(EvolveMethod):
+    """Self-labels when confident, a jury vote otherwise; gold only where feedback exists."""
+
+    objective = "dpo"
+    replays = True
+    uses_gold = False
+
+    def label(self, examples, verdicts, round_id, labels):
+        cfg = self.config
+        confident = verdicts.confidence >= cfg.tau if cfg.gating else np.zeros(len(examples), dtype=bool)
+        own = verdicts.predictions
+        decided: dict[int, tuple[int, str]] = {}
+        to_vote = []
+        for i, x in enumerate(examples):
+            if x.id in labels:  # feedback: a real label beats any guess
+                decided[i] = (int(labels[x.id]), "gold")
+            elif confident[i]:
+                decided[i] = (int(own[i]), "self")
+            elif cfg.jury:
+                to_vote.append(i)
+        ties = 0
+        if to_vote:
+            batch = [examples[i] for i in to_vote]
+            ballots = [judge.votes(batch) for judge in self.judges]
+            for j, i in enumerate(to_vote):
+                votes = [b[j] for b in ballots if b[j] is not None] + [int(own[i])]
+                yes = sum(votes)
+                if 2 * yes == len(votes):
+                    ties += 1
+                    continue
+                decided[i] = (int(2 * yes > len(votes)), "jury")
+        pairs = [Pair(examples[i], lab, src, round_id) for i, (lab, src) in sorted(decided.items())]
+        return LabelOutcome(pairs, pseudo_label_stats(examples, decided, ties))
+
+
+def pseudo_label_stats(examples: Sequence[VerdictExample], decided: Mapping[int, tuple[int, str]], ties: int) -> dict:
+    """Accepted labels vs the hidden gold (where known), overall and per source."""
+    stats: dict[str, Any] = {"n": len(examples), "accepted": len(decided), "ties_skipped": ties}
+    stats["coverage"] = len(decided) / len(examples) if examples else 0.0
+    for source in (None, *SOURCES):
+        rows = [(examples[i].label, lab) for i, (lab, src) in decided.items() if source in (None, src)]
+        known = [(g, lab) for g, lab in rows if g >= 0]
+        key = "all" if source is None else source
+        stats[key] = {
+            "n": len(rows),
+            "accuracy": (sum(g == lab for g, lab in known) / len(known)) if known else None,
+        }
+    stats["accuracy"] = stats.pop("all")["accuracy"]
+    return stats
+
+
+def replay_sample(new: Sequence[Pair], history: Sequence[Pair], alpha: float, rng: random.Random) -> list[Pair]:
+    """History pairs to add so that new pairs make a share ``alpha`` of the training set."""
+    if alpha >= 1.0 or not history or not new:
+        return []
+    want = min(len(history), round(len(new) * (1.0 - alpha) / alpha))
+    ordered = sorted(history, key=lambda p: (p.round, p.example.id))  # input order must not matter
+    return rng.sample(ordered, want)
+
+
+#: method name → class.
+METHODS: dict[str, type[EvolveMethod]] = {
+    "sft-only": SFTOnly,
+    "sft": MultiRoundSFT,
+    "dpo": MultiRoundDPO,
+    "replay-dpo": ReplayDPO,
+    "cautious-dpo": CautiousDPO,
+}
+
+
+def build_method(config: MethodConfig, judges: Sequence["Judge"] = ()) -> EvolveMethod:
+    try:
+        cls = METHODS[config.kind]
+    except KeyError:
+        raise RagsieveError(f"unknown method '{config.kind}'; known: {', '.join(METHODS)}") from None
+    return cls(config, judges)
+
+
+# --------------------------------------------------------------------------- one round
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    metrics: dict[str, Any]  # M_{t-1} on D_t
+    labels: dict[str, Any]  # pseudo-label stats
+    n_new_pairs: int = 0
+    n_replayed: int = 0
+    train: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round, **self.metrics, "labels": self.labels, "n_new_pairs": self.n_new_pairs,
+            "n_replayed": self.n_replayed, "train": self.train, "seconds": self.seconds,
+        }
+
+
+def verdict_metrics(examples: Sequence[VerdictExample], verdicts: VerdictScores) -> dict[str, Any]:
+    """Accuracy / F1 (class 1) / AUROC of thresholded scores on examples with a known label."""
+    from ragsieve.eval.classification import classification_metrics
+
+    known = [i for i, x in enumerate(examples) if x.label >= 0]
+    if not known:
+        return {"accuracy": None, "f1": None, "n": 0}
+    y = [examples[i].label for i in known]
+    m = classification_metrics(y, verdicts.predictions[known], verdicts.score[known])
+    return {k: m[k] for k in ("accuracy", "f1", "n", "auroc", "positive_rate")}
+
+
+def evolve_round(
+    ranker: "PointwiseLLMReranker",
+    method: EvolveMethod,
+    examples: Sequence[VerdictExample],
+    history: Sequence[Pair],
+    *,
+    round_id: int,
+    labels: Mapping[str, int],
+    train_config: "VerdictTrainConfig",
+    train: bool = True,
+    save_dir: str | Path | None = None,
+    seed: int = 0,
+) -> tuple[RoundRecord, list[Pair]]:
+    """Evaluate M_{t-1} on D_t, label, and (if ``train``) turn ``ranker`` into M_t.
+
+    ``labels`` are the labels the method may use (gold in the experiment, feedback in a
+    deployment); ``examples[i].label`` is only read for evaluation (-1 = unknown).
+    Returns the round's record and the new pairs (for the history / replay buffer).
+    """
+    from ragsieve.evolve.train import nan_scores, train_round
+
+    t0 = time.perf_counter()
+    verdicts = ranker.predict(examples)
+    t_eval = time.perf_counter() - t0
+    outcome = method.label(examples, verdicts, round_id, labels)
+    t_label = time.perf_counter() - t0 - t_eval
+    rng = random.Random(f"{seed}:{round_id}")
+    train_set = method.training_set(outcome.pairs, history, rng)
+    record = RoundRecord(
+        round_id, verdict_metrics(examples, verdicts), outcome.stats,
+        n_new_pairs=len(outcome.pairs), n_replayed=len(train_set) - len(outcome.pairs),
+    )
+    if train and method.objective != "none" and train_set:
+        prompts = ranker.prompts([p.example for p in train_set])
+        # M_{t-1}'s verdicts on D_t are exactly the DPO reference for this round's pairs.
+        ref = nan_scores(len(train_set))
+        position = {x.id: i for i, x in enumerate(examples)}
+        for j, p in enumerate(train_set):
+            if p.round == round_id and p.example.id in position:
+                i = position[p.example.id]
+                ref.logp_true[j], ref.logp_false[j] = verdicts.logp_true[i], verdicts.logp_false[i]
+        config = train_config.model_copy(update={"seed": seed + round_id})
+        result = train_round(
+            ranker.llm, ranker.tokens, method.objective, prompts, [p.label for p in train_set], config,
+            ref=ref, save_dir=save_dir,
+        )
+        record.train = result.summary()
+    record.seconds = {"eval": round(t_eval, 2), "label": round(t_label, 2), "total": round(time.perf_counter() - t0, 2)}
+    return record, outcome.pairs
