@@ -1,0 +1,137 @@
+"""`ragsieve evolve ...`: drive a deployed, evolving reranker store (see :mod:`.store`).
+
+The sub-app is mounted by the main CLI (``app.add_typer(evolve_app, name="evolve")``);
+errors are :class:`~ragsieve.errors.RagsieveError` and become one line there.
+
+Example::
+
+    ragsieve evolve init --store state/fever --dataset fever --judge reranker:bi-encoder
+    ragsieve evolve step --store state/fever          # round 0 (M0), then one round per call
+    ragsieve evolve feedback labels.jsonl --store state/fever
+    ragsieve evolve status --store state/fever
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ragsieve.models.specs import DEFAULT_LLM
+
+evolve_app = typer.Typer(help="Evolving LLM reranker: a deployment store advanced round by round.", no_args_is_help=True)
+console = Console()
+
+StoreOption = typer.Option(..., "--store", help="Store directory (evolve.sqlite + adapters/).")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+@evolve_app.command("init")
+def init_cmd(
+    store: Path = StoreOption,
+    dataset: str = typer.Option(..., help="Benchmark simulated as the incoming stream (its template too)."),
+    llm: str = typer.Option(DEFAULT_LLM, help="Local causal LM spec of the reranker."),
+    initial_size: int = typer.Option(128, help="Labelled SFT examples (round 0)."),
+    round_size: int = typer.Option(64, help="Examples per later round."),
+    rounds: int = typer.Option(4, help="Queued rounds."),
+    judge: Optional[list[str]] = typer.Option(None, "--judge", help="Judge spec kind:model (repeatable)."),
+    tau: float = typer.Option(0.9, help="CautiousDPO confidence gate."),
+    alpha: float = typer.Option(0.7, help="Share of new pairs in a round's training set (replay)."),
+    max_prompt_tokens: int = typer.Option(320, help="Prompt budget; the passage field is cut to fit."),
+    config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Benchmark data folder."),
+) -> None:
+    """Create a store from a benchmark: SFT set + queued rounds (gold kept for the log only)."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.evolve.methods import MethodConfig
+    from ragsieve.evolve.store import EvolveStoreConfig, init_store_from_dataset
+
+    data = {
+        "llm": llm, "template": dataset, "max_prompt_tokens": max_prompt_tokens,
+        "method": MethodConfig(kind="cautious-dpo", alpha=alpha, tau=tau).model_dump(),
+        "feedback_method": MethodConfig(kind="replay-dpo", alpha=alpha).model_dump(),
+        "judges": list(judge or []),
+    }
+    if config is not None:
+        data.update(read_mapping(config))
+    cfg = build_config(EvolveStoreConfig, data, source=str(config or "evolve init"))
+    init_store_from_dataset(
+        store, dataset, cfg, initial_size=initial_size, round_size=round_size, rounds=rounds,
+        data_dir=str(data_dir) if data_dir else None,
+    )
+    console.print(f"initialised {store}: {dataset}, SFT set {initial_size}, {rounds} rounds of {round_size}")
+
+
+@evolve_app.command("step")
+def step_cmd(
+    store: Path = StoreOption,
+    all_rounds: bool = typer.Option(False, "--all", help="Keep stepping until no round is queued."),
+) -> None:
+    """Run the next round (resumes an interrupted one from scratch, never twice)."""
+    from ragsieve.evolve.store import run_step
+
+    while True:
+        report = run_step(store)
+        if report.round is None:
+            console.print("no queued round: ingest a batch (`evolve ingest`) to continue")
+            return
+        rec = report.record or {}
+        console.print(
+            f"round {report.round} ({report.mode}): accuracy {_fmt(rec.get('accuracy'))}, f1 {_fmt(rec.get('f1'))}, "
+            f"{rec.get('n_new_pairs', 0)} new pairs, {report.seconds:.1f}s"
+        )
+        if not all_rounds:
+            return
+
+
+@evolve_app.command("feedback")
+def feedback_cmd(
+    file: Path = typer.Argument(..., help="jsonl rows {id, label} (0/1 or a label word) for queued examples."),
+    store: Path = StoreOption,
+) -> None:
+    """Add gold labels; a round whose examples all have one runs as a full-feedback round."""
+    from ragsieve.evolve.store import add_feedback
+
+    counts = add_feedback(store, file)
+    console.print("feedback stored: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+
+
+@evolve_app.command("ingest")
+def ingest_cmd(
+    file: Path = typer.Argument(..., help="jsonl rows {id, fields: {...}, label?} forming one new round."),
+    store: Path = StoreOption,
+) -> None:
+    """Queue a new batch of candidates as the next round."""
+    from ragsieve.evolve.store import ingest
+
+    console.print(f"queued as round {ingest(store, file)}")
+
+
+@evolve_app.command("status")
+def status_cmd(store: Path = StoreOption, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Finished rounds with their metrics, queued rounds and the replay buffer."""
+    from ragsieve.evolve.store import store_status
+
+    status = store_status(store)
+    if as_json:
+        print(json.dumps(status, indent=1))
+        return
+    table = Table(title=f"{status['store']} ({status['template']}, {status['llm']})")
+    for col in ("round", "mode", "accuracy", "f1", "n", "new pairs", "pseudo-label acc", "seconds"):
+        table.add_column(col)
+    for r in status["rounds"]:
+        labels = r.get("labels") or {}
+        table.add_row(
+            str(r["round"]), r["mode"], _fmt(r.get("accuracy")), _fmt(r.get("f1")), _fmt(r.get("n")),
+            _fmt(r.get("n_new_pairs")), _fmt(labels.get("accuracy")), _fmt((r.get("seconds") or {}).get("total")),
+        )
+    console.print(table)
+    for q in status["queued"]:
+        console.print(f"queued round {q['round']}: {q['examples']} examples, {q['feedback']} with feedback")

@@ -1,0 +1,435 @@
+"""Deployment state of an evolving reranker in one SQLite file, advanced a round at a time.
+
+``<store>/evolve.sqlite`` holds the configuration, the incoming examples by round (with
+hidden gold labels when simulating from a benchmark, for the round log only), feedback
+labels, the replay buffer (every training pair with its round and source: gold / self /
+jury) and the round log; ``<store>/adapters/round-NNN`` holds each round's LoRA delta.
+The model after round t is the base LLM with the deltas of rounds 0..t merged in order.
+
+:func:`run_step` runs the next round: round 0 fine-tunes M0 on the labelled SFT set;
+round t >= 1 evaluates M_{t-1} on D_t and trains M_t with CautiousDPO (self-labels +
+jury), or with the feedback method when every example of D_t has feedback. All of a
+round's rows (its pairs and its log entry) are written in ONE transaction at the end, and
+the adapter folder is renamed into place before that; so a process killed at any moment
+(kill -9 included) leaves either the whole round or none of it, and rerunning
+``run_step`` redoes exactly the unfinished round: no pair is duplicated or lost. A file
+lock keeps two steps from running at once.
+
+Example::
+
+    init_store_from_dataset("state/fever", "fever", EvolveStoreConfig(template="fever"),
+                            initial_size=128, round_size=64)
+    run_step("state/fever")                # round 0: M0
+    add_feedback("state/fever", "labels.jsonl")
+    run_step("state/fever")                # round 1, a full-feedback round if labels.jsonl covers it
+    store_status("state/fever")
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ragsieve.config import StrictConfig, build_config
+from ragsieve.errors import DataError, RagsieveError
+from ragsieve.evolve.judges import JudgeSpec
+from ragsieve.evolve.methods import MethodConfig, Pair
+from ragsieve.evolve.tasks import VerdictExample
+from ragsieve.evolve.train import VerdictTrainConfig
+from ragsieve.models.specs import DEFAULT_LLM
+
+DB_FILE = "evolve.sqlite"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS examples (
+    id TEXT PRIMARY KEY, round INTEGER NOT NULL, data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS examples_round ON examples(round);
+CREATE TABLE IF NOT EXISTS feedback (
+    example_id TEXT PRIMARY KEY, label INTEGER NOT NULL, added_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pairs (
+    example_id TEXT NOT NULL, round INTEGER NOT NULL, label INTEGER NOT NULL, source TEXT NOT NULL,
+    PRIMARY KEY (example_id, round)
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY, mode TEXT NOT NULL, adapter TEXT, record TEXT NOT NULL, finished_at TEXT NOT NULL
+);
+"""
+
+
+class EvolveStoreConfig(StrictConfig):
+    """How a deployed reranker evolves (saved in the store at ``init``)."""
+
+    llm: str = DEFAULT_LLM
+    template: str  # a dataset name of templates.yaml
+    max_prompt_tokens: int = 320
+    batch_size: int = 8
+    # No feedback: CautiousDPO with replay; a full-feedback round: ReplayDPO on the gold pairs.
+    method: MethodConfig = MethodConfig(kind="cautious-dpo", alpha=0.7, tau=0.9)
+    feedback_method: MethodConfig = MethodConfig(kind="replay-dpo", alpha=0.7)
+    judges: list[JudgeSpec] = []
+    m0_train: VerdictTrainConfig = VerdictTrainConfig(lr=2e-4, epochs=2)
+    train: VerdictTrainConfig = VerdictTrainConfig()
+    seed: int = 0
+
+
+@dataclass
+class StepReport:
+    round: int | None  # None: nothing left to run
+    mode: str = "idle"  # sft | cautious | feedback | idle
+    record: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class EvolveStore:
+    """The SQLite file and adapter folders of one deployment (see the module doc)."""
+
+    def __init__(self, store_dir: str | Path, *, create: bool = False):
+        self.dir = Path(store_dir)
+        path = self.dir / DB_FILE
+        if not path.is_file() and not create:
+            raise RagsieveError(f"no evolve store at {self.dir} (run `ragsieve evolve init` first)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # autocommit mode; multi-statement writes use explicit transactions (see `transaction`)
+        self.conn = sqlite3.connect(path, isolation_level=None, timeout=60)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- configuration -------------------------------------------------------------
+    @property
+    def config(self) -> EvolveStoreConfig:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
+        if row is None:
+            raise RagsieveError(f"evolve store {self.dir} has no configuration (run `ragsieve evolve init`)")
+        return build_config(EvolveStoreConfig, json.loads(row[0]), source=f"{self.dir / DB_FILE}: config")
+
+    # -- examples and feedback -----------------------------------------------------
+    def add_examples(self, examples: Sequence[VerdictExample], round_id: int) -> None:
+        with self.transaction() as conn:
+            self._insert_examples(conn, examples, round_id)
+
+    def _insert_examples(self, conn: sqlite3.Connection, examples: Sequence[VerdictExample], round_id: int) -> None:
+        try:
+            conn.executemany(
+                "INSERT INTO examples (id, round, data) VALUES (?, ?, ?)",
+                [(x.id, round_id, json.dumps(x.to_json(), ensure_ascii=False)) for x in examples],
+            )
+        except sqlite3.IntegrityError:
+            known = {r[0] for r in conn.execute("SELECT id FROM examples")}
+            dup = next((x.id for x in examples if x.id in known), "?")
+            raise DataError(f"example id '{dup}' is already in the store") from None
+
+    def examples(self, round_id: int) -> list[VerdictExample]:
+        rows = self.conn.execute("SELECT data FROM examples WHERE round = ? ORDER BY rowid", (round_id,))
+        return [VerdictExample.from_json(json.loads(r[0])) for r in rows]
+
+    def example_rounds(self) -> list[int]:
+        return [r[0] for r in self.conn.execute("SELECT DISTINCT round FROM examples ORDER BY round")]
+
+    def set_feedback(self, labels: dict[str, int]) -> None:
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO feedback (example_id, label, added_at) VALUES (?, ?, ?)",
+                [(i, int(v), _now()) for i, v in labels.items()],
+            )
+
+    def feedback(self, example_ids: Sequence[str]) -> dict[str, int]:
+        wanted = set(example_ids)
+        return {i: int(v) for i, v in self.conn.execute("SELECT example_id, label FROM feedback") if i in wanted}
+
+    # -- rounds, adapters, replay buffer -------------------------------------------------
+    def done_rounds(self) -> list[int]:
+        return [r[0] for r in self.conn.execute("SELECT round FROM rounds ORDER BY round")]
+
+    def next_round(self) -> int:
+        done = self.done_rounds()
+        return done[-1] + 1 if done else 0
+
+    def adapter_dir(self, round_id: int) -> Path:
+        return self.dir / "adapters" / f"round-{round_id:03d}"
+
+    def adapters(self) -> list[Path]:
+        """The deltas of the finished rounds, in order (rounds that trained nothing have none)."""
+        rows = self.conn.execute("SELECT adapter FROM rounds WHERE adapter IS NOT NULL ORDER BY round")
+        return [self.dir / r[0] for r in rows]
+
+    def pairs(self, before_round: int | None = None) -> list[Pair]:
+        """The replay buffer (optionally only rounds < ``before_round``), joined with the examples."""
+        sql = (
+            "SELECT p.round, p.label, p.source, e.data FROM pairs p JOIN examples e ON e.id = p.example_id"
+            + (" WHERE p.round < ?" if before_round is not None else "")
+            + " ORDER BY p.round, p.example_id"
+        )
+        args = (before_round,) if before_round is not None else ()
+        return [
+            Pair(VerdictExample.from_json(json.loads(data)), int(label), source, int(rnd))
+            for rnd, label, source, data in self.conn.execute(sql, args)
+        ]
+
+    def round_log(self) -> list[dict[str, Any]]:
+        rows = self.conn.execute("SELECT round, mode, adapter, record, finished_at FROM rounds ORDER BY round")
+        return [
+            {"round": r, "mode": m, "adapter": a, "finished_at": f, **json.loads(rec)} for r, m, a, rec, f in rows
+        ]
+
+    def commit_round(self, round_id: int, mode: str, adapter: Path | None, record: dict, pairs: Sequence[Pair]) -> None:
+        """Write the round's pairs and log entry in one transaction: all or nothing."""
+        rel = str(adapter.relative_to(self.dir)) if adapter is not None else None
+        with self.transaction() as conn:
+            self._insert_pairs(conn, pairs)
+            conn.execute(
+                "INSERT INTO rounds (round, mode, adapter, record, finished_at) VALUES (?, ?, ?, ?, ?)",
+                (round_id, mode, rel, json.dumps(record), _now()),
+            )
+
+    def _insert_pairs(self, conn: sqlite3.Connection, pairs: Sequence[Pair]) -> None:
+        conn.executemany(
+            "INSERT INTO pairs (example_id, round, label, source) VALUES (?, ?, ?, ?)",
+            [(p.example.id, p.round, p.label, p.source) for p in pairs],
+        )
+
+
+# --------------------------------------------------------------------------- operations
+
+
+@contextmanager
+def _open(store_dir: str | Path, *, create: bool = False) -> Iterator[EvolveStore]:
+    store = EvolveStore(store_dir, create=create)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def init_store(
+    store_dir: str | Path,
+    config: EvolveStoreConfig,
+    initial: Sequence[VerdictExample],
+    rounds: Sequence[Sequence[VerdictExample]] = (),
+) -> Path:
+    """Create a store: ``initial`` (labelled) becomes round 0, ``rounds`` the queued batches."""
+    from ragsieve.evolve.templates import get_template
+
+    get_template(config.template)  # fail now, not at the first step
+    if (Path(store_dir) / DB_FILE).is_file():
+        raise RagsieveError(f"{store_dir} already holds an evolve store; use another directory")
+    if not initial or len({x.label for x in initial}) < 2:
+        raise DataError("the initial SFT set needs labelled examples of both classes")
+    with _open(store_dir, create=True) as store, store.transaction() as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('config', ?)", (config.model_dump_json(),))
+        conn.execute("INSERT INTO meta (key, value) VALUES ('created', ?)", (_now(),))
+        store._insert_examples(conn, initial, 0)
+        conn.executemany(
+            "INSERT INTO feedback (example_id, label, added_at) VALUES (?, ?, ?)",
+            [(x.id, int(x.label), _now()) for x in initial],
+        )
+        for t, batch in enumerate(rounds, start=1):
+            store._insert_examples(conn, batch, t)
+    return Path(store_dir)
+
+
+def init_store_from_dataset(
+    store_dir: str | Path,
+    dataset: str,
+    config: EvolveStoreConfig,
+    *,
+    initial_size: int = 128,
+    round_size: int = 64,
+    rounds: int = 4,
+    data_dir: str | None = None,
+) -> Path:
+    """Simulate a deployment on a benchmark: its SFT set and rounds (gold hidden from training)."""
+    from ragsieve.evolve.tasks import build_task_rounds
+
+    task = build_task_rounds(
+        dataset, initial_size=initial_size, round_size=round_size, rounds=rounds, seed=config.seed, data_dir=data_dir
+    )
+    return init_store(store_dir, config, task.initial, task.rounds)
+
+
+def _read_rows(path: str | Path) -> list[tuple[str, dict]]:
+    from ragsieve.data import read_jsonl
+
+    rows = [(f"{path}:{n}", row) for n, row in read_jsonl(path).numbered()]
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    return rows
+
+
+def _label_value(value: Any, where: str, words: dict[str, int]) -> int:
+    if isinstance(value, bool) or value in (0, 1):
+        return int(value)
+    if isinstance(value, str) and value.strip().lower() in words:
+        return words[value.strip().lower()]
+    raise DataError(f"{where}: label {value!r} is not 0/1 or a label word ({', '.join(words)})")
+
+
+def ingest(store_dir: str | Path, path: str | Path) -> int:
+    """Queue a new batch (one round) from jsonl rows ``{id, fields: {...}, label?}``; returns its round."""
+    from ragsieve.evolve.templates import get_template
+
+    with _open(store_dir) as store:
+        template = get_template(store.config.template)
+        words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
+        batch = []
+        for where, row in _read_rows(path):
+            fields = row.get("fields")
+            if not isinstance(fields, dict) or any(f not in fields for f in template.fields):
+                raise DataError(f"{where}: 'fields' must hold {list(template.fields)}")
+            if "id" not in row:
+                raise DataError(f"{where}: missing 'id'")
+            label = _label_value(row["label"], where, words) if row.get("label") is not None else -1
+            batch.append(VerdictExample(
+                str(row["id"]), template.name, str(row.get("query_id", row["id"])),
+                str(fields[template.query_field]), str(fields[template.passage_field]), label,
+                {k: str(v) for k, v in fields.items()},
+            ))
+        round_id = max([store.next_round(), *[r + 1 for r in store.example_rounds()]])
+        store.add_examples(batch, round_id)
+        return round_id
+
+
+def add_feedback(store_dir: str | Path, path: str | Path) -> dict[str, int]:
+    """Record gold labels (jsonl ``{id, label}``, label 0/1 or a label word) for queued examples.
+
+    A round whose examples all have feedback runs as a full-feedback round; partial
+    feedback is used as gold inside a CautiousDPO round. Re-adding a label replaces it,
+    so feeding the same file twice changes nothing. Labels for finished rounds are refused.
+    """
+    from ragsieve.evolve.templates import get_template
+
+    with _open(store_dir) as store:
+        template = get_template(store.config.template)
+        words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
+        round_of = dict(store.conn.execute("SELECT id, round FROM examples"))
+        first_open = store.next_round()
+        labels: dict[str, int] = {}
+        for where, row in _read_rows(path):
+            example_id = str(row.get("id", ""))
+            if example_id not in round_of:
+                raise DataError(f"{where}: unknown example id {example_id!r}")
+            if round_of[example_id] < first_open:
+                raise DataError(f"{where}: example {example_id!r} belongs to finished round {round_of[example_id]}")
+            labels[example_id] = _label_value(row.get("label"), where, words)
+        store.set_feedback(labels)
+        counts: dict[str, int] = {}
+        for example_id in labels:
+            key = f"round {round_of[example_id]}"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+
+def run_step(store_dir: str | Path) -> StepReport:
+    """Run the next round of the store (see the module doc); idle when none is queued."""
+    from filelock import FileLock, Timeout
+
+    store_dir = Path(store_dir)
+    EvolveStore(store_dir).close()  # a missing store is an error before any lock file is made
+    try:
+        with FileLock(str(store_dir / ".step.lock"), timeout=1):
+            with _open(store_dir) as store:
+                return _run_next_round(store)
+    except Timeout:
+        raise RagsieveError(f"another `evolve step` is running on {store_dir}") from None
+
+
+def _run_next_round(store: EvolveStore) -> StepReport:
+    from ragsieve.evolve.judges import build_judges
+    from ragsieve.evolve.methods import build_method, evolve_round
+    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.evolve.train import train_round
+
+    start = time.perf_counter()
+    cfg = store.config
+    round_id = store.next_round()
+    examples = store.examples(round_id)
+    if not examples:
+        return StepReport(None)
+    ranker = PointwiseLLMReranker(
+        cfg.llm, cfg.template, adapters=store.adapters(), max_prompt_tokens=cfg.max_prompt_tokens,
+        batch_size=cfg.batch_size,
+    )
+    labels = store.feedback([x.id for x in examples])
+    adapter = store.adapter_dir(round_id)
+    if round_id == 0:
+        mode = "sft"
+        pairs = [Pair(x, labels[x.id], "gold", 0) for x in examples if x.id in labels]
+        result = train_round(
+            ranker.llm, ranker.tokens, "sft", ranker.prompts([p.example for p in pairs]), [p.label for p in pairs],
+            cfg.m0_train.model_copy(update={"seed": cfg.seed}), save_dir=adapter,
+        )
+        record: dict[str, Any] = {"n_new_pairs": len(pairs), "train": result.summary()}
+        trained = result.steps > 0
+    else:
+        full_feedback = len(labels) == len(examples)
+        mode = "feedback" if full_feedback else "cautious"
+        method_cfg = cfg.feedback_method if full_feedback else cfg.method
+        judges = []
+        if method_cfg.kind == "cautious-dpo" and method_cfg.jury and cfg.judges:
+            judges = build_judges(cfg.judges, ranker.template)
+            # Judges are calibrated on the labelled SFT set, the only labels CautiousDPO may use.
+            initial = store.examples(0)
+            gold0 = store.feedback([x.id for x in initial])
+            calibration = [replace(x, label=gold0[x.id]) for x in initial if x.id in gold0]
+            for judge in judges:
+                judge.calibrate(calibration)
+        method = build_method(method_cfg, judges)
+        history = store.pairs(before_round=round_id)
+        rec, pairs = evolve_round(
+            ranker, method, examples, history, round_id=round_id, labels=labels, train_config=cfg.train,
+            save_dir=adapter, seed=cfg.seed,
+        )
+        record = rec.to_json()
+        trained = bool(rec.train.get("steps"))
+    store.commit_round(round_id, mode, adapter if trained else None, record, pairs)
+    return StepReport(round_id, mode, record, time.perf_counter() - start)
+
+
+def store_status(store_dir: str | Path) -> dict[str, Any]:
+    """Configuration, finished rounds (the log), queued rounds and the replay buffer by source."""
+    with _open(store_dir) as store:
+        cfg = store.config
+        done = store.done_rounds()
+        queued = [r for r in store.example_rounds() if r not in set(done)]
+        sizes = dict(store.conn.execute("SELECT round, COUNT(*) FROM examples GROUP BY round"))
+        fb = dict(
+            store.conn.execute(
+                "SELECT e.round, COUNT(*) FROM feedback f JOIN examples e ON e.id = f.example_id GROUP BY e.round"
+            )
+        )
+        buffer = store.conn.execute("SELECT round, source, COUNT(*) FROM pairs GROUP BY round, source ORDER BY round")
+        return {
+            "store": str(store.dir),
+            "llm": cfg.llm,
+            "template": cfg.template,
+            "next_round": store.next_round() if queued else None,
+            "rounds": store.round_log(),
+            "queued": [{"round": r, "examples": sizes.get(r, 0), "feedback": fb.get(r, 0)} for r in queued],
+            "replay_buffer": [{"round": r, "source": s, "pairs": n} for r, s, n in buffer],
+        }
