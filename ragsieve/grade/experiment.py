@@ -35,7 +35,8 @@ from ragsieve.grade.train import GraderTrainConfig
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
 
 METRIC_KEYS = ("accuracy", "precision", "recall", "f1")
-TRAINABLE_LM_KINDS = ("generative", "classifier", "lora")
+# What the retriever's score is, for the histogram's axis.
+_SCORE_NAMES = {"dense": "cosine similarity (query, passage), MiniLM", "bm25": "BM25 score", "hybrid": "RRF score"}
 
 
 def _check_train_overrides(value: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +165,7 @@ class GraderExperiment:
 
     def run(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console) -> dict:
         from ragsieve.grade.dataset import (
-            assign_splits, build_grading_pairs, label_skew, write_grading_pairs,
+            assign_splits, build_grading_pairs, label_skew, plot_score_histogram, write_grading_pairs,
         )
 
         t0 = time.perf_counter()
@@ -183,6 +184,12 @@ class GraderExperiment:
             json.dumps([(p.id, p.label, p.split) for p in pairs]).encode()
         ).hexdigest()[:16]
         skew = label_skew(pairs)
+        # The paper's Fig. 4: how far the retrieval cosine alone separates the labels.
+        plot_score_histogram(
+            [p.score for p in pairs], [p.label for p in pairs], out_dir / "cosine_histogram.png",
+            f"{cfg.data.retriever} retrieval score: relevant vs not relevant ({len(pairs)} pairs)",
+            xlabel=_SCORE_NAMES.get(cfg.data.retriever, f"{cfg.data.retriever} retrieval score"),
+        )
         console.print(
             f"{len(pairs)} pairs from {skew['queries']} queries, {skew['positive_rate']:.1%} relevant; "
             f"train {len(train.pairs)} / test {len(test.pairs)}"
@@ -329,10 +336,9 @@ class _Runner:
 
     def baseline(self, kind: str, base: str) -> dict:
         from ragsieve.grade import new_grader
-        from ragsieve.grade.dataset import plot_score_histogram
 
         settings = {"kind": kind, "base": base, "data": self.data_key}
-        if (done := self._cached(kind, settings)) is not None and (self.out_dir / "cosine_histogram.png").exists():
+        if (done := self._cached(kind, settings)) is not None:
             return done
         start = time.perf_counter()
         grader = new_grader(kind, base)
@@ -341,11 +347,6 @@ class _Runner:
         t_eval = time.perf_counter()
         scores = grader.score_pairs(self.test.queries, self.test.passages)
         eval_seconds = time.perf_counter() - t_eval
-        if kind == "cosine":  # the paper's Fig. 4: how far cosine alone separates the labels
-            plot_score_histogram(
-                np.r_[train_scores, scores], np.r_[self.train.labels, self.test.labels],
-                self.out_dir / "cosine_histogram.png", "MiniLM cosine: relevant vs not relevant (all pairs)",
-            )
         extra = {
             "seconds_total": time.perf_counter() - start, "eval_seconds": eval_seconds,
             "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9), "tuned_on": "train f1",
