@@ -73,6 +73,7 @@ class LLMJudge:
         batch_size: int | None = None,
         max_new_tokens: int = 8,
         instruction: str = INSTRUCTION,
+        system: str | None = None,
     ):
         self.generator = generator
         self.store = Path(store)
@@ -80,6 +81,7 @@ class LLMJudge:
         self.batch_size = batch_size or (8 if local else 1)
         self.max_new_tokens = max_new_tokens
         self.instruction = instruction
+        self.system = system  # None: the generator's own default
 
     @property
     def spec(self) -> str:
@@ -106,7 +108,9 @@ class LLMJudge:
             batch = todo[lo : lo + self.batch_size]
             messages = [user_message(p.query, p.passage, self.instruction) for p in batch]
             try:
-                answers = self.generator.generate(messages, max_new_tokens=self.max_new_tokens, batch_size=len(batch))
+                answers = self.generator.generate(
+                    messages, system=self.system, max_new_tokens=self.max_new_tokens, batch_size=len(batch)
+                )
             except RagsieveError as exc:
                 raise RagsieveError(
                     f"LLM judge stopped: {exc}; {len(done)} label(s) are saved in {self.store}, rerun to resume"
