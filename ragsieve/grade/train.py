@@ -21,7 +21,6 @@ from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 #: ``progress(step, total_steps, loss)`` after every optimiser step
@@ -136,8 +135,8 @@ def make_loss(config: GraderTrainConfig) -> "nn.Module":
 
 # -- the trainer -------------------------------------------------------------------------
 
-#: ``logits_fn(model, inputs, labels) -> (logits, targets)`` for the loss
-LogitsFn = Callable[["nn.Module", dict[str, Any], "torch.Tensor"], tuple["torch.Tensor", "torch.Tensor"]]
+#: ``logits_fn(model, inputs, labels) -> (logits, targets)``: tensors for the loss
+LogitsFn = Callable[["nn.Module", dict[str, Any], Any], tuple[Any, Any]]
 
 
 def _trainer_class():
