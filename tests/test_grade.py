@@ -244,7 +244,8 @@ def test_threshold_baselines_cosine_and_cross_encoder(tmp_path):
         shutil.copy(src / name, ce_dir / name)
     torch.manual_seed(0)
     BertForSequenceClassification(BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=1,
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        num_labels=1,
     )).save_pretrained(ce_dir)
     cross = new_grader("cross-encoder", str(ce_dir))
     cross.fit(QUERIES, PASSAGES, LABELS)
@@ -332,6 +333,24 @@ def test_judge_labels_survive_an_endpoint_outage_and_resume(judge_server, tmp_pa
     )
     LLMJudge(llm, store).label(pairs)  # everything stored: no request at all
     assert len(_JudgeHandler.calls) == 5
+
+
+def test_experiment_judge_teacher_relabels_and_reports_agreement(judge_server, tmp_path):
+    from rich.console import Console
+
+    from ragsieve.grade.dataset import GradingPair
+    from ragsieve.grade.experiment import GraderExperiment, GraderExperimentConfig
+
+    texts = ["relevant: yes", "off topic", "unclear", "off again"]
+    gold = [1, 1, 0, 0]
+    pairs = [GradingPair(f"q|p{i}", "s", "q", "who", f"p{i}", t, i, 0.5, g, g)
+             for i, (t, g) in enumerate(zip(texts, gold))]
+    cfg = GraderExperimentConfig(teacher="judge", judge_llm=f"openai:{judge_server}#judge")
+    judged, summary = GraderExperiment()._judge(cfg, pairs, tmp_path, Console(quiet=True))
+    assert [(p.id, p.label, p.gold_label) for p in judged] == [("q|p0", 1, 1), ("q|p1", 0, 1), ("q|p3", 0, 0)]
+    assert summary["unparseable"] == 1 and summary["dropped_unparseable"] == 1
+    assert summary["agreement_with_gold"] == pytest.approx(2 / 3)
+    assert (tmp_path / "judge_labels.jsonl").exists()
 
 
 # -- dataset, experiment, CLI on the real benchmark files --------------------------------------------
