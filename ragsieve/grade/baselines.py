@@ -68,7 +68,10 @@ class CosineGrader(_ThresholdGrader):
 
 
 class CrossEncoderGrader(_ThresholdGrader):
-    """A cross-encoder reranker (``load_reranker("cross-encoder:<base>")``) with a tuned logit threshold.
+    """A cross-encoder reranker with a tuned logit threshold.
+
+    ``base`` is a model folder / HF id (``load_reranker("cross-encoder:<base>")``) or a
+    reranker spec such as ``embedded:base``.
 
     Example::
 
@@ -79,12 +82,14 @@ class CrossEncoderGrader(_ThresholdGrader):
     kind: ClassVar[str] = "cross-encoder"
 
     def __init__(self, config: GraderConfig):
-        from ragsieve.rerank import load_reranker
+        from ragsieve.rerank import RERANKERS, load_reranker
 
         if not config.base:
             raise RagsieveError("the cross-encoder grader needs base=<cross-encoder folder or HF id>")
         super().__init__(config)
-        self.ranker = load_reranker(f"cross-encoder:{config.base}")
+        # A reranker spec (e.g. embedded:base) is used as is; anything else names a model folder / id.
+        name = config.base.partition(":")[0]
+        self.ranker = load_reranker(config.base if name in RERANKERS else f"cross-encoder:{config.base}")
 
     @classmethod
     def create(cls, config: GraderConfig) -> "CrossEncoderGrader":
