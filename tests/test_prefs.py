@@ -8,6 +8,7 @@ import pytest
 from ragsieve.data.records import Passage
 from ragsieve.errors import DataError
 from ragsieve.prefs import confidence_shift, read_preferences, select_preferences, write_preferences
+from tests.conftest import requires_data
 
 CANDS = [Passage(f"p{i}", f"text {i}", f"T{i}") for i in range(12)]
 
@@ -48,3 +49,30 @@ def test_round_trip_and_bad_lines(tmp_path):
     path.write_text(json.dumps({"query": "x", "pos": ["a"], "neg": ["b"], "pos_scores": [1, 2]}) + "\n")
     with pytest.raises(DataError, match="one score per 'pos'"):
         read_preferences(path)
+
+
+@requires_data
+def test_build_preference_set_resumes(tmp_path, tiny_llm, tiny_llm_dir, monkeypatch):
+    """Probe shifts over BM25 candidates → FlagEmbedding files; a rerun loads no LLM."""
+    from ragsieve.prefs.build import PreferenceBuildConfig, build_preference_set
+    from ragsieve.probe.model import ConfidenceProbe, ProbeConfig, ProbeHead
+
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
+    config = ProbeConfig(llm_spec=tiny_llm.spec, layer=2, num_layers=tiny_llm.num_layers,
+                         hidden_size=tiny_llm.hidden_size, probe_hidden=8, max_prompt_tokens=400)
+    head = ProbeHead(tiny_llm.hidden_size, hidden=8)
+    ConfidenceProbe(tiny_llm, head, config).save(tmp_path / "probe")
+    cfg = PreferenceBuildConfig(probe=str(tmp_path / "probe"), retriever="bm25", candidates=6, n_pos=2, n_neg=2,
+                                train_questions=4, test_questions=2)
+    stats = build_preference_set(cfg, tmp_path / "prefs")
+    shifts = [json.loads(line) for line in (tmp_path / "prefs" / "shifts.jsonl").read_text().splitlines()]
+    assert [s["split"] for s in shifts] == ["test"] * 2 + ["train"] * 4  # test first
+    assert all(len(s["inc"]) == len(s["candidate_ids"]) == 6 for s in shifts)
+    for split, n in (("train", 4), ("test", 2)):
+        assert stats[split]["questions"] == n
+        assert stats[split]["kept"] + sum(stats[split]["dropped"].values()) == n
+        recs = read_preferences(tmp_path / "prefs" / f"prefs_{split}.jsonl")
+        assert len(recs) == stats[split]["kept"]
+        assert all(min(r.pos_scores) > 0 > max(r.neg_scores) and len(r.pos) <= 2 for r in recs)
+    monkeypatch.setattr("ragsieve.models.load_local_llm", lambda *a, **k: pytest.fail("resumed run loaded the LLM"))
+    assert build_preference_set(cfg, tmp_path / "prefs") == stats

@@ -86,7 +86,8 @@ def label_generations(
     from ragsieve.pipeline.rag import first_line
 
     done = read_generations(out_path)
-    todo = [r for r in requests if r.key not in done]
+    # identical requests (same question, variant and contexts) are answered once
+    todo = list({r.key: r for r in requests if r.key not in done}.values())
     # Similar lengths per batch: a closed-book prompt padded to a passage prompt's length
     # would cost as much as the passage prompt.
     todo.sort(key=lambda r: len(r.question) + sum(len(p.title) + len(p.text) for p in r.contexts))

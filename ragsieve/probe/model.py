@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from ragsieve.models.llm import LocalLLM
+    from ragsieve.probe.cache import StateCache
     from ragsieve.probe.hidden import HiddenStateExtractor
 
 CONFIG_FILE = "probe_config.json"
@@ -102,7 +103,10 @@ class ConfidenceProbe:
         probe.score("who wrote hamlet?", Passage("p", "..."))  # Conf(Q+C)
     """
 
-    def __init__(self, llm: "LocalLLM", head: ProbeHead, config: ProbeConfig, *, batch_size: int = 16):
+    def __init__(
+        self, llm: "LocalLLM", head: ProbeHead, config: ProbeConfig, *, batch_size: int = 16,
+        cache: "StateCache | None" = None,
+    ):
         from ragsieve.prompts import load_qa_prompts
         from ragsieve.prompts.builder import PromptBuilder
         from ragsieve.probe.hidden import HiddenStateExtractor
@@ -110,7 +114,10 @@ class ConfidenceProbe:
         _check_compatible(config, llm)
         self.llm, self.head, self.config = llm, head, config
         self.builder = PromptBuilder(llm, load_qa_prompts(config.prompts), config.max_prompt_tokens)
-        self.extractor: HiddenStateExtractor = HiddenStateExtractor(llm, config.layer, batch_size=batch_size)
+        # a StateCache makes repeated prompts (same LLM, layer, text) free
+        self.extractor: HiddenStateExtractor = HiddenStateExtractor(
+            llm, config.layer, batch_size=batch_size, cache=cache
+        )
 
     def prompts(self, questions: Sequence[str], contexts: Sequence[Sequence[Passage] | Passage | None]) -> list[str]:
         """The exact chat-formatted prompts the LLM answers for (question, context)."""
