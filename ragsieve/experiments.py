@@ -23,6 +23,8 @@ from ragsieve.errors import RagsieveError
 EXPERIMENTS: dict[str, str] = {
     "probe_nq": "ragsieve.probe.experiment:ProbeExperiment",
     "cbdr_nq": "ragsieve.gate.experiment:CBDRExperiment",
+    "rerank_base": "ragsieve.rerank.experiment:RerankBaseExperiment",
+    "rerank_align": "ragsieve.rerank.experiment:RerankAlignExperiment",
 }
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from ragsieve.cli import main
+from ragsieve.data.records import Passage
 from tests.conftest import requires_data
 
 
@@ -107,3 +108,42 @@ def test_probe_cli_extract_eval_and_ask_with_cbdr(tmp_path, tiny_llm, tiny_llm_d
     assert main(["ask", "What does VIVA stand for?", "--index", str(index), "--llm", str(tiny_llm_dir),
                  "--max-new-tokens", "2", "--cbdr", "1.0", "--probe", str(tmp_path / "probe")]) == 0
     assert "→ retrieve" in capsys.readouterr().err
+
+
+def test_rerank_query_train_eval_cli(tmp_path, capsys, tiny_cross_encoder_dir):
+    """`rerank QUERY` (text, jsonl, bad line, empty), `rerank train` and `rerank eval`."""
+    txt = tmp_path / "p.txt"
+    txt.write_text("Hamlet is by Shakespeare.\n\nParis is in France.\nHamlet is by Shakespeare.\n")
+    assert main(["rerank", "who wrote hamlet", "--passages", str(txt), "-r", "bm25", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["index"] for r in rows] == [0, 2, 1]  # duplicates kept with their own indices, ties stable
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"text": "ok"}\n{"title": "no text"}\n')
+    assert main(["rerank", "q", "--passages", str(bad), "-r", "bm25"]) == 2
+    assert f"{bad}:2" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["rerank", "q", "--passages", str(empty), "-r", "bm25", "--json"]) == 0
+    assert capsys.readouterr().out == ""
+
+    from ragsieve.prefs import select_preferences, write_preferences
+
+    cands = [Passage(f"p{i}", t) for i, t in enumerate(["Hamlet by Shakespeare", "Paris France", "foxes", "dogs"])]
+    rec = select_preferences("who wrote hamlet", cands, [0.4, -0.2, -0.1, 0.1], question_id="q1")
+    prefs = tmp_path / "prefs.jsonl"
+    write_preferences(prefs, [rec, rec])
+    out = tmp_path / "ce"
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("batch_size: 2\nmax_length: 64\ngroup_size: 3\n")
+    assert main(["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
+                 "--config", str(cfg)]) == 0
+    capsys.readouterr()
+    metrics_path = tmp_path / "m.json"
+    assert main(["rerank", "eval", "--prefs", str(prefs), "-r", "bm25", "-r", str(out), "--ks", "1,2",
+                 "--out", str(metrics_path)]) == 0
+    metrics = json.loads(metrics_path.read_text())
+    assert set(metrics) == {"bm25", str(out)} and metrics["bm25"]["P@1"] == 1.0
+    cfg.write_text("batch_sise: 2\n")
+    assert main(["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
+                 "--config", str(cfg)]) == 2
+    assert "unknown key 'batch_sise'" in capsys.readouterr().err

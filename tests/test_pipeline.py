@@ -78,3 +78,22 @@ def test_pipeline_with_retriever_feeds_top_k(tiny_llm):
 def test_first_line():
     assert first_line("\n  Paris \nThe capital...") == "Paris"
     assert first_line("") == ""
+
+
+def test_pipeline_reranks_candidates_before_top_k(tiny_llm):
+    from ragsieve.rerank.base import BaseRanker
+    from ragsieve.retrieve import BM25Retriever
+
+    class _PreferFoxes(BaseRanker):
+        def score(self, query, passages):
+            import numpy as np
+
+            return np.array([float("Fox" in p.text) for p in passages])
+
+    pool = [Passage(f"p{i}", text) for i, text in enumerate(
+        ["Hamlet was written by William Shakespeare.", "Hamlet is a play. Foxes are quick.", "Paris is in France."])]
+    pipe = RAGPipeline(tiny_llm, BM25Retriever.build(pool), top_k=1, max_new_tokens=3,
+                       reranker=_PreferFoxes(), candidates=3)
+    assert [p.id for p in pipe.answer("Who wrote Hamlet?").contexts] == ["p1"]
+    with pytest.raises(RagsieveError, match=r"candidates \(1\) must be >= top_k \(2\)"):
+        RAGPipeline(tiny_llm, None, top_k=2, reranker=_PreferFoxes(), candidates=1)

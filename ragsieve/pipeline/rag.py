@@ -19,6 +19,7 @@ from ragsieve.prompts.builder import PromptBuilder
 if TYPE_CHECKING:
     from ragsieve.gate.cbdr import CBDRGate
     from ragsieve.models.llm import Generator
+    from ragsieve.rerank.base import BaseRanker
     from ragsieve.retrieve.base import Retriever
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class RAGPipeline:
 
         pipe = RAGPipeline(load_llm(), load_index("index/nq"), top_k=3)
         pipe.answer("who wrote hamlet").answer
+
+    With a ``reranker``, ``candidates`` passages are retrieved and reranked, and the
+    best ``top_k`` of them reach the LLM.
     """
 
     def __init__(
@@ -55,22 +59,32 @@ class RAGPipeline:
         batch_size: int = 8,
         prompts: QAPrompts | None = None,
         gate: "CBDRGate | None" = None,
+        reranker: "BaseRanker | None" = None,
+        candidates: int = 20,
     ):
         if top_k < 1:
             raise RagsieveError(f"top_k must be >= 1, got {top_k}")
+        if reranker is not None and candidates < top_k:
+            raise RagsieveError(f"candidates ({candidates}) must be >= top_k ({top_k}) when reranking")
         self.llm = llm
         self.retriever = retriever
         self.top_k = top_k
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.gate = gate
+        self.reranker = reranker
+        self.candidates = candidates
         self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
 
     def retrieve(self, questions: Sequence[str]) -> list[list[Passage]]:
         if self.retriever is None:
             raise RagsieveError("no retriever configured: build an index (ragsieve index) or answer closed-book")
-        hits = self.retriever.search_batch(list(questions), k=self.top_k)
-        return [[h.passage for h in row] for row in hits]
+        depth = self.candidates if self.reranker is not None else self.top_k
+        hits = self.retriever.search_batch(list(questions), k=depth)
+        found = [[h.passage for h in row] for row in hits]
+        if self.reranker is None:
+            return found
+        return [self.reranker.rank(q, row).passages()[: self.top_k] for q, row in zip(questions, found)]
 
     def answer_many(self, questions: Sequence[str], *, retrieve: bool = True) -> list[RAGAnswer]:
         questions = [q.strip() if isinstance(q, str) else "" for q in questions]
