@@ -203,10 +203,12 @@ JUDGES: dict[str, type[Judge]] = {
 
 def build_judges(specs: Sequence[JudgeSpec | str | dict], template: VerdictTemplate | str) -> list[Judge]:
     """Judges for a dataset's template from their specs (see the module doc)."""
+    from ragsieve.config import build_config
+
     template = get_template(template) if isinstance(template, str) else template
     judges = []
     for raw in specs:
-        spec = raw if isinstance(raw, JudgeSpec) else JudgeSpec.model_validate(raw)
+        spec = raw if isinstance(raw, JudgeSpec) else build_config(JudgeSpec, raw, source="judge spec")
         try:
             cls = JUDGES[spec.kind]
         except KeyError:

@@ -1,0 +1,481 @@
+"""Evolving LLM reranker: templates, tasks, reranker, the fast DPO loss vs TRL, methods,
+the SQLite store (resumed after SIGKILL), its CLI and a smoke run of the experiment.
+
+Everything runs on the tiny random Llama of conftest; its BPE splits most label words
+into several tokens (only the first is scored), which the tests rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragsieve.errors import DataError, RagsieveError
+from ragsieve.evolve.reranker import VerdictScores
+from ragsieve.evolve.tasks import VerdictExample, build_task_rounds
+from ragsieve.evolve.templates import get_template, load_templates, verdict_tokens
+from tests.conftest import REPO, requires_data
+
+ISSUE_TEXTS = {
+    "anli": "Given a premise and a hypothesis, determine their relationship and explain your reasoning. First state "
+    "the relationship (entailment, neutral, or contradiction). Premise: {premise} Hypothesis: {hypothesis} "
+    "Relationship:",
+    "fever": "You are a fact verification expert. Analyze the relationship between the claim and evidence. Claim: "
+    "{claim} Evidence: {evidence} Based on the evidence, the claim is: - SUPPORTS if the evidence confirms the claim "
+    "- REFUTES if the evidence contradicts the claim - NOT ENOUGH INFO if the evidence is insufficient Your response "
+    "must be exactly one word: SUPPORTS, REFUTES, or NOT ENOUGH INFO.",
+    "hotpotqa-distractor": "Determine whether the following sentence provides information relevant to answering the "
+    "question. Question: {question} Sentence: {sentence} Answer (only True or False):",
+    "multirc": "Based on the given passage and question, determine whether the provided answer is correct. If "
+    "correct, answer 'true'; if incorrect, answer 'false'. Passage: {passage} Question: {question} Answer:",
+    "pubmedqa": "Answer the medical research question based on the provided scientific context. Provide a 'yes' or "
+    "'no' answer. Question: {question} Scientific Context: {context} Answer:",
+    "bioasq": "Determine whether the given query and content are relevant. If so, answer 'true'; if not, answer "
+    "'false'. Query: {question} Content: {content} Relevance:",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core machine
+    oversubscribed OpenMP threads made their steps 10-20x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+SMOLLM2_TOKENIZER = Path.home() / ".cache" / "ragsieve" / "models" / "smollm2-135m-instruct-v1"
+
+
+def synthetic_examples(n: int, dataset: str = "pubmedqa", prefix: str = "ex") -> list[VerdictExample]:
+    """Learnable toy task: label 1 iff the context mentions the fox."""
+    rng = random.Random(n)
+    out = []
+    for i in range(n):
+        label = i % 2
+        animal = "fox" if label else "dog"
+        q = f"is it the {animal}? {rng.choice(['quick', 'lazy', 'brown'])}"
+        ctx = f"the {animal if label else 'dog'} jumps over the {rng.choice(['lazy', 'quick'])} dog"
+        out.append(VerdictExample(f"{prefix}{i:03d}", dataset, f"q{i}", q, ctx, label, {"question": q, "context": ctx}))
+    return out
+
+
+# --------------------------------------------------------------------------- templates and tasks
+
+
+def test_templates_are_the_issue_texts_with_label_words():
+    templates = load_templates()
+    assert {name: t.template for name, t in templates.items()} == ISSUE_TEXTS
+    words = {name: (t.true_word, t.false_word) for name, t in templates.items()}
+    assert words == {
+        "anli": ("entailment", "contradiction"), "fever": ("SUPPORTS", "REFUTES"),
+        "hotpotqa-distractor": ("True", "False"), "multirc": ("true", "false"), "pubmedqa": ("yes", "no"),
+        "bioasq": ("true", "false"),
+    }
+    with pytest.raises(RagsieveError, match="no verdict template 'nope'"):
+        get_template("nope")
+    with pytest.raises(RagsieveError, match="needs field"):
+        get_template("fever").render({"claim": "x"})
+
+
+def test_verdict_tokens_first_token_at_answer_position(tiny_llm):
+    fever = get_template("fever")
+    tokens = verdict_tokens(tiny_llm.tokenizer, fever, tiny_llm.format_prompt)
+    assert tokens.multi_token  # the tiny BPE splits SUPPORTS / REFUTES
+    assert tokens.true_id == tokens.true_pieces[0] != tokens.false_id == tokens.false_pieces[0]
+    same_start = fever.__class__(**{**fever.__dict__, "true_word": "SUPPORTS", "false_word": "SUPPORTED"})
+    with pytest.raises(RagsieveError, match="share their first token"):
+        verdict_tokens(tiny_llm.tokenizer, same_start, tiny_llm.format_prompt)
+
+
+@pytest.mark.skipif(not (SMOLLM2_TOKENIZER / "tokenizer.json").exists(), reason="SmolLM2 cache not built")
+def test_smollm2_label_words_take_the_no_space_variant_after_the_chat_template():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2_TOKENIZER)
+
+    def fmt(text):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+    ids = {n: verdict_tokens(tok, t, fmt) for n, t in load_templates().items()}
+    assert (ids["hotpotqa-distractor"].true_id, ids["hotpotqa-distractor"].false_id) == (
+        tok.convert_tokens_to_ids("True"), tok.convert_tokens_to_ids("False"))
+    assert tok.convert_tokens_to_ids("ĠTrue") != ids["hotpotqa-distractor"].true_id  # not the leading-space token
+    single = {n for n, t in ids.items() if not t.multi_token}
+    assert single == {"hotpotqa-distractor", "multirc", "pubmedqa", "bioasq"}
+    assert tok.decode([ids["fever"].true_id, ids["fever"].false_id]) == "SREF"  # first tokens of SUPPORTS / REFUTES
+
+
+def test_rounds_are_balanced_sequential_and_seeded():
+    items = synthetic_examples(60)
+    a = build_task_rounds("pubmedqa", initial_size=12, round_size=8, rounds=4, seed=3, examples=items)
+    b = build_task_rounds("pubmedqa", initial_size=12, round_size=8, rounds=4, seed=3, examples=list(reversed(items)))
+    assert [x.id for x in a.initial] == [x.id for x in b.initial]
+    assert [[x.id for x in r] for r in a.rounds] == [[x.id for x in r] for r in b.rounds]
+    ids = [x.id for x in a.initial] + [x.id for r in a.rounds for x in r]
+    assert len(ids) == len(set(ids)) == 12 + 4 * 8
+    assert all(sum(x.label for x in r) == 4 for r in a.rounds)
+    c = build_task_rounds("pubmedqa", initial_size=12, round_size=8, rounds=4, seed=4, examples=items)
+    assert [x.id for x in c.initial] != [x.id for x in a.initial]
+    with pytest.raises(DataError, match="round 4 needs"):
+        build_task_rounds("pubmedqa", initial_size=24, round_size=10, rounds=4, examples=items)
+    held = build_task_rounds("pubmedqa", initial_size=4, round_size=4, rounds=1, held_out_queries=5, examples=items)
+    assert len(held.held_out_query_ids) == 5
+    assert not {x.query_id for x in held.initial + held.rounds[0]} & set(held.held_out_query_ids)
+
+
+@requires_data
+def test_real_tasks_have_the_issue_binary_labels():
+    bio = build_task_rounds("bioasq", initial_size=8, round_size=8, rounds=4)
+    assert [{x.group for x in r} for r in [bio.initial, *bio.rounds]] == [{"7"}, {"8"}, {"9"}, {"10"}, {"11"}]
+    neg = next(x for x in bio.rounds[0] if x.label == 0)
+    assert neg.fields["content"] and neg.fields["question"] == neg.query
+    hot = build_task_rounds("hotpotqa-distractor", initial_size=16, round_size=8, rounds=4, held_out_queries=10)
+    assert set(hot.initial[0].fields) == {"question", "sentence"} and len(hot.held_out_query_ids) == 10
+    mrc = build_task_rounds("multirc", initial_size=8, round_size=4, rounds=1)
+    assert all(x.group == "val" and x.fields["question"] == x.query for x in mrc.initial)
+
+
+# --------------------------------------------------------------------------- reranker and losses
+
+
+def test_reranker_scores_batched_like_single_and_ranks(tiny_llm_dir):
+    from ragsieve.evolve.reranker import PointwiseLLMReranker
+
+    ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300, batch_size=4)
+    items = synthetic_examples(6)
+    items[0] = VerdictExample("long", "pubmedqa", "q", "is it?", "x", 1, {"question": "is it?", "context": "the dog " * 200})
+    batched = ranker.predict(items)
+    single = [ranker.predict([x]).logp_true[0] for x in items]
+    assert np.allclose(batched.logp_true, single, atol=1e-4)
+    assert ranker.prompter.truncated >= 1  # the long context was cut to fit 300 tokens
+    assert ranker.llm.count_tokens(ranker.prompts([items[0]])[0]) <= 300
+    s = batched.score
+    assert np.all((s > 0) & (s < 1)) and np.allclose(batched.confidence, np.maximum(s, 1 - s))
+    ranked = ranker.rank("is it the fox?", ["the dog sleeps", "the fox jumps"])
+    assert len(ranked) == 2 and sorted(r.index for r in ranked.results) == [0, 1]
+
+
+def test_fast_verdict_dpo_loss_equals_trl_sigmoid_loss(tiny_llm_dir, tmp_path):
+    """TRL's DPOTrainer.compute_loss and ours on the same batch, policy ≠ reference."""
+    import torch
+
+    from ragsieve.evolve.lora import LoraSettings
+    from ragsieve.evolve.reranker import PointwiseLLMReranker, encode_left_padded
+    from ragsieve.evolve.train import VerdictTrainConfig, build_trl_dpo_trainer
+    from ragsieve.evolve.verdict_dpo import VerdictDPOTrainer
+
+    ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300)
+    assert not ranker.tokens.multi_token  # yes / no are single tokens here, as for SmolLM2
+    items = synthetic_examples(4)
+    prompts, labels = ranker.prompts(items), [1, 0, 0, 1]
+    config = VerdictTrainConfig(beta=0.2, batch_size=4, lora=LoraSettings(r=4, alpha=8))
+    with torch.no_grad():  # random tiny embeddings give logits of ~0.1: scale them so verdicts can move
+        ranker.llm.model.get_input_embeddings().weight.mul_(50.0)
+    trl = build_trl_dpo_trainer(ranker.llm, ranker.tokens, prompts, labels, config, tmp_path / "trl")
+    model = trl.model
+    torch.manual_seed(1)
+    with torch.no_grad():  # B = 0 at init makes policy == reference and both losses log 2
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.normal_(0.0, 2.0)
+    model.eval()
+    with torch.no_grad():
+        trl_loss = float(trl.compute_loss(model, trl.data_collator([trl.train_dataset[i] for i in range(4)])))
+        ours = VerdictDPOTrainer(ranker.llm, ranker.tokens, config)
+        ours.prepare(model, prompts, labels, ref=None)  # reference = adapter disabled
+        fast_loss = float(ours.loss(model, encode_left_padded(ranker.llm.tokenizer, prompts), [0, 1, 2, 3], labels))
+    assert abs(trl_loss - math.log(2)) > 1e-3, trl_loss
+    assert fast_loss == pytest.approx(trl_loss, abs=1e-6)
+
+
+def test_verdict_dpo_loss_formula_and_doc_example():
+    import doctest
+
+    import torch
+
+    from ragsieve.evolve import verdict_dpo
+    from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
+
+    assert doctest.testmod(verdict_dpo).failed == 0
+    out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
+                           torch.tensor([-1.5, -2.0]), beta=0.5)
+    expected = [-math.log(1 / (1 + math.exp(-0.5 * (0.5 + 0.5)))), -math.log(1 / (1 + math.exp(-0.5 * (-1 - 1))))]
+    assert out.losses.tolist() == pytest.approx(expected)
+
+
+def test_sft_and_fast_dpo_rounds_learn_and_save_mergeable_deltas(tiny_llm_dir, tmp_path):
+    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.evolve.train import VerdictTrainConfig, train_round
+
+    import torch
+
+    ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300)
+    with torch.no_grad():  # logits of ~0.1 from random tiny embeddings barely move: scale them
+        ranker.llm.model.get_input_embeddings().weight.mul_(20.0)
+    ranker.llm.model.save_pretrained(tmp_path / "base")
+    ranker.llm.tokenizer.save_pretrained(tmp_path / "base")
+    items = synthetic_examples(8)
+    prompts, labels = ranker.prompts(items), [x.label for x in items]
+    before = ranker.predict(items)
+    config = VerdictTrainConfig(lr=5e-3, epochs=4, batch_size=4)
+    sft = train_round(ranker.llm, ranker.tokens, "sft", prompts, labels, config, save_dir=tmp_path / "d0")
+    after_sft = ranker.predict(items)
+    assert sft.steps == 8 and sft.losses[-1] < sft.losses[0]
+    dpo = train_round(ranker.llm, ranker.tokens, "dpo", prompts, labels, config, ref=after_sft, save_dir=tmp_path / "d1")
+    after = ranker.predict(items)
+    assert dpo.losses[0] == pytest.approx(math.log(2), abs=1e-3)  # starts at the reference
+    margin = lambda s: np.mean(np.where(np.array(labels) == 1, 1, -1) * (s.logp_true - s.logp_false))  # noqa: E731
+    assert margin(after) > margin(after_sft) > margin(before)
+    rebuilt = PointwiseLLMReranker(
+        str(tmp_path / "base"), "pubmedqa", max_prompt_tokens=300, adapters=[tmp_path / "d0", tmp_path / "d1"]
+    )
+    assert np.allclose(rebuilt.predict(items).logp_true, after.logp_true, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- methods
+
+
+class FixedJudge:
+    def __init__(self, votes):
+        self.vote_of = votes
+        self.name = "fixed"
+
+    def votes(self, examples):
+        return [self.vote_of.get(x.id) for x in examples]
+
+
+def test_cautious_labels_gate_vote_skip_ties_and_ablations():
+    from ragsieve.evolve.methods import MethodConfig, build_method
+
+    items = synthetic_examples(4)  # gold labels 0, 1, 0, 1
+    # model scores: confident 1, confident 0 (wrong), unsure 0.6, unsure 0.45
+    p = np.array([0.95, 0.05, 0.6, 0.45])
+    verdicts = VerdictScores(np.log(p), np.log(1 - p))
+    judges = [FixedJudge({"ex002": 0, "ex003": 1}), FixedJudge({"ex002": 0, "ex003": None})]
+    cautious = build_method(MethodConfig(kind="cautious-dpo", tau=0.9), judges)
+    out = cautious.label(items, verdicts, 1, {})
+    got = {pr.example.id: (pr.label, pr.source) for pr in out.pairs}
+    # ex002: votes 0, 0 + model 1 → 0; ex003: votes 1 (+ abstain) + model 0 → tie, skipped
+    assert got == {"ex000": (1, "self"), "ex001": (0, "self"), "ex002": (0, "jury")}
+    assert out.stats["ties_skipped"] == 1 and out.stats["accuracy"] == pytest.approx(1 / 3)
+    assert out.stats["self"] == {"n": 2, "accuracy": 0.0} and out.stats["jury"] == {"n": 1, "accuracy": 1.0}
+    no_jury = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, jury=False), judges).label(items, verdicts, 1, {})
+    assert {pr.example.id for pr in no_jury.pairs} == {"ex000", "ex001"}
+    no_gate = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, gating=False), judges).label(items, verdicts, 1, {})
+    assert all(pr.source == "jury" for pr in no_gate.pairs)
+    fed = cautious.label(items, verdicts, 1, {"ex001": 1})
+    assert ("ex001", 1, "gold") in {(pr.example.id, pr.label, pr.source) for pr in fed.pairs}
+
+
+def test_judge_specs_factory_and_calibration():
+    from ragsieve.evolve.judges import JUDGES, CrossEncoderJudge, EndpointJudge, JudgeSpec, build_judges
+
+    assert set(JUDGES) == {"llm", "cross-encoder", "reranker", "openai"}
+    spec = JudgeSpec.model_validate("openai:http://localhost:8000/v1#llama3")
+    assert (spec.kind, spec.model) == ("openai", "openai:http://localhost:8000/v1#llama3")
+    assert CrossEncoderJudge.reranker_spec("embedded:base") == "embedded:base"
+    assert CrossEncoderJudge.reranker_spec("models/ce") == "cross-encoder:models/ce"
+    (bm25,) = build_judges(["reranker:bm25"], "pubmedqa")
+    with pytest.raises(RagsieveError, match="never calibrated"):
+        bm25.votes(synthetic_examples(2))
+    items = synthetic_examples(12)
+    bm25.calibrate(items)
+    assert bm25.threshold is not None and set(bm25.votes(items)) <= {0, 1}
+    with pytest.raises(RagsieveError, match="unknown judge kind 'nope'"):
+        build_judges(["nope:x"], "pubmedqa")
+    endpoint = EndpointJudge.__new__(EndpointJudge)
+    endpoint.template = get_template("fever")
+    assert [endpoint.parse(a) for a in ("SUPPORTS.", "refutes because", "NOT ENOUGH INFO")] == [1, 0, None]
+
+
+def test_replay_share_and_method_registry():
+    from ragsieve.evolve.methods import METHODS, MethodConfig, Pair, build_method
+
+    assert set(METHODS) == {"sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo"}
+    new = [Pair(x, x.label, "gold", 2) for x in synthetic_examples(14, prefix="n")]
+    history = [Pair(x, x.label, "gold", 1) for x in synthetic_examples(40, prefix="h")]
+    replay = build_method(MethodConfig(kind="replay-dpo", alpha=0.7))
+    train = replay.training_set(new, history, random.Random(0))
+    assert len(train) == 20 and train[:14] == new  # 14 new = 70 % of 20
+    assert build_method(MethodConfig(kind="dpo", alpha=0.5)).training_set(new, history, random.Random(0)) == new
+    assert len(build_method(MethodConfig(kind="replay-dpo", alpha=0.1)).training_set(new, history, random.Random(0))) == 54
+    with pytest.raises(RagsieveError, match="unknown method 'x'"):
+        build_method(MethodConfig(kind="x"))
+
+
+# --------------------------------------------------------------------------- deployment store
+
+
+def _store_config(tiny_llm_dir):
+    from ragsieve.evolve.store import EvolveStoreConfig
+
+    return EvolveStoreConfig(
+        llm=str(tiny_llm_dir), template="pubmedqa", max_prompt_tokens=300, judges=[f"llm:{tiny_llm_dir}"],
+        method={"kind": "cautious-dpo", "tau": 0.501, "alpha": 0.5},
+        m0_train={"lr": 2e-2, "epochs": 2, "batch_size": 4}, train={"lr": 1e-2, "batch_size": 4},
+    )
+
+
+_KILL_SCRIPT = """
+import sys, time
+from ragsieve.evolve import store as st
+insert = st.EvolveStore._insert_pairs
+def insert_then_hang(self, conn, pairs):
+    insert(self, conn, pairs)
+    if pairs and pairs[0].round == 1:  # inside round 1's transaction, before COMMIT
+        print("INSERTED", flush=True)
+        time.sleep(600)
+st.EvolveStore._insert_pairs = insert_then_hang
+print("ROUND", st.run_step(sys.argv[1]).round, flush=True)
+st.run_step(sys.argv[1])
+"""
+
+
+def _pairs(store_dir):
+    from ragsieve.evolve.store import EvolveStore
+
+    store = EvolveStore(store_dir)
+    try:
+        return sorted(store.conn.execute("SELECT example_id, round, label, source FROM pairs"))
+    finally:
+        store.close()
+
+
+def test_store_resumes_after_sigkill_without_duplicated_or_lost_pairs(tiny_llm_dir, tmp_path):
+    from ragsieve.evolve.store import init_store, run_step, store_status
+
+    items = synthetic_examples(20)
+    initial, rounds = items[:8], [items[8:14], items[14:20]]
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    for target in (killed, reference):
+        init_store(target, _store_config(tiny_llm_dir), initial, rounds)
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILL_SCRIPT, str(killed)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env=env, cwd=REPO,
+    )
+    seen = []
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:
+            seen.append(line.strip())
+            if line.startswith("INSERTED") or time.monotonic() > deadline:
+                break
+        assert seen[-1] == "INSERTED", seen
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    after_kill = store_status(killed)
+    assert [r["round"] for r in after_kill["rounds"]] == [0]
+    assert {p[1] for p in _pairs(killed)} == {0}  # round 1's inserted pairs were rolled back
+    assert (killed / "adapters" / "round-001").exists()  # renamed into place, never registered
+
+    report = run_step(killed)  # resumes: redoes round 1 from M0
+    assert report.round == 1 and report.mode == "cautious"
+    for _ in range(2):
+        run_step(reference)
+    pairs = _pairs(killed)
+    assert len(pairs) == len({(p[0], p[1]) for p in pairs})
+    assert pairs == _pairs(reference)
+    log = store_status(killed)["rounds"]
+    assert [r["round"] for r in log] == [0, 1]
+    assert sum(1 for p in pairs if p[1] == 1) == log[1]["n_new_pairs"]
+    assert log[1]["labels"]["n"] == 6 and log[1]["accuracy"] is not None
+
+
+@requires_data
+def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from ragsieve.evolve.cli import evolve_app
+    from ragsieve.evolve.store import EvolveStore
+
+    runner = CliRunner()
+    store = tmp_path / "store"
+
+    def invoke(*args):
+        result = runner.invoke(evolve_app, [str(a) for a in args])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result.output
+
+    invoke("init", "--store", store, "--dataset", "pubmedqa", "--llm", tiny_llm_dir, "--initial-size", 8,
+           "--round-size", 4, "--rounds", 2, "--judge", "reranker:bm25", "--max-prompt-tokens", 300)
+    assert "round 0 (sft)" in invoke("step", "--store", store)
+    assert "round 1 (cautious)" in invoke("step", "--store", store)
+    s = EvolveStore(store)
+    round2 = s.examples(2)
+    s.close()
+    fb = tmp_path / "fb.jsonl"
+    fb.write_text("".join(json.dumps({"id": x.id, "label": ["no", "yes"][x.label]}) + "\n" for x in round2))
+    assert "round 2: 4" in invoke("feedback", fb, "--store", store)
+    assert "round 2 (feedback)" in invoke("step", "--store", store)
+    assert "no queued round" in invoke("step", "--store", store)
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"id": "new1", "fields": {"question": "q?", "context": "c"}}) + "\n")
+    assert "round 3" in invoke("ingest", batch, "--store", store)
+    status = json.loads(invoke("status", "--store", store, "--json"))
+    assert [r["mode"] for r in status["rounds"]] == ["sft", "cautious", "feedback"]
+    assert {b["source"] for b in status["replay_buffer"] if b["round"] == 2} == {"gold"}
+    assert status["queued"] == [{"round": 3, "examples": 1, "feedback": 0}]
+    assert "round" in invoke("status", "--store", store)
+    bad = runner.invoke(evolve_app, ["feedback", str(fb), "--store", str(store)])
+    assert isinstance(bad.exception, DataError) and "finished round 2" in str(bad.exception)
+
+
+# --------------------------------------------------------------------------- experiment smoke
+
+
+@requires_data
+def test_experiment_smoke_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
+    """experiments/evolve.yaml with tiny sizes: every output key, plots, per-cell resume."""
+    from ragsieve import experiments
+    from ragsieve.evolve.experiment import EvolveExperiment
+
+    monkeypatch.setitem(experiments.EXPERIMENTS, "evolve", "ragsieve.evolve.experiment:EvolveExperiment")
+    overrides = {
+        "llm": str(tiny_llm_dir), "datasets": ["pubmedqa", "hotpotqa-distractor"], "rounds": 2,
+        "sizes": {"initial": 8, "per_round": 4}, "max_prompt_tokens": 300,
+        "m0_train": {"lr": 1e-2, "epochs": 1, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
+        "judges": [f"llm:{tiny_llm_dir}", "reranker:bm25"],
+        "alpha_sweep": [0.5, 0.7, 1.0], "alpha_sweep_datasets": ["pubmedqa"], "ablation_datasets": ["pubmedqa"],
+        "downstream": {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2,
+                       "max_prompt_tokens": 400},
+    }
+    cfg = tmp_path / "evolve.yaml"
+    raw = (REPO / "experiments" / "evolve.yaml").read_text().replace("out_dir: results/evolve", f"out_dir: {tmp_path / 'out'}")
+    cfg.write_text(raw)
+    metrics = experiments.run_experiment_file(cfg, overrides=overrides)
+    for key in ("by_dataset", "alpha_sweep", "ablation", "pseudo_label_accuracy", "downstream", "targets"):
+        assert key in metrics
+    curve = metrics["by_dataset"]["pubmedqa"]["replay-dpo"]
+    assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
+    assert set(metrics["alpha_sweep"]["pubmedqa"]) == {"0.5", "0.7", "1"}
+    assert set(metrics["ablation"]["pubmedqa"]) == {"cautious-dpo", "no-gating", "no-jury"}
+    assert metrics["pseudo_label_accuracy"]["pubmedqa"]["cautious-dpo"][0]["round"] == 1
+    assert {"sft-only", "replay-dpo", "gold-support", "closed-book"} <= set(metrics["downstream"])
+    assert metrics["downstream"]["dpo"]["n"] == 2
+    out = tmp_path / "out"
+    assert (out / "accuracy_pubmedqa.png").stat().st_size > 0
+    assert json.loads((out / "metrics.json").read_text())["sizes"]["pubmedqa"]["initial"]["n"] == 8
+
+    monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))
+    again = experiments.run_experiment_file(cfg, overrides=overrides)
+    assert again["by_dataset"] == metrics["by_dataset"]
