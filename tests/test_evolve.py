@@ -443,25 +443,35 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path):
 # --------------------------------------------------------------------------- experiment smoke
 
 
+def test_full_experiment_config_validates_and_plans_every_cell():
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.evolve.experiment import EvolveExperimentConfig, plan_cells
+
+    spec = read_mapping(REPO / "experiments" / "evolve.yaml")
+    assert spec["experiment"] == "evolve" and spec["out_dir"] == "results/evolve"
+    cfg = build_config(EvolveExperimentConfig, spec["params"])
+    names = {(c.dataset, c.name) for c in plan_cells(cfg)}
+    # 6 datasets x 5 methods, + α 0.5/0.6/0.8/0.9 (0.7 = replay-dpo, 1.0 = dpo), + 2 ablations
+    assert len(names) == 30 + 4 + 2
+    assert ("bioasq", "replay-dpo@0.5") in names and ("bioasq", "cautious-dpo:no-jury") in names
+
+
 @requires_data
-def test_experiment_smoke_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
-    """experiments/evolve.yaml with tiny sizes: every output key, plots, per-cell resume."""
+def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
+    """experiments/evolve_smoke.yaml with the tiny LLM: every output key, plots, per-cell resume."""
     from ragsieve import experiments
     from ragsieve.evolve.experiment import EvolveExperiment
 
     monkeypatch.setitem(experiments.EXPERIMENTS, "evolve", "ragsieve.evolve.experiment:EvolveExperiment")
+    out = tmp_path / "out"
+    cfg = tmp_path / "evolve_smoke.yaml"
+    raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()
+    cfg.write_text(raw.replace("out_dir: /tmp/ragsieve-evolve-smoke", f"out_dir: {out}"))
+    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2, "max_prompt_tokens": 400}
     overrides = {
-        "llm": str(tiny_llm_dir), "datasets": ["pubmedqa", "hotpotqa-distractor"], "rounds": 2,
-        "sizes": {"initial": 8, "per_round": 4}, "max_prompt_tokens": 300,
-        "m0_train": {"lr": 1e-2, "epochs": 1, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
-        "judges": [f"llm:{tiny_llm_dir}", "reranker:bm25"],
-        "alpha_sweep": [0.5, 0.7, 1.0], "alpha_sweep_datasets": ["pubmedqa"], "ablation_datasets": ["pubmedqa"],
-        "downstream": {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2,
-                       "max_prompt_tokens": 400},
+        "llm": str(tiny_llm_dir), "judges": [f"llm:{tiny_llm_dir}", "reranker:bm25"], "downstream": downstream,
+        "m0_train": {"lr": 1e-2, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
     }
-    cfg = tmp_path / "evolve.yaml"
-    raw = (REPO / "experiments" / "evolve.yaml").read_text().replace("out_dir: results/evolve", f"out_dir: {tmp_path / 'out'}")
-    cfg.write_text(raw)
     metrics = experiments.run_experiment_file(cfg, overrides=overrides)
     for key in ("by_dataset", "alpha_sweep", "ablation", "pseudo_label_accuracy", "downstream", "targets"):
         assert key in metrics
@@ -472,7 +482,6 @@ def test_experiment_smoke_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path,
     assert metrics["pseudo_label_accuracy"]["pubmedqa"]["cautious-dpo"][0]["round"] == 1
     assert {"sft-only", "replay-dpo", "gold-support", "closed-book"} <= set(metrics["downstream"])
     assert metrics["downstream"]["dpo"]["n"] == 2
-    out = tmp_path / "out"
     assert (out / "accuracy_pubmedqa.png").stat().st_size > 0
     assert json.loads((out / "metrics.json").read_text())["sizes"]["pubmedqa"]["initial"]["n"] == 8
 
