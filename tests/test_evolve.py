@@ -207,10 +207,10 @@ def test_verdict_dpo_loss_formula_and_doc_example():
 
     import torch
 
-    from ragsieve.evolve import verdict_dpo
+    from ragsieve.evolve import reranker, verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
 
-    assert doctest.testmod(verdict_dpo).failed == 0
+    assert doctest.testmod(verdict_dpo).failed == 0 and doctest.testmod(reranker).failed == 0
     out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                            torch.tensor([-1.5, -2.0]), beta=0.5)
     expected = [-math.log(1 / (1 + math.exp(-0.5 * (0.5 + 0.5)))), -math.log(1 / (1 + math.exp(-0.5 * (-1 - 1))))]

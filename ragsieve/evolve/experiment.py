@@ -145,6 +145,14 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 class EvolveExperiment:
+    """The experiment behind ``experiment: evolve``.
+
+    Example::
+
+        cfg = EvolveExperimentConfig(datasets=["bioasq"], methods=["sft-only", "dpo"])
+        EvolveExperiment().run(cfg, Path("results/evolve"), Console())
+    """
+
     Config = EvolveExperimentConfig
 
     def run(self, cfg: EvolveExperimentConfig, out_dir: Path, console: Console) -> dict:

@@ -40,7 +40,13 @@ Vote = Optional[int]
 
 
 class JudgeSpec(StrictConfig):
-    """``kind`` (a key of :data:`JUDGES`) and its model; a string ``"kind:model"`` also works."""
+    """``kind`` (a key of :data:`JUDGES`) and its model; a string ``"kind:model"`` also works.
+
+    Example::
+
+        JudgeSpec.model_validate("cross-encoder:embedded:base")   # kind cross-encoder, model embedded:base
+        JudgeSpec(kind="llm", model="embedded:smollm2-135m-instruct", threshold=0.5)
+    """
 
     kind: str
     model: str = ""

@@ -72,6 +72,8 @@ class LabelOutcome:
 
 
 class MethodConfig(StrictConfig):
+    """A method by name and its knobs, e.g. ``MethodConfig(kind="cautious-dpo", tau=0.9, jury=False)``."""
+
     kind: str
     alpha: float = 1.0  # share of new pairs in the training set (replay)
     tau: float = 0.9  # CautiousDPO confidence gate

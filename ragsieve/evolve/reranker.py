@@ -36,7 +36,14 @@ FieldsLike = Union[Mapping[str, str], VerdictExample]
 
 @dataclass
 class VerdictScores:
-    """Per-example verdicts; the log-probs are over the full vocabulary (DPO reads them)."""
+    """Per-example verdicts; the log-probs are over the full vocabulary (DPO reads them).
+
+    Example::
+
+        >>> s = VerdictScores(np.log([0.6, 0.1]), np.log([0.2, 0.3]))
+        >>> s.score.round(2).tolist(), s.confidence.round(2).tolist(), s.predictions.tolist()
+        ([0.75, 0.25], [0.75, 0.75], [1, 0])
+    """
 
     logp_true: np.ndarray
     logp_false: np.ndarray

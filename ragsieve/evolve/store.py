@@ -94,7 +94,14 @@ def _now() -> str:
 
 
 class EvolveStore:
-    """The SQLite file and adapter folders of one deployment (see the module doc)."""
+    """The SQLite file and adapter folders of one deployment (see the module doc).
+
+    Example::
+
+        store = EvolveStore("state/fever")
+        store.round_log(), len(store.pairs()), store.adapters()
+        store.close()
+    """
 
     def __init__(self, store_dir: str | Path, *, create: bool = False):
         self.dir = Path(store_dir)

@@ -37,7 +37,13 @@ from ragsieve.errors import DataError
 
 @dataclass(frozen=True, slots=True)
 class VerdictExample:
-    """A pointwise example: ``fields`` fill the template, ``label`` 1 = true word."""
+    """A pointwise example: ``fields`` fill the template, ``label`` 1 = true word (-1 = unknown).
+
+    Example::
+
+        VerdictExample("pmid1", "pubmedqa", "pmid1", "Does X cause Y?", "We found ...", 1,
+                       {"question": "Does X cause Y?", "context": "We found ..."})
+    """
 
     id: str
     dataset: str

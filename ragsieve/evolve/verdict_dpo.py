@@ -88,6 +88,12 @@ def chosen_rejected(logp_true, logp_false, labels):
 class VerdictDPOTrainer(VerdictTrainer):
     """DPO with :func:`verdict_dpo_loss`; the reference is M_{t-1} (the adapter disabled).
 
+    Example::
+
+        trainer = VerdictDPOTrainer(ranker.llm, ranker.tokens, VerdictTrainConfig(beta=0.2))
+        result = trainer.fit(prompts, labels, ref=ranker.verdicts_for_prompts(prompts))
+        save_adapter(ranker.llm.model, "adapters/round-001"); merge_lora(ranker.llm)
+
     ``fit(prompts, labels, ref=None)``: ``labels[i]`` is the label whose word is chosen;
     ``ref`` holds reference verdict log-probs aligned with ``prompts`` (NaN rows, or no
     ``ref`` at all, are computed once here before training).
