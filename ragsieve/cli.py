@@ -151,6 +151,9 @@ def ask_cmd(
         None, "--reranker", help="Rerank retrieved candidates: a cross-encoder folder, embedded:base, bm25, bi-encoder."
     ),
     candidates: int = typer.Option(20, "--candidates", help="Passages retrieved for the reranker to choose from."),
+    grader: Optional[Path] = typer.Option(
+        None, "--grader", help="A saved grader folder: drop passages it grades irrelevant (after reranking)."
+    ),
 ) -> None:
     """Answer a question with the LLM, with or without retrieved (and reranked) passages."""
     from ragsieve.models import load_llm
@@ -176,13 +179,23 @@ def ask_cmd(
         from ragsieve.rerank import load_reranker
 
         ranker = load_reranker(reranker)
+    relevance = None
+    if grader is not None and not no_retrieval:
+        from ragsieve.grade import load_grader
+
+        relevance = load_grader(grader)
     pipe = RAGPipeline(
-        model, retriever, top_k=top_k, max_new_tokens=max_new_tokens, gate=gate, reranker=ranker, candidates=candidates
+        model, retriever, top_k=top_k, max_new_tokens=max_new_tokens, gate=gate, reranker=ranker,
+        candidates=candidates, grader=relevance,
     )
     answer = pipe.answer(question, retrieve=not no_retrieval)
     if answer.confidence is not None:
         verdict = "retrieve" if answer.retrieved else "answer closed-book"
         err_console.print(f"[dim]Conf(Q) = {answer.confidence:.3f}, β = {cbdr} → {verdict}[/]")
+    if answer.all_graded_out:
+        err_console.print(f"[yellow]all {answer.graded_out} passage(s) graded irrelevant: answered closed-book[/]")
+    elif answer.graded_out:
+        err_console.print(f"[dim]{answer.graded_out} passage(s) graded irrelevant and dropped[/]")
     if show_contexts:
         for i, p in enumerate(answer.contexts, 1):
             console.print(f"[dim][{i}] {p.id} {p.full_text[:200]}[/]")
@@ -318,6 +331,11 @@ def cbdr_sweep_cmd(
     run_experiment_file(config, console, overrides)
 
 
+from ragsieve.grade.cli import grade_cmd, grader_app  # noqa: E402 - light: no torch at import
+
+app.add_typer(grader_app, name="grader")
+app.command("grade")(grade_cmd)
+
 prefs_app = typer.Typer(help="Confidence-shift preference sets (Inc = Conf(Q+C) − Conf(Q)).", no_args_is_help=True)
 app.add_typer(prefs_app, name="prefs")
 
@@ -366,25 +384,6 @@ RerankerOption = typer.Option(
 )
 
 
-def _read_passages(path: Path):
-    """A jsonl of {text, title?, id?} rows, or plain text with one passage per line."""
-    from ragsieve.data import read_jsonl
-    from ragsieve.data.records import Passage
-
-    if not path.is_file():
-        raise RagsieveError(f"passages file not found: {path}")
-    if path.suffix in (".jsonl", ".gz"):
-        out = []
-        for line_no, row in read_jsonl(path).numbered():
-            text = row.get("text") if isinstance(row, dict) else None
-            if not isinstance(text, str):
-                raise RagsieveError(f"{path}:{line_no}: a passage row needs a string 'text'")
-            out.append(Passage(str(row.get("id", len(out))), text, str(row.get("title", ""))))
-        return out
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [Passage(str(i), line) for i, line in enumerate(line for line in lines if line.strip())]
-
-
 @rerank_app.command("query", hidden=True)
 def rerank_query_cmd(
     query: str = typer.Argument(..., help="The query."),
@@ -396,7 +395,9 @@ def rerank_query_cmd(
     """Rank passages for a query."""
     from ragsieve.rerank import load_reranker
 
-    items = _read_passages(passages)
+    from ragsieve.data.passage_files import read_passages_file
+
+    items = read_passages_file(passages)
     ranked = load_reranker(reranker).rank(query, items) if items else None
     results = [] if ranked is None else (ranked.top_k(k) if k else list(ranked.results))
     if as_json:
@@ -471,6 +472,11 @@ def rerank_eval_cmd(
     console.print(metrics_table(f"{len(queries)} queries", metrics, list(next(iter(metrics.values())))))
     if out:
         out.write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+from ragsieve.evolve.cli import evolve_app  # noqa: E402 - light: no torch at import
+
+app.add_typer(evolve_app, name="evolve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,8 @@ EXPERIMENTS: dict[str, str] = {
     "cbdr_nq": "ragsieve.gate.experiment:CBDRExperiment",
     "rerank_base": "ragsieve.rerank.experiment:RerankBaseExperiment",
     "rerank_align": "ragsieve.rerank.experiment:RerankAlignExperiment",
+    "grader": "ragsieve.grade.experiment:GraderExperiment",
+    "evolve": "ragsieve.evolve.experiment:EvolveExperiment",
 }
 
 

@@ -97,3 +97,19 @@ def test_pipeline_reranks_candidates_before_top_k(tiny_llm):
     assert [p.id for p in pipe.answer("Who wrote Hamlet?").contexts] == ["p1"]
     with pytest.raises(RagsieveError, match=r"candidates \(1\) must be >= top_k \(2\)"):
         RAGPipeline(tiny_llm, None, top_k=2, reranker=_PreferFoxes(), candidates=1)
+
+
+def test_pipeline_grader_drops_irrelevant_and_falls_back_closed_book(tiny_llm):
+    from ragsieve.grade.base import GradeResult
+    from ragsieve.retrieve import BM25Retriever
+
+    class _KeepParis:
+        def grade(self, query, passages):
+            return [GradeResult("Paris" in p.text and "capital" in query, 1.0) for p in passages]
+
+    pool = [Passage(f"p{i}", text) for i, text in enumerate(
+        ["Paris is the capital of France.", "Hamlet was written by Shakespeare.", "Paris Hilton is a person."])]
+    pipe = RAGPipeline(tiny_llm, BM25Retriever.build(pool), top_k=3, max_new_tokens=3, grader=_KeepParis())
+    kept, none = pipe.answer_many(["The capital: Paris or Hamlet?", "Who wrote Hamlet?"])
+    assert {p.id for p in kept.contexts} == {"p0", "p2"} and kept.graded_out == 1 and not kept.all_graded_out
+    assert none.contexts == [] and none.graded_out >= 1 and none.all_graded_out and none.retrieved

@@ -25,32 +25,6 @@ DEFAULT_GRADER = Path("results/grader/models/C")
 grader_app = typer.Typer(help="Lightweight relevance grader: build data, train, evaluate.", no_args_is_help=True)
 
 
-def read_passages_file(path: Path) -> list:
-    """Passages to grade: ``.jsonl`` rows with ``text`` (or ``passage``) and optional ``title`` / ``id``,
-    or ``.txt`` with one passage per line (blank lines skipped). An empty ``text`` is kept
-    (it is graded not relevant)."""
-    from ragsieve.data import read_jsonl
-    from ragsieve.data.records import Passage
-
-    if not path.is_file():
-        raise DataError(f"{path}: passages file not found")
-    if path.suffix == ".txt":
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        passages = [Passage(str(i), line) for i, line in enumerate(line for line in lines if line)]
-    elif path.suffix in (".jsonl", ".gz"):
-        passages = []
-        for lineno, row in read_jsonl(path).numbered():
-            text = row.get("text", row.get("passage"))
-            if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno}: needs a 'text' (or 'passage') string")
-            passages.append(Passage(str(row.get("id", len(passages))), text, str(row.get("title", ""))))
-    else:
-        raise DataError(f"{path}: expected a .jsonl or .txt passages file")
-    if not passages:
-        raise DataError(f"{path}: no passages")
-    return passages
-
-
 def grade_cmd(
     query: str = typer.Argument(..., help="The query the passages were retrieved for."),
     passages: Path = typer.Option(..., "--passages", "-p", help=".jsonl rows {text, title?, id?} or .txt lines."),
@@ -63,6 +37,8 @@ def grade_cmd(
 
     if not query.strip():
         raise RagsieveError("empty query")
+    from ragsieve.data.passage_files import read_passages_file
+
     items = read_passages_file(passages)
     if not (grader / "grader_config.json").is_file():
         raise RagsieveError(

@@ -18,6 +18,7 @@ from ragsieve.prompts.builder import PromptBuilder
 
 if TYPE_CHECKING:
     from ragsieve.gate.cbdr import CBDRGate
+    from ragsieve.grade.base import Grader
     from ragsieve.models.llm import Generator
     from ragsieve.rerank.base import BaseRanker
     from ragsieve.retrieve.base import Retriever
@@ -34,6 +35,8 @@ class RAGAnswer:
     truncated_contexts: int = 0
     seconds: float = 0.0
     confidence: float | None = None  # Conf(Q) when a CBDR gate decided
+    graded_out: int = 0  # passages the grader dropped as irrelevant
+    all_graded_out: bool = False  # every retrieved passage dropped → answered closed-book
 
 
 class RAGPipeline:
@@ -45,7 +48,9 @@ class RAGPipeline:
         pipe.answer("who wrote hamlet").answer
 
     With a ``reranker``, ``candidates`` passages are retrieved and reranked, and the
-    best ``top_k`` of them reach the LLM.
+    best ``top_k`` of them reach the LLM. A ``grader`` then drops the passages it
+    grades irrelevant; if it drops all of them the question is answered closed-book
+    and :attr:`RAGAnswer.all_graded_out` says so.
     """
 
     def __init__(
@@ -61,6 +66,7 @@ class RAGPipeline:
         gate: "CBDRGate | None" = None,
         reranker: "BaseRanker | None" = None,
         candidates: int = 20,
+        grader: "Grader | None" = None,
     ):
         if top_k < 1:
             raise RagsieveError(f"top_k must be >= 1, got {top_k}")
@@ -74,6 +80,7 @@ class RAGPipeline:
         self.gate = gate
         self.reranker = reranker
         self.candidates = candidates
+        self.grader = grader
         self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
 
     def retrieve(self, questions: Sequence[str]) -> list[list[Passage]]:
@@ -100,6 +107,13 @@ class RAGPipeline:
         if to_retrieve:
             for i, ctx in zip(to_retrieve, self.retrieve([questions[i] for i in to_retrieve])):
                 contexts[i] = ctx
+        graded_out = [0] * len(questions)
+        if self.grader is not None:
+            for i in to_retrieve:
+                verdicts = self.grader.grade(questions[i], contexts[i])
+                kept = [p for p, v in zip(contexts[i], verdicts) if v.relevant]
+                graded_out[i] = len(contexts[i]) - len(kept)
+                contexts[i] = kept
         built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
         texts = self.llm.generate(
             [b.text for b in built],
@@ -113,7 +127,8 @@ class RAGPipeline:
             log.warning("%d context passage(s) truncated to fit max_prompt_tokens", truncated)
         return [
             RAGAnswer(q, first_line(t), c, flag, b.truncated_contexts, per_question,
-                      decisions[i].confidence if decisions else None)
+                      decisions[i].confidence if decisions else None, graded_out[i],
+                      bool(flag and graded_out[i] and not c))
             for i, (q, t, c, b, flag) in enumerate(zip(questions, texts, contexts, built, needs))
         ]
 

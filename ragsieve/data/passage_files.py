@@ -1,0 +1,32 @@
+"""Passage lists given on the command line (``rerank``, ``grade``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ragsieve.data.jsonl import read_jsonl
+from ragsieve.data.records import Passage
+from ragsieve.errors import DataError
+
+
+def read_passages_file(path: str | Path) -> list[Passage]:
+    """``.jsonl`` rows with ``text`` (or ``passage``) and optional ``title`` / ``id``, or any other
+    file as plain text with one passage per line (blank lines skipped). An empty file gives [].
+
+    Example::
+
+        read_passages_file("candidates.jsonl")[0].full_text
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: passages file not found")
+    if path.suffix not in (".jsonl", ".gz"):
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        return [Passage(str(i), line) for i, line in enumerate(line for line in lines if line)]
+    passages = []
+    for lineno, row in read_jsonl(path).numbered():
+        text = row.get("text", row.get("passage")) if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            raise DataError(f"{path}:{lineno}: a passage row needs a 'text' (or 'passage') string")
+        passages.append(Passage(str(row.get("id", len(passages))), text, str(row.get("title", ""))))
+    return passages
