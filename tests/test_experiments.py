@@ -23,8 +23,8 @@ def test_unknown_experiment_and_bad_params(tmp_path):
 
 
 @requires_data
-def test_probe_then_cbdr_smoke(tmp_path, tiny_llm_dir, monkeypatch):
-    """The two experiments end to end on a tiny LLM and BM25: files, keys, resumability."""
+def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cross_encoder_dir, monkeypatch):
+    """Probe → CBDR → rerank_align end to end on tiny models and BM25: files, keys, resumability."""
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
     # A random tiny LLM is never right; label by gold-answer length parity so both classes exist.
     monkeypatch.setattr("ragsieve.eval.qa.contains_answer", lambda pred, golds: len(golds[0]) % 2 == 1)
@@ -57,3 +57,27 @@ def test_probe_then_cbdr_smoke(tmp_path, tiny_llm_dir, monkeypatch):
     saved = json.loads((tmp_path / "cbdr" / "metrics.json").read_text())
     assert saved["n_questions"] == result["n_questions"] > 0
     assert (tmp_path / "cbdr" / "accuracy_vs_rr.png").stat().st_size > 0
+
+    align = tmp_path / "align.yaml"
+    align.write_text(
+        f"experiment: rerank_align\nout_dir: {tmp_path / 'align'}\nparams:\n"
+        f"  prefs: {{probe: {probe_out / 'probe'}, retriever: bm25, candidates: 6, train_questions: 6,"
+        " test_questions: 3}\n"
+        "  base:\n    sources:\n      hotpotqa-distractor: {train_questions: 3, test_questions: 2, test_fraction: 0.5}\n"
+        f"    train: {{init: {tiny_cross_encoder_dir}, batch_size: 2, max_length: 128}}\n"
+        "  train: {batch_size: 2, max_length: 128}\n"
+        "  rag: {nq_questions: 3, hotpotqa_questions: 2, max_new_tokens: 2, max_prompt_tokens: 450}\n"
+    )
+    result = run_experiment_file(align)
+    rankers = {"bm25", "bi-encoder", "base", "aligned"}
+    assert set(result["table1"]) == rankers and set(result["table1"]["aligned"]) >= {"P@1", "R@5", "MRR@3"}
+    assert set(result["table2"]) == rankers | {"retriever"}
+    assert set(result["table2"]["aligned"]) == {"nq_top1", "nq_top3", "hotpotqa_top1", "hotpotqa_top3"}
+    assert {(r["beta"], r["top_k"]) for r in result["table3"]} == {(b, k) for b in (0.0, 0.9, 0.95, 0.98) for k in (1, 3)}
+    assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
+    # a rerun trains nothing and answers nothing again
+    stamp = (tmp_path / "align" / "model" / "ragsieve_aligned.json").stat().st_mtime_ns
+    n_gen = len((tmp_path / "align" / "generations_nq.jsonl").read_text().splitlines())
+    assert run_experiment_file(align)["table2"] == result["table2"]
+    assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").stat().st_mtime_ns == stamp
+    assert len((tmp_path / "align" / "generations_nq.jsonl").read_text().splitlines()) == n_gen

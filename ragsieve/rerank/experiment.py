@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 from rich.console import Console
 from rich.table import Table
 
@@ -139,6 +139,13 @@ class RerankAlignConfig(StrictConfig):
     betas: list[float] = [0.0, 0.9, 0.95, 0.98]
     encoder: str = DEFAULT_ENCODER
 
+    @field_validator("train")
+    @classmethod
+    def _start_from_base(cls, train: CrossEncoderTrainConfig) -> CrossEncoderTrainConfig:
+        # The paper fine-tunes the off-the-shelf reranker: unless `init` is given, start from
+        # the base reranker (a `train:` block in YAML would otherwise bring back the MiniLM default).
+        return train if "init" in train.model_fields_set else train.model_copy(update={"init": ""})
+
 
 class RerankAlignExperiment:
     Config = RerankAlignConfig
@@ -231,7 +238,7 @@ class RerankAlignExperiment:
         from ragsieve.probe.experiment import progress_bar
         from ragsieve.probe.labels import LabelRequest, label_generations
         from ragsieve.probe.model import ConfidenceProbe, load_head
-        from ragsieve.rerank.relevance import _candidates, default_sources, split_questions
+        from ragsieve.rerank.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
         from ragsieve.prompts import load_qa_prompts
         from ragsieve.prompts.builder import PromptBuilder
 
@@ -243,15 +250,16 @@ class RerankAlignExperiment:
         # the held-out half of the distractor sample (the base reranker trained on the other half)
         hotpot_source = cfg.base.sources.get("hotpotqa-distractor") or default_sources()["hotpotqa-distractor"]
         _, hotpot_questions = split_questions(hotpot, hotpot_source, cfg.base.seed)
-        sets = {
-            "nq": (nq, held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)[: rc.nq_questions]),
-            "hotpotqa": (hotpot, hotpot_questions[: rc.hotpotqa_questions]),
+        sets = {  # (dataset, questions, how candidates are found)
+            "nq": (nq, held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)[: rc.nq_questions],
+                   retrieved_candidates(cfg.prefs.retriever)),  # same retriever as the preference set
+            "hotpotqa": (hotpot, hotpot_questions[: rc.hotpotqa_questions], CANDIDATES["hotpotqa-distractor"]),
         }
         table2: dict[str, dict[str, float]] = {name: {} for name in rankers}
         correct: dict[tuple[str, str, int], np.ndarray] = {}
         info = {}
-        for set_name, (ds, questions) in sets.items():
-            cands = _candidates(ds, questions, rc.candidates)
+        for set_name, (ds, questions, find_candidates) in sets.items():
+            cands = find_candidates(ds, questions, rc.candidates)
             requests = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions] if set_name == "nq" else []
             slots = []  # (ranker, k, index into requests)
             for rname, ranker in rankers.items():

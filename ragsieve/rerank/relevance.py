@@ -78,7 +78,7 @@ def split_questions(ds: Dataset, source: RelevanceSource, seed: int = 0) -> tupl
 # --- candidate lists per dataset -------------------------------------------------------------
 
 
-def _retrieved(kind: str) -> Callable[[Dataset, Sequence[Question], int], list[list[Passage]]]:
+def retrieved_candidates(kind: str) -> Callable[[Dataset, Sequence[Question], int], list[list[Passage]]]:
     def candidates(ds: Dataset, questions: Sequence[Question], depth: int) -> list[list[Passage]]:
         from ragsieve.retrieve.cached import build_or_load_index
 
@@ -110,9 +110,9 @@ def _fever_documents(ds: Dataset, questions: Sequence[Question], depth: int) -> 
 
 #: dataset → how its candidates are found
 CANDIDATES: dict[str, Callable[[Dataset, Sequence[Question], int], list[list[Passage]]]] = {
-    "nq-oracle": _retrieved("hybrid"),
+    "nq-oracle": retrieved_candidates("hybrid"),
     "hotpotqa-distractor": _hotpot_paragraphs,
-    "bioasq": _retrieved("bm25"),
+    "bioasq": retrieved_candidates("bm25"),
     "fever": _fever_documents,
 }
 
