@@ -113,3 +113,68 @@ def tiny_cross_encoder_dir(tmp_path_factory):
                         intermediate_size=64, num_labels=1)
     BertForSequenceClassification(config).save_pretrained(path)
     return path
+
+
+class LoopbackChatServer:
+    """A real OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1 (not a mock).
+
+    ``reply(body) -> str`` makes each answer. ``fail_next = n`` answers the next n requests
+    with 503; ``answer_limit = n`` answers n more and then stays down (None = always up).
+    ``messages`` are the last user messages of the answered requests, in order.
+    """
+
+    def __init__(self, reply):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.reply, self.calls, self.fail_next, self.answer_limit = reply, [], 0, None
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server API)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if owner.fail_next > 0 or owner.answer_limit == 0:
+                    owner.fail_next = max(owner.fail_next - 1, 0)
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                if owner.answer_limit is not None:
+                    owner.answer_limit -= 1
+                owner.calls.append(body)
+                message = {"role": "assistant", "content": owner.reply(body)}
+                data = json.dumps({"choices": [{"message": message}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    @property
+    def messages(self) -> list[str]:
+        return [c["messages"][-1]["content"] for c in self.calls]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def chat_server_factory():
+    """``make(reply)`` starts a :class:`LoopbackChatServer`; all are shut down after the test."""
+    servers = []
+
+    def make(reply) -> LoopbackChatServer:
+        servers.append(LoopbackChatServer(reply))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()

@@ -7,8 +7,6 @@ shared); the one ``integration`` test loads the real SmolLM2.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -269,41 +267,14 @@ def test_threshold_baselines_cosine_and_cross_encoder(tmp_path):
 # -- LLM judge against a real HTTP server on loopback --------------------------------------------
 
 
-class _JudgeHandler(BaseHTTPRequestHandler):
-    calls: list[str] = []
-    answer_before_failing = 10**9
-
-    def do_POST(self):  # noqa: N802 (http.server API)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        message = body["messages"][-1]["content"]
-        cls = type(self)
-        if cls.answer_before_failing <= 0:
-            self.send_response(503)
-            self.end_headers()
-            return
-        cls.answer_before_failing -= 1
-        cls.calls.append(message)
-        document = message.split("DOCUMENT:\n", 1)[1]
-        content = "Yes, it is." if document.startswith("relevant") else "No." if document.startswith("off") else "Hmm?"
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def _judge_reply(body) -> str:
+    document = body["messages"][-1]["content"].split("DOCUMENT:\n", 1)[1]
+    return "Yes, it is." if document.startswith("relevant") else "No." if document.startswith("off") else "Hmm?"
 
 
 @pytest.fixture
-def judge_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _JudgeHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _JudgeHandler.calls = []
-    _JudgeHandler.answer_before_failing = 10**9
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+def judge_server(chat_server_factory):
+    return chat_server_factory(_judge_reply)
 
 
 def test_judge_labels_survive_an_endpoint_outage_and_resume(judge_server, tmp_path):
@@ -315,24 +286,24 @@ def test_judge_labels_survive_an_endpoint_outage_and_resume(judge_server, tmp_pa
     pairs = [GradingPair(f"q|p{i}", "s", "q", "who wrote hamlet", f"p{i}", t, i, 0.5, 0, 0)
              for i, t in enumerate(texts)]
     store = tmp_path / "judge.jsonl"
-    llm = OpenAIChatLLM(f"openai:{judge_server}#judge", retries=1, backoff=0.01, timeout=5)
+    llm = OpenAIChatLLM(f"openai:{judge_server.url}#judge", retries=1, backoff=0.01, timeout=5)
 
-    _JudgeHandler.answer_before_failing = 2  # then the endpoint goes down
+    judge_server.answer_limit = 2  # then the endpoint goes down
     with pytest.raises(RagsieveError, match=r"unavailable after 2 tries.*2 label\(s\) are saved in .*rerun to resume"):
         LLMJudge(llm, store).label(pairs)
     assert len(store.read_text().splitlines()) == 2  # nothing answered was lost
 
-    _JudgeHandler.answer_before_failing = 10**9  # back up
+    judge_server.answer_limit = None  # back up
     report = LLMJudge(llm, store).label(pairs)
-    assert len(_JudgeHandler.calls) == 5  # 2 before the outage + only the 3 missing ones
+    assert len(judge_server.calls) == 5  # 2 before the outage + only the 3 missing ones
     assert report.reused == 2 and report.judged == 3
     assert report.labels == {"q|p0": 1, "q|p1": 0, "q|p3": 1, "q|p4": 0}
     assert report.unparseable_ids == ["q|p2"] and report.summary()["unparseable"] == 1
     assert "analyze the DOCUMENT and determine whether it is relevant to answering the QUESTION" in (
-        _JudgeHandler.calls[0].replace("Analyze", "analyze")
+        judge_server.messages[0].replace("Analyze", "analyze")
     )
     LLMJudge(llm, store).label(pairs)  # everything stored: no request at all
-    assert len(_JudgeHandler.calls) == 5
+    assert len(judge_server.calls) == 5
 
 
 def test_experiment_judge_teacher_relabels_and_reports_agreement(judge_server, tmp_path):
@@ -345,7 +316,7 @@ def test_experiment_judge_teacher_relabels_and_reports_agreement(judge_server, t
     gold = [1, 1, 0, 0]
     pairs = [GradingPair(f"q|p{i}", "s", "q", "who", f"p{i}", t, i, 0.5, g, g)
              for i, (t, g) in enumerate(zip(texts, gold))]
-    cfg = GraderExperimentConfig(teacher="judge", judge_llm=f"openai:{judge_server}#judge")
+    cfg = GraderExperimentConfig(teacher="judge", judge_llm=f"openai:{judge_server.url}#judge")
     judged, summary = GraderExperiment()._judge(cfg, pairs, tmp_path, Console(quiet=True))
     assert [(p.id, p.label, p.gold_label) for p in judged] == [("q|p0", 1, 1), ("q|p1", 0, 1), ("q|p3", 0, 0)]
     assert summary["unparseable"] == 1 and summary["dropped_unparseable"] == 1

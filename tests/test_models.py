@@ -1,10 +1,7 @@
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -62,49 +59,19 @@ def test_truncate_tokens(tiny_llm):
     assert same == "fox" and not was_cut
 
 
-class _ChatHandler(BaseHTTPRequestHandler):
-    calls: list[dict] = []
-    fail_first = 0
-
-    def do_POST(self):  # noqa: N802 (http.server API)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).calls.append(body)
-        if type(self).fail_first > 0:
-            type(self).fail_first -= 1
-            self.send_response(503)
-            self.end_headers()
-            return
-        reply = {"choices": [{"message": {"role": "assistant", "content": f" echo: {body['messages'][-1]['content']} "}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def chat_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _ChatHandler.calls = []
-    _ChatHandler.fail_first = 0
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+def chat_server(chat_server_factory):
+    return chat_server_factory(lambda body: f" echo: {body['messages'][-1]['content']} ")
 
 
 def test_openai_client_against_real_http_server(chat_server):
-    _ChatHandler.fail_first = 1  # first request gets a 503: the client must retry
-    llm = load_llm(f"openai:{chat_server}#tiny")
+    chat_server.fail_next = 1  # first request gets a 503: the client must retry
+    llm = load_llm(f"openai:{chat_server.url}#tiny")
     assert isinstance(llm, OpenAIChatLLM)
     llm.backoff = 0.01
     out = llm.generate(["hi", "there"], system="sys", max_new_tokens=5)
     assert out == ["echo: hi", "echo: there"]
-    last = _ChatHandler.calls[-1]
+    last = chat_server.calls[-1]
     assert last["model"] == "tiny" and last["max_tokens"] == 5 and last["temperature"] == 0.0
     assert last["messages"][0] == {"role": "system", "content": "sys"}
 
