@@ -8,6 +8,7 @@ above zero; those are the only ones returned, so a search can yield fewer than `
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -19,6 +20,9 @@ from ragsieve.retrieve.base import Hit, Retriever, _check_dir, _load_passages, c
 
 if TYPE_CHECKING:
     import bm25s
+
+# bm25s sets its own logger to DEBUG, which floods the console once per reranked query
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 _CONFIG_FILE = "bm25.json"
 _STOPWORDS = "en"
