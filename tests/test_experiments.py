@@ -75,6 +75,8 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert set(result["table2"]["aligned"]) == {"nq_top1", "nq_top3", "hotpotqa_top1", "hotpotqa_top3"}
     assert {(r["beta"], r["top_k"]) for r in result["table3"]} == {(b, k) for b in (0.0, 0.9, 0.95, 0.98) for k in (1, 3)}
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
+    assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
+    assert (tmp_path / "align" / "cbdr_aligned.png").stat().st_size > 0
     # a rerun trains nothing and answers nothing again
     stamp = (tmp_path / "align" / "model" / "ragsieve_aligned.json").stat().st_mtime_ns
     n_gen = len((tmp_path / "align" / "generations_nq.jsonl").read_text().splitlines())

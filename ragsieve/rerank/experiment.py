@@ -208,6 +208,7 @@ class RerankAlignExperiment:
             "config": cfg.model_dump(),
         }
         (out_dir / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+        plot_tables(result, out_dir)
         return result
 
     @staticmethod
@@ -313,3 +314,28 @@ def preference_ranking_queries(records, shifts_path: Path) -> list[RankingQuery]
         queries.append(RankingQuery(r.query_id, r.query, tuple(Passage(pid, texts[pid]) for pid in ids),
                                     frozenset(r.pos_ids)))
     return queries
+
+
+def plot_tables(result: dict, out_dir: Path) -> None:
+    """``rag_accuracy.png`` (Table 2 as grouped bars) and ``cbdr_aligned.png`` (Table 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ragsieve.gate.experiment import plot_sweep
+
+    table2 = result["table2"]
+    columns = list(next(iter(table2.values())))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(table2)
+    for i, (name, row) in enumerate(table2.items()):
+        ax.bar(np.arange(len(columns)) + i * width, [row[c] for c in columns], width, label=name)
+    ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns)
+    ax.set_ylabel("containment accuracy")
+    ax.set_title("RAG accuracy by reranker (SmolLM2-135M)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "rag_accuracy.png", dpi=120)
+    plt.close(fig)
+    plot_sweep(result["table3"], out_dir / "cbdr_aligned.png", result["rag"]["nq"]["closed_book_accuracy"])
