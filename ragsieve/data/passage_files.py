@@ -10,8 +10,9 @@ from ragsieve.errors import DataError
 
 
 def read_passages_file(path: str | Path) -> list[Passage]:
-    """``.jsonl`` rows with ``text`` (or ``passage``) and optional ``title`` / ``id``, or any other
-    file as plain text with one passage per line (blank lines skipped). An empty file gives [].
+    """``.jsonl`` (or ``.jsonl.gz``) rows with ``text`` (or ``passage``) and optional ``title`` /
+    ``id``, or a ``.txt`` file with one passage per line (blank lines skipped). An empty file gives [].
+    Other suffixes are refused rather than guessed: a CSV read as text would grade its header row.
 
     Example::
 
@@ -20,7 +21,10 @@ def read_passages_file(path: str | Path) -> list[Passage]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: passages file not found")
-    if path.suffix not in (".jsonl", ".gz"):
+    name = path.name.lower()
+    if not name.endswith((".jsonl", ".jsonl.gz", ".txt")):
+        raise DataError(f"{path}: passages must be .jsonl or .txt (one passage per line)")
+    if name.endswith(".txt"):
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
         return [Passage(str(i), line) for i, line in enumerate(line for line in lines if line)]
     passages = []
