@@ -73,7 +73,15 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert set(result["table1"]) == rankers and set(result["table1"]["aligned"]) >= {"P@1", "R@5", "MRR@3"}
     assert set(result["table2"]) == rankers | {"retriever"}
     assert set(result["table2"]["aligned"]) == {"nq_top1", "nq_top3", "hotpotqa_top1", "hotpotqa_top3"}
-    assert {(r["beta"], r["top_k"]) for r in result["table3"]} == {(b, k) for b in (0.0, 0.9, 0.95, 0.98) for k in (1, 3)}
+    fixed = [r for r in result["table3"] if "beta_quantile" not in r]
+    assert {(r["beta"], r["top_k"]) for r in fixed} == {(b, k) for b in (0.0, 0.9, 0.95, 0.98) for k in (1, 3)}
+    by_quantile = sorted((r for r in result["table3"] if "beta_quantile" in r), key=lambda r: r["beta_quantile"])
+    assert len(by_quantile) == 8 and all(0.0 <= r["rr"] <= 1.0 for r in by_quantile)
+    # a higher β retrieves at least as often
+    top1 = [r["rr"] for r in by_quantile if r["top_k"] == 1]
+    assert top1 == sorted(top1)
+    gold_at_1 = result["rag"]["nq"]["gold_at_1"]
+    assert set(gold_at_1) == rankers | {"retriever"} and all(0.0 <= v <= 1.0 for v in gold_at_1.values())
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
     assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
     assert (tmp_path / "align" / "cbdr_aligned.png").stat().st_size > 0

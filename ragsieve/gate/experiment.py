@@ -129,7 +129,7 @@ def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float) -> No
         rows = sorted((r for r in sweep if r["top_k"] == k), key=lambda r: r["rr"])
         ax.plot([r["rr"] * 100 for r in rows], [r["accuracy"] * 100 for r in rows], marker="o", label=f"top-{k}")
         for r in rows:
-            ax.annotate(f"{r['beta']:g}", (r["rr"] * 100, r["accuracy"] * 100), fontsize=7,
+            ax.annotate(f"{r['beta']:.2g}", (r["rr"] * 100, r["accuracy"] * 100), fontsize=7,
                         textcoords="offset points", xytext=(3, 3))
     ax.axhline(closed_book_accuracy * 100, color="grey", linestyle=":", label="closed-book")
     ax.set_xlabel("retrieval rate RR (%)")

@@ -137,6 +137,9 @@ class RerankAlignConfig(StrictConfig):
     table1_ks: list[int] = [1, 3, 5]
     rag: RAGEvalConfig = Field(default_factory=RAGEvalConfig)
     betas: list[float] = [0.0, 0.9, 0.95, 0.98]
+    # The paper's β grid assumes a 7B model's confidence; a small LLM's Conf(Q) can sit far below
+    # 0.9, so Table 3 also sweeps β at these quantiles of the observed Conf(Q).
+    beta_quantiles: list[float] = [0.25, 0.5, 0.75, 0.9]
     encoder: str = DEFAULT_ENCODER
 
     @field_validator("train")
@@ -263,12 +266,16 @@ class RerankAlignExperiment:
             cands = find_candidates(ds, questions, rc.candidates)
             requests = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions] if set_name == "nq" else []
             slots = []  # (ranker, k, index into requests)
+            gold_at_1: dict[str, float] = {}  # why a ranker helps or hurts: does it put the gold passage first?
             for rname, ranker in rankers.items():
+                firsts = []
                 for q, cand in zip(questions, cands):
                     ranked = ranker.rank(q.text, cand).passages()
+                    firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
                     for k in rc.top_ks:
                         slots.append((rname, k, len(requests)))
                         requests.append(LabelRequest(q.id, q.text, q.answers, "rag", ranked[:k]))
+                gold_at_1[rname] = float(np.mean(firsts))
             with progress_bar(console) as bar:
                 task = bar.add_task(f"answer {set_name} ({len(requests)} requests, duplicates answered once)",
                                     total=len(requests))
@@ -288,13 +295,18 @@ class RerankAlignExperiment:
                 "unique_generations": len({r.key for r in requests}),
                 "gold_in_candidates": float(np.mean([bool(set(q.gold_passage_ids) & {p.id for p in c})
                                                      for q, c in zip(questions, cands)])),
+                "gold_at_1": gold_at_1,
             }
         # Table 3: Conf(Q) from the probe gates the aligned reranker's answers.
         nq_questions = sets["nq"][1]
         probe = ConfidenceProbe.load(cfg.prefs.probe, llm, cache=StateCache(cache_dir() / "states.sqlite"))
         conf_q = probe.score_batch([q.text for q in nq_questions])
         closed = correct[("nq", "closed", 0)]
-        table3 = sweep_cbdr(conf_q, closed, {k: correct[("nq", "aligned", k)] for k in rc.top_ks}, cfg.betas)
+        aligned_correct = {k: correct[("nq", "aligned", k)] for k in rc.top_ks}
+        table3 = sweep_cbdr(conf_q, closed, aligned_correct, cfg.betas)
+        for q in cfg.beta_quantiles:
+            for row in sweep_cbdr(conf_q, closed, aligned_correct, [float(np.quantile(conf_q, q))]):
+                table3.append({**row, "beta_quantile": q})
         info["nq"]["closed_book_accuracy"] = float(closed.mean())
         info["nq"]["conf_q_quantiles"] = {str(p): float(np.quantile(conf_q, p)) for p in (0.1, 0.5, 0.9)}
         console.print(metrics_table("Table 2: RAG accuracy (containment)", table2, list(next(iter(table2.values())))))
