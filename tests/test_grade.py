@@ -371,6 +371,7 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
         "configs": {"prompted": {"kind": "prompted"}, "A": {"kind": "generative"},
                     "B": {"kind": "head", "train": {"lr": 1e-3, "epochs": 1}}, "C": {"kind": "classifier"}},
         "lora_grid": {"ranks": [2], "alphas": [4, 8]},
+        "samplings": ["none", "oversample"],
         "save_models": ["C"],
         "cosine_baseline": False,  # covered by its own test; MiniLM costs ~10 s here
     }
@@ -379,11 +380,14 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
     console = Console(quiet=True)
     metrics = GraderExperiment().run(cfg, out, console)
 
-    names = {"prompted", "A", "B", "C", "B+contrastive", "C+contrastive", "lora_r2_a4", "lora_r2_a8"}
+    names = {"prompted", "A", "B", "C", "B+contrastive", "C+contrastive", "C+oversample", "lora_r2_a4", "lora_r2_a8"}
     assert set(metrics["configs"]) == names
     for m in metrics["configs"].values():
         assert {"accuracy", "precision", "recall", "f1"} <= set(m)
     assert set(metrics["loss_comparison"]["C"]) == {"cross_entropy", "contrastive"}
+    sampling = metrics["sampling_comparison"]["C"]
+    assert sampling["none"] == {k: metrics["configs"]["C"][k] for k in ("accuracy", "precision", "recall", "f1")}
+    assert sampling["oversample"]["f1"] == metrics["configs"]["C+oversample"]["f1"]
     assert [(r["rank"], r["alpha"]) for r in metrics["lora_grid"]] == [(2, 4), (2, 8)]
     assert metrics["label_skew"]["pairs"] == 75 and metrics["target"]["config"] == "C"
     assert all((out / "confusion" / f"{n}.png").stat().st_size > 0 for n in names)
@@ -413,6 +417,9 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
         build_config(GraderExperimentConfig, {**params, "configs": {"C": {"kind": "classifier", "train": {"lrr": 1}}}})
     bad = build_config(GraderExperimentConfig, {**params, "loss_comparison": ["Z"]})
     with pytest.raises(RagsieveError, match="loss_comparison names 'Z'"):
+        GraderExperiment().run(bad, tmp_path / "bad", console)
+    bad = build_config(GraderExperimentConfig, {**params, "sampling_comparison": ["prompted"]})
+    with pytest.raises(RagsieveError, match="sampling_comparison: 'prompted' is the prompted baseline"):
         GraderExperiment().run(bad, tmp_path / "bad", console)
 
 

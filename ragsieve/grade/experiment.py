@@ -90,6 +90,9 @@ class GraderExperimentConfig(StrictConfig):
     # Each listed config is also trained with every other loss in `losses`.
     loss_comparison: list[str] = ["B", "C"]
     losses: list[Literal["cross_entropy", "contrastive"]] = ["cross_entropy", "contrastive"]
+    # ... and with every other skew handling in `samplings` (the labels are ~30 % relevant).
+    sampling_comparison: list[str] = ["C"]
+    samplings: list[Literal["none", "oversample", "undersample"]] = ["none", "oversample", "undersample"]
     lora_grid: LoraGridConfig | None = LoraGridConfig()
     cosine_baseline: bool = True
     encoder: str = DEFAULT_ENCODER  # for the cosine baseline and the histogram
@@ -127,17 +130,19 @@ def plan_jobs(cfg: GraderExperimentConfig) -> list[Job]:
     jobs: dict[str, Job] = {}
     for name, spec in cfg.configs.items():
         jobs[name] = Job(name, spec.kind, merged(spec.train), spec.lora_r, spec.lora_alpha)
-    for name in cfg.loss_comparison:
-        if name not in jobs:
-            raise RagsieveError(f"loss_comparison names '{name}', which is not in configs ({', '.join(jobs)})")
-        base = jobs[name]
-        if base.kind == "prompted":
-            raise RagsieveError(f"loss_comparison: '{name}' is the prompted baseline; it has no loss")
-        for loss in cfg.losses:
-            if loss != base.train.loss:
-                twin = f"{name}+{loss}"
-                train = base.train.model_copy(update={"loss": loss})
-                jobs[twin] = Job(twin, base.kind, train, base.lora_r, base.lora_alpha)
+    for field, names, values in (("loss", cfg.loss_comparison, cfg.losses),
+                                 ("sampling", cfg.sampling_comparison, cfg.samplings)):
+        for name in names:
+            if name not in cfg.configs:
+                raise RagsieveError(f"{field}_comparison names '{name}', which is not in configs ({', '.join(cfg.configs)})")
+            base = jobs[name]
+            if base.kind == "prompted":
+                raise RagsieveError(f"{field}_comparison: '{name}' is the prompted baseline; it is not trained")
+            for value in values:
+                if value != getattr(base.train, field):
+                    twin = f"{name}+{value}"
+                    train = base.train.model_copy(update={field: value})
+                    jobs[twin] = Job(twin, base.kind, train, base.lora_r, base.lora_alpha)
     if cfg.lora_grid:
         for r in cfg.lora_grid.ranks:
             for a in cfg.lora_grid.alphas:
@@ -206,7 +211,8 @@ class GraderExperiment:
 
         out = {
             "configs": results,
-            "loss_comparison": _loss_comparison(cfg, jobs, results),
+            "loss_comparison": _comparison(jobs, results, "loss", cfg.loss_comparison, cfg.losses),
+            "sampling_comparison": _comparison(jobs, results, "sampling", cfg.sampling_comparison, cfg.samplings),
             "lora_grid": [
                 {"rank": j.lora_r, "alpha": j.lora_alpha, **_headline(results[j.name])}
                 for j in jobs if j.name.startswith("lora_r")
@@ -433,12 +439,12 @@ class _Runner:
             grader.save(self.out_dir / "models" / name)
 
 
-def _loss_comparison(cfg: GraderExperimentConfig, jobs: list[Job], results: dict[str, dict]) -> dict:
-    """``{config: {loss: headline metrics}}``; the config itself stands for its own loss."""
-    loss_of = {j.name: j.train.loss for j in jobs}
+def _comparison(jobs: list[Job], results: dict[str, dict], field: str, names: list[str], values: list[str]) -> dict:
+    """``{config: {value: headline metrics}}`` for one training field (``loss``, ``sampling``);
+    the config itself stands for its own value, its twins ``<config>+<value>`` for the others."""
+    own = {j.name: getattr(j.train, field) for j in jobs}
     return {
-        name: {loss: _headline(results[name if loss == loss_of[name] else f"{name}+{loss}"]) for loss in cfg.losses}
-        for name in cfg.loss_comparison
+        name: {v: _headline(results[name if v == own[name] else f"{name}+{v}"]) for v in values} for name in names
     }
 
 
