@@ -279,3 +279,19 @@ def test_docstring_examples():
     for module in (ranking, classification, qa, calibration):
         result = doctest.testmod(module)
         assert result.failed == 0, module.__name__
+
+
+def test_accuracy_interval_is_wilson_and_rejects_bad_counts():
+    from ragsieve.eval import accuracy_interval
+
+    lo, hi = accuracy_interval(20, 24)
+    # Wilson by hand: centre (p + z²/2n) / (1 + z²/n), half-width z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)
+    z, n, p = 1.959963984540054, 24, 20 / 24
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert lo == pytest.approx(centre - half) and hi == pytest.approx(centre + half)
+    assert accuracy_interval(0, 5)[0] == 0.0 and accuracy_interval(5, 5)[1] == pytest.approx(1.0)
+    with pytest.raises(DataError, match="at least one"):
+        accuracy_interval(0, 0)
+    with pytest.raises(DataError, match="correct must lie"):
+        accuracy_interval(6, 5)

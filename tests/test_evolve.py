@@ -477,6 +477,7 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
         assert key in metrics
     curve = metrics["by_dataset"]["pubmedqa"]["replay-dpo"]
     assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
+    assert all(lo <= r["accuracy"] <= hi for r in curve for lo, hi in [r["accuracy_ci95"]])
     assert set(metrics["alpha_sweep"]["pubmedqa"]) == {"0.5", "0.7", "1"}
     assert set(metrics["ablation"]["pubmedqa"]) == {"cautious-dpo", "no-gating", "no-jury"}
     assert metrics["pseudo_label_accuracy"]["pubmedqa"]["cautious-dpo"][0]["round"] == 1

@@ -13,6 +13,7 @@ from ragsieve.eval.calibration import (
     reliability_bins,
 )
 from ragsieve.eval.classification import (
+    accuracy_interval,
     best_threshold,
     classification_metrics,
     plot_confusion_matrix,
@@ -23,6 +24,7 @@ from ragsieve.eval.ranking import RANX_METRICS, ranking_metrics, run_from_rankin
 __all__ = [
     "RANX_METRICS",
     "ReliabilityBin",
+    "accuracy_interval",
     "best_threshold",
     "classification_metrics",
     "contains_answer",

@@ -336,8 +336,16 @@ class EvolveExperiment:
 
     # -- aggregation --------------------------------------------------------------
     def _aggregate(self, cfg, cells, out_dir: Path, sizes, m0_info) -> dict:
+        from ragsieve.eval.classification import accuracy_interval
+
         def curve(result: dict) -> list[dict]:
-            return [{"round": r["round"], "accuracy": r["accuracy"], "f1": r["f1"], "n": r["n"]} for r in result["rounds"]]
+            # The 95 % interval says which round-to-round and method differences are noise.
+            return [
+                {"round": r["round"], "accuracy": r["accuracy"], "f1": r["f1"], "n": r["n"],
+                 "accuracy_ci95": [round(x, 4) for x in accuracy_interval(round(r["accuracy"] * r["n"]), r["n"])],
+                 "positive_rate": r.get("positive_rate")}
+                for r in result["rounds"]
+            ]
 
         results = {}
         for cell in cells:
