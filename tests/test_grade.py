@@ -401,7 +401,24 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
 
     monkeypatch.setattr(experiment_module._Runner, "_lm", no_training)
     monkeypatch.setattr(experiment_module._Runner, "_head", no_training)
+    from ragsieve.grade import dataset as dataset_module
+
+    real_build = dataset_module.build_grading_pairs
+    def no_retrieval(*args, **kwargs):
+        raise AssertionError("the stored pairs.jsonl should have been reused")
+
+    monkeypatch.setattr(dataset_module, "build_grading_pairs", no_retrieval)
     assert GraderExperiment().run(cfg, out, console)["configs"] == metrics["configs"]
+    # other data settings → the pairs are rebuilt, not reused
+    built = []
+    monkeypatch.setattr(dataset_module, "build_grading_pairs", lambda c, **k: built.append(c) or real_build(c, **k))
+    changed = build_config(GraderExperimentConfig, {**params, "data": {**params["data"], "queries_per_source": 4}})
+    other = tmp_path / "changed"
+    other.mkdir()
+    for name in ("pairs.jsonl", "pairs.json"):
+        (other / name).write_bytes((out / name).read_bytes())
+    pairs, _ = GraderExperiment()._pairs(changed, other, console)
+    assert len(built) == 1 and len(pairs) == 3 * 4 * 5
     # ... and a changed config reruns only itself.
     (out / "configs" / "lora_r2_a8.json").unlink()
     calls = []

@@ -169,18 +169,11 @@ class GraderExperiment:
     Config = GraderExperimentConfig
 
     def run(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console) -> dict:
-        from ragsieve.grade.dataset import (
-            assign_splits, build_grading_pairs, label_skew, plot_score_histogram, write_grading_pairs,
-        )
+        from ragsieve.grade.dataset import label_skew, plot_score_histogram
 
         t0 = time.perf_counter()
         jobs = plan_jobs(cfg)  # fail on a bad config before any work
-        pairs = build_grading_pairs(cfg.data, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
-        teacher = {"teacher": "gold"}
-        if cfg.teacher == "judge":
-            pairs, teacher = self._judge(cfg, pairs, out_dir, console)
-        pairs = assign_splits(pairs, cfg.data.test_fraction, cfg.data.seed)
-        write_grading_pairs(out_dir / "pairs.jsonl", pairs)
+        pairs, teacher = self._pairs(cfg, out_dir, console)
         train = _Split([p for p in pairs if p.split == "train"])
         test = _Split([p for p in pairs if p.split == "test"])
         if len(set(train.labels.tolist())) < 2 or len(test.pairs) == 0:
@@ -232,6 +225,28 @@ class GraderExperiment:
         _print_table(console, results, test)
         console.print(f"wrote {out_dir / 'metrics.json'} in {out['seconds']:.0f}s")
         return out
+
+    def _pairs(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console) -> tuple[list[GradingPair], dict]:
+        """The labelled, split pairs: read back from ``pairs.jsonl`` when its card shows the same
+        data and teacher settings, else retrieved, labelled and split anew (BioASQ's dense index
+        alone is ≈ 20 min on one thread, and a judge's labels cost far more)."""
+        from ragsieve.grade.dataset import assign_splits, build_grading_pairs, read_grading_pairs, write_grading_pairs
+
+        pairs_file, card_file = out_dir / "pairs.jsonl", out_dir / "pairs.json"
+        settings = {"data": cfg.data.model_dump(), "teacher": cfg.teacher, "judge_llm": cfg.judge_llm}
+        if pairs_file.is_file() and card_file.is_file():
+            card = json.loads(card_file.read_text())
+            if card.get("settings") == settings:
+                console.print(f"[dim]reusing {pairs_file} (same data and teacher settings)[/]")
+                return read_grading_pairs(pairs_file), card["teacher"]
+        pairs = build_grading_pairs(cfg.data, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+        teacher = {"teacher": "gold"}
+        if cfg.teacher == "judge":
+            pairs, teacher = self._judge(cfg, pairs, out_dir, console)
+        pairs = assign_splits(pairs, cfg.data.test_fraction, cfg.data.seed)
+        write_grading_pairs(pairs_file, pairs)
+        card_file.write_text(json.dumps({"settings": settings, "teacher": teacher}, indent=1) + "\n")
+        return pairs, teacher
 
     def _judge(
         self, cfg: GraderExperimentConfig, pairs: list[GradingPair], out_dir: Path, console: Console
