@@ -281,6 +281,33 @@ def test_cautious_labels_gate_vote_skip_ties_and_ablations():
     assert ("ex001", 1, "gold") in {(pr.example.id, pr.label, pr.source) for pr in fed.pairs}
 
 
+def test_balanced_acceptance_stops_a_one_verdict_round_and_keeps_the_prior():
+    import doctest
+
+    from ragsieve.evolve import methods
+    from ragsieve.evolve.methods import MethodConfig, Pair, build_method
+
+    assert doctest.testmod(methods).failed == 0
+    items = synthetic_examples(6)
+    history = [Pair(x, x.label, "gold", 0) for x in synthetic_examples(4)]  # prior 0.5
+    balanced = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, jury=False, balance=True))
+    # an over-confident model that says "true" to everything: no pairs rather than a constant classifier
+    p = np.full(6, 0.99)
+    out = balanced.label(items, VerdictScores(np.log(p), np.log(1 - p)), 2, {}, history)
+    assert out.pairs == [] and out.stats["dropped_for_balance"] == 6
+    # four confident 1s, two confident 0s → the two most confident 1s and both 0s
+    p = np.array([0.99, 0.93, 0.97, 0.02, 0.95, 0.05])
+    out = balanced.label(items, VerdictScores(np.log(p), np.log(1 - p)), 2, {}, history)
+    assert {(pr.example.id, pr.label) for pr in out.pairs} == {("ex000", 1), ("ex002", 1), ("ex003", 0), ("ex005", 0)}
+    # gold feedback is never dropped, and a skewed gold prior keeps a skewed share
+    out = balanced.label(items, VerdictScores(np.log(p), np.log(1 - p)), 2, {"ex001": 1}, history)
+    assert ("ex001", 1, "gold") in {(pr.example.id, pr.label, pr.source) for pr in out.pairs}
+    skewed = [Pair(x, 1, "gold", 0) for x in synthetic_examples(3)] + [Pair(synthetic_examples(4)[3], 0, "gold", 0)]
+    out = balanced.label(items, VerdictScores(np.log(p), np.log(1 - p)), 2, {}, skewed)  # prior 0.75
+    assert sorted(pr.label for pr in out.pairs) == [0, 1, 1, 1, 1]  # 4 : 1, the most confident 0 (ex003)
+    assert ("ex003", 0) in {(pr.example.id, pr.label) for pr in out.pairs}
+
+
 def test_judge_specs_factory_and_calibration():
     from ragsieve.evolve.judges import JUDGES, CrossEncoderJudge, EndpointJudge, JudgeSpec, build_judges
 
@@ -417,7 +444,7 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path):
         return result.output
 
     invoke("init", "--store", store, "--dataset", "pubmedqa", "--llm", tiny_llm_dir, "--initial-size", 8,
-           "--round-size", 4, "--rounds", 2, "--judge", "reranker:bm25", "--max-prompt-tokens", 300)
+           "--round-size", 4, "--rounds", 2, "--judge", "reranker:bm25", "--max-prompt-tokens", 300, "--balance")
     assert "round 0 (sft)" in invoke("step", "--store", store)
     assert "round 1 (cautious)" in invoke("step", "--store", store)
     s = EvolveStore(store)
@@ -479,7 +506,7 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
     assert all(lo <= r["accuracy"] <= hi for r in curve for lo, hi in [r["accuracy_ci95"]])
     assert set(metrics["alpha_sweep"]["pubmedqa"]) == {"0.5", "0.7", "1"}
-    assert set(metrics["ablation"]["pubmedqa"]) == {"cautious-dpo", "no-gating", "no-jury"}
+    assert set(metrics["ablation"]["pubmedqa"]) == {"cautious-dpo", "no-gating", "no-jury", "balanced"}
     assert metrics["pseudo_label_accuracy"]["pubmedqa"]["cautious-dpo"][0]["round"] == 1
     assert {"sft-only", "replay-dpo", "gold-support", "closed-book"} <= set(metrics["downstream"])
     assert metrics["downstream"]["dpo"]["n"] == 2

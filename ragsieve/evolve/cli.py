@@ -43,6 +43,7 @@ def init_cmd(
     rounds: int = typer.Option(4, help="Queued rounds."),
     judge: Optional[list[str]] = typer.Option(None, "--judge", help="Judge spec kind:model (repeatable)."),
     tau: float = typer.Option(0.9, help="CautiousDPO confidence gate."),
+    balance: bool = typer.Option(False, help="CautiousDPO: keep accepted labels in the gold label prior (collapse guard)."),
     alpha: float = typer.Option(0.7, help="Share of new pairs in a round's training set (replay)."),
     max_prompt_tokens: int = typer.Option(320, help="Prompt budget; the passage field is cut to fit."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),
@@ -55,7 +56,7 @@ def init_cmd(
 
     data = {
         "llm": llm, "template": dataset, "max_prompt_tokens": max_prompt_tokens,
-        "method": MethodConfig(kind="cautious-dpo", alpha=alpha, tau=tau).model_dump(),
+        "method": MethodConfig(kind="cautious-dpo", alpha=alpha, tau=tau, balance=balance).model_dump(),
         "feedback_method": MethodConfig(kind="replay-dpo", alpha=alpha).model_dump(),
         "judges": list(judge or []),
     }

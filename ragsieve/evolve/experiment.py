@@ -38,7 +38,8 @@ from ragsieve.models.specs import DEFAULT_LLM
 
 DOWNSTREAM_DATASET = "hotpotqa-distractor"
 MAIN_METHODS = ("sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo")
-ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}}
+# CautiousDPO variants run on `ablation_datasets`: two ablations and the collapse guard.
+ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanced": {"balance": True}}
 
 
 class RoundSizes(StrictConfig):
@@ -447,6 +448,14 @@ def plot_accuracy_by_round(by_method: dict, path: Path, title: str) -> Path | No
     ax = fig.add_subplot()
     for method, curve in by_method.items():
         ax.plot([r["round"] for r in curve], [r["accuracy"] for r in curve], marker="o", label=method)
+    # One grey band: the 95 % interval of a chance-level accuracy at this round size,
+    # i.e. how far apart two methods must be before the gap means anything.
+    n = min(r["n"] for c in by_method.values() for r in c)
+    if n > 0:
+        from ragsieve.eval.classification import accuracy_interval
+
+        lo, hi = accuracy_interval(n // 2, n)
+        ax.axhspan(lo, hi, color="grey", alpha=0.15, label=f"95 % CI of 50 % at n={n}")
     ax.set_xlabel("round t (M_{t-1} evaluated on D_t)")
     ax.set_ylabel("accuracy")
     ax.set_xticks(sorted({r["round"] for c in by_method.values() for r in c}))

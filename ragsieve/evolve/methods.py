@@ -19,6 +19,12 @@ name               objective   training set of round t
 
 CautiousDPO ablations: ``gating: false`` sends every example to the vote (no confidence
 gate); ``jury: false`` keeps only the confident self-labels (no multi-judge vote).
+``balance: true`` guards against self-training collapse: once DPO has made M_{t-1}
+over-confident it may pass the gate on every example with one verdict, and training on those
+labels entrenches a constant classifier. Balanced acceptance keeps the accepted labels in the
+label prior of the gold pairs seen so far (0.5 if none), dropping the least confident surplus of
+the over-represented verdict; a round whose accepted labels are all one verdict adds no pairs
+(class-balanced self-training, as in CBST, Zou et al. 2018).
 A pair is (prompt, chosen = label word of the accepted label, rejected = the other word).
 Replay keeps every new pair and adds ``round(n_new * (1 - alpha) / alpha)`` pairs drawn
 without replacement from all earlier rounds (round 0 = the gold SFT set).
@@ -79,6 +85,7 @@ class MethodConfig(StrictConfig):
     tau: float = 0.9  # CautiousDPO confidence gate
     gating: bool = True  # ablation: False = every example goes to the vote
     jury: bool = True  # ablation: False = confident self-labels only
+    balance: bool = False  # keep accepted labels in the gold label prior (collapse guard)
 
 
 class EvolveMethod(ABC):
@@ -99,7 +106,8 @@ class EvolveMethod(ABC):
         return self.config.alpha if self.replays else 1.0
 
     def label(
-        self, examples: Sequence[VerdictExample], verdicts: VerdictScores, round_id: int, labels: Mapping[str, int]
+        self, examples: Sequence[VerdictExample], verdicts: VerdictScores, round_id: int, labels: Mapping[str, int],
+        history: Sequence[Pair] = (),
     ) -> LabelOutcome:
         """Default: the labels the method may see (gold / feedback); unlabelled examples are skipped."""
         pairs = [Pair(x, int(labels[x.id]), "gold", round_id) for x in examples if x.id in labels]
@@ -112,7 +120,7 @@ class EvolveMethod(ABC):
 class SFTOnly(EvolveMethod):
     objective = "none"
 
-    def label(self, examples, verdicts, round_id, labels):
+    def label(self, examples, verdicts, round_id, labels, history=()):
         return LabelOutcome([], {"n": len(examples), "accepted": 0})
 
 
@@ -136,7 +144,7 @@ class CautiousDPO(EvolveMethod):
     replays = True
     uses_gold = False
 
-    def label(self, examples, verdicts, round_id, labels):
+    def label(self, examples, verdicts, round_id, labels, history=()):
         cfg = self.config
         confident = verdicts.confidence >= cfg.tau if cfg.gating else np.zeros(len(examples), dtype=bool)
         own = verdicts.predictions
@@ -160,8 +168,38 @@ class CautiousDPO(EvolveMethod):
                     ties += 1
                     continue
                 decided[i] = (int(2 * yes > len(votes)), "jury")
+        dropped = 0
+        if cfg.balance:
+            gold = [p.label for p in history if p.source == "gold"]
+            kept = balanced_acceptance(decided, verdicts.confidence, float(np.mean(gold)) if gold else 0.5)
+            dropped, decided = len(decided) - len(kept), kept
         pairs = [Pair(examples[i], lab, src, round_id) for i, (lab, src) in sorted(decided.items())]
-        return LabelOutcome(pairs, pseudo_label_stats(examples, decided, ties))
+        stats = pseudo_label_stats(examples, decided, ties)
+        if cfg.balance:
+            stats["dropped_for_balance"] = dropped
+        return LabelOutcome(pairs, stats)
+
+
+def balanced_acceptance(
+    decided: Mapping[int, tuple[int, str]], confidence: np.ndarray, prior: float
+) -> dict[int, tuple[int, str]]:
+    """Keep the guessed labels in proportion ``prior`` : ``1 - prior`` (label 1 : label 0).
+
+    Gold feedback is always kept. Among guesses, the largest set in that proportion is
+    kept, the most confident of each label first; guesses of only one label keep none.
+
+    >>> decided = {0: (1, "self"), 1: (1, "self"), 2: (1, "jury"), 3: (0, "jury")}
+    >>> sorted(balanced_acceptance(decided, np.array([0.99, 0.95, 0.6, 0.7]), prior=0.5))
+    [0, 3]
+    """
+    if not 0.0 < prior < 1.0:
+        return {i: d for i, d in decided.items() if d[1] == "gold"}
+    guesses = {lab: sorted((i for i, (l, src) in decided.items() if l == lab and src != "gold"),
+                           key=lambda i: -confidence[i]) for lab in (0, 1)}
+    total = min(len(guesses[1]) / prior, len(guesses[0]) / (1.0 - prior))
+    keep = {1: min(len(guesses[1]), round(total * prior)), 0: min(len(guesses[0]), round(total * (1.0 - prior)))}
+    chosen = {i for lab in (0, 1) for i in guesses[lab][: keep[lab]]}
+    return {i: d for i, d in decided.items() if d[1] == "gold" or i in chosen}
 
 
 def pseudo_label_stats(examples: Sequence[VerdictExample], decided: Mapping[int, tuple[int, str]], ties: int) -> dict:
@@ -263,7 +301,7 @@ def evolve_round(
     t0 = time.perf_counter()
     verdicts = ranker.predict(examples)
     t_eval = time.perf_counter() - t0
-    outcome = method.label(examples, verdicts, round_id, labels)
+    outcome = method.label(examples, verdicts, round_id, labels, history)
     t_label = time.perf_counter() - t0 - t_eval
     rng = random.Random(f"{seed}:{round_id}")
     train_set = method.training_set(outcome.pairs, history, rng)
