@@ -44,7 +44,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--passage-tokens", type=int, default=150)
     parser.add_argument("--max-new-tokens", type=int, default=8, help="the LLM judge's default answer budget")
-    parser.add_argument("--grader", default="results/grader/models/C", help="saved config C; a fresh head if absent")
+    parser.add_argument("--grader", default="results/grader/models/C-long",
+                        help="saved config C (experiments/grader.yaml saves C-long); a fresh head if absent")
     parser.add_argument("--out", default="bench/results/grader.json")
     args = parser.parse_args()
 

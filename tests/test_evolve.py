@@ -478,8 +478,8 @@ def test_full_experiment_config_validates_and_plans_every_cell():
     assert spec["experiment"] == "evolve" and spec["out_dir"] == "results/evolve"
     cfg = build_config(EvolveExperimentConfig, spec["params"])
     names = {(c.dataset, c.name) for c in plan_cells(cfg)}
-    # 6 datasets x 5 methods, + α 0.5/0.6/0.8/0.9 (0.7 = replay-dpo, 1.0 = dpo), + 2 ablations
-    assert len(names) == 30 + 4 + 2
+    # 6 datasets x 5 methods, + α 0.5/0.6/0.8/0.9 (0.7 = replay-dpo, 1.0 = dpo), + 2 ablations + balanced
+    assert len(names) == 30 + 4 + 3
     assert ("bioasq", "replay-dpo@0.5") in names and ("bioasq", "cautious-dpo:no-jury") in names
 
 

@@ -113,7 +113,7 @@ class Grader(ABC):
 
     Example::
 
-        grader = load_grader("results/grader/models/C")
+        grader = load_grader("results/grader/models/C-long")
         for r in grader.grade("who wrote hamlet?", ["Hamlet is by Shakespeare.", "Paris is in France."]):
             print(r.relevant, round(r.score, 3))
     """

@@ -20,7 +20,7 @@ from ragsieve.errors import DataError, RagsieveError
 console = Console()
 err_console = Console(stderr=True)
 
-DEFAULT_GRADER = Path("results/grader/models/C")
+DEFAULT_GRADER = Path("results/grader/models/C-long")
 
 grader_app = typer.Typer(help="Lightweight relevance grader: build data, train, evaluate.", no_args_is_help=True)
 
