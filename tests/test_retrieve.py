@@ -349,3 +349,13 @@ def test_minilm_integration(tmp_path: Path) -> None:
     # the saved index answers the same way, encoder loaded lazily from the spec
     loaded = load_index(tmp_path / "idx")
     assert _ids(loaded.search("Who discovered penicillin?", k=5)) == _ids(hybrid.search("Who discovered penicillin?", k=5))
+
+
+def test_bm25s_logger_stays_quiet_after_its_lazy_import():
+    import logging
+
+    from ragsieve.data.records import Passage
+    from ragsieve.retrieve.bm25 import BM25Retriever
+
+    BM25Retriever.build([Passage("p1", "Fleming discovered penicillin.")]).search("penicillin", k=1)
+    assert logging.getLogger("bm25s").getEffectiveLevel() >= logging.WARNING

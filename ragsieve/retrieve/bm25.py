@@ -21,8 +21,16 @@ from ragsieve.retrieve.base import Hit, Retriever, _check_dir, _load_passages, c
 if TYPE_CHECKING:
     import bm25s
 
-# bm25s sets its own logger to DEBUG, which floods the console once per reranked query
-logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+
+def _bm25s():
+    """``import bm25s``, then quiet it: its ``__init__`` sets its logger to DEBUG, which logs
+    every per-query index build, so the level can only be lowered after the import."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
 
 _CONFIG_FILE = "bm25.json"
 _STOPWORDS = "en"
@@ -69,8 +77,7 @@ class BM25Retriever(Retriever):
 
             bm25 = BM25Retriever.build([Passage("p1", "Fleming discovered penicillin.")])
         """
-        import bm25s
-
+        bm25s = _bm25s()
         passages = check_passages(passages)
         tokens = bm25s.tokenize(
             [p.full_text for p in passages], stopwords=_STOPWORDS, stemmer=_stemmer(), show_progress=False
@@ -80,8 +87,7 @@ class BM25Retriever(Retriever):
         return cls(passages, model, k1=k1, b=b)
 
     def _query_ids(self, query: str) -> list[int]:
-        import bm25s
-
+        bm25s = _bm25s()
         tokens = bm25s.tokenize(
             query, stopwords=_STOPWORDS, stemmer=self._stem, return_ids=False, show_progress=False
         )[0]
@@ -130,8 +136,7 @@ class BM25Retriever(Retriever):
 
             bm25 = BM25Retriever.load("my_index/bm25")
         """
-        import bm25s
-
+        bm25s = _bm25s()
         path = _check_dir(path, cls.kind, _CONFIG_FILE)
         config = json.loads((path / _CONFIG_FILE).read_text())
         model = bm25s.BM25.load(str(path), show_progress=False, load_corpus=False)
