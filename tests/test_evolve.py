@@ -511,6 +511,7 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     assert {"sft-only", "replay-dpo", "gold-support", "closed-book"} <= set(metrics["downstream"])
     assert metrics["downstream"]["dpo"]["n"] == 2
     assert (out / "accuracy_pubmedqa.png").stat().st_size > 0
+    assert (out / "alpha_sweep_pubmedqa.png").stat().st_size > 0 and (out / "ablation_pubmedqa.png").stat().st_size > 0
     assert json.loads((out / "metrics.json").read_text())["sizes"]["pubmedqa"]["initial"]["n"] == 8
 
     monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))

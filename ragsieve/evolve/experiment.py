@@ -197,6 +197,11 @@ class EvolveExperiment:
         _write_json(out_dir / "metrics.json", metrics)
         for ds in cfg.datasets:
             plot_accuracy_by_round(metrics["by_dataset"].get(ds, {}), out_dir / f"accuracy_{ds}.png", ds)
+        for ds, curves in metrics["alpha_sweep"].items():
+            plot_accuracy_by_round({f"α = {a}": c for a, c in curves.items()}, out_dir / f"alpha_sweep_{ds}.png",
+                                   f"{ds}: ReplayDPO, share α of new pairs")
+        for ds, curves in metrics["ablation"].items():
+            plot_accuracy_by_round(curves, out_dir / f"ablation_{ds}.png", f"{ds}: CautiousDPO variants")
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
         return metrics
