@@ -33,8 +33,12 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
+# Speed and memory targets: each script writes bench/results/<name>.json (one run each).
 bench: install
 	$(PY) bench/retrieval.py
+	$(PY) bench/confidence.py
+	$(PY) bench/rerank.py
+	$(PY) bench/grader.py
 
 clean-venv:
 	rm -rf $(VENV)
