@@ -445,7 +445,7 @@ def test_cli_train_eval_and_grade(tmp_path, tiny_llm_dir):
 
     from ragsieve.grade.cli import grade_cmd, grader_app
 
-    rows = [{"query": q, "passage": p, "label": y, "split": "train" if i < 12 else "test"}
+    rows = [{"query": q, "passage": p, "label": y, "split": "train" if i < 12 else "test", "source": f"s{i // 2 % 2}"}
             for i, (q, p, y) in enumerate(zip(QUERIES, PASSAGES, LABELS))]
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -464,6 +464,8 @@ def test_cli_train_eval_and_grade(tmp_path, tiny_llm_dir):
     metrics = json.loads(result.output.strip().splitlines()[0])
     assert metrics["n"] == 4 and {"accuracy", "precision", "recall", "f1"} <= set(metrics)
     assert (tmp_path / "cm.png").stat().st_size > 0
+    by_source = json.loads((tmp_path / "m.json").read_text())["by_source"]
+    assert set(by_source) == {"s0", "s1"} and all(m["n"] == 2 and m["base_rate"] == 0.5 for m in by_source.values())
 
     import typer
 

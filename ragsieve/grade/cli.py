@@ -171,12 +171,28 @@ def eval_cmd(
     predicted, scores = model.predict([p.query for p in rows], [p.passage for p in rows])
     metrics = classification_metrics([p.label for p in rows], predicted, scores)
     metrics["threshold"] = model.threshold
+    # Per source: a grader on mixed benchmarks can score well overall by learning each
+    # source's base rate; within-source AUROC shows whether it ranks pairs at all.
+    sources = sorted({p.source for p in rows if p.source})
+    if len(sources) > 1:
+        import numpy as np
+
+        predicted, scores = np.asarray(predicted), np.asarray(scores)
+        metrics["by_source"] = {
+            src: classification_metrics(
+                [p.label for p, keep in zip(rows, mask) if keep], predicted[mask], scores[mask]
+            )
+            for src in sources
+            for mask in [np.array([p.source == src for p in rows])]
+        }
     if confusion:
         plot_confusion_matrix(metrics["confusion_matrix"], confusion, f"{model.config.kind} grader (n={len(rows)})")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps({k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "f1", "auroc", "threshold")}))
+    for src, m in metrics.get("by_source", {}).items():
+        print(json.dumps({"source": src, **{k: m[k] for k in ("n", "base_rate", "positive_rate", "f1", "auroc")}}))
     _report_inputs(model.stats)
 
 
