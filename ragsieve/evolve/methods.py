@@ -194,7 +194,7 @@ def balanced_acceptance(
     """
     if not 0.0 < prior < 1.0:
         return {i: d for i, d in decided.items() if d[1] == "gold"}
-    guesses = {lab: sorted((i for i, (l, src) in decided.items() if l == lab and src != "gold"),
+    guesses = {lab: sorted((i for i, (guess, src) in decided.items() if guess == lab and src != "gold"),
                            key=lambda i: -confidence[i]) for lab in (0, 1)}
     total = min(len(guesses[1]) / prior, len(guesses[0]) / (1.0 - prior))
     keep = {1: min(len(guesses[1]), round(total * prior)), 0: min(len(guesses[0]), round(total * (1.0 - prior)))}
