@@ -348,7 +348,8 @@ class EvolveExperiment:
             # The 95 % interval says which round-to-round and method differences are noise.
             return [
                 {"round": r["round"], "accuracy": r["accuracy"], "f1": r["f1"], "n": r["n"],
-                 "accuracy_ci95": [round(x, 4) for x in accuracy_interval(round(r["accuracy"] * r["n"]), r["n"])],
+                 "accuracy_ci95": [round(x, 4) for x in accuracy_interval(round(r["accuracy"] * r["n"]), r["n"])]
+                 if r["n"] else None,  # a round without known labels has no accuracy
                  "positive_rate": r.get("positive_rate")}
                 for r in result["rounds"]
             ]

@@ -168,16 +168,13 @@ class CautiousDPO(EvolveMethod):
                     ties += 1
                     continue
                 decided[i] = (int(2 * yes > len(votes)), "jury")
-        dropped = 0
+        extra = {}
         if cfg.balance:
             gold = [p.label for p in history if p.source == "gold"]
             kept = balanced_acceptance(decided, verdicts.confidence, float(np.mean(gold)) if gold else 0.5)
-            dropped, decided = len(decided) - len(kept), kept
+            extra["dropped_for_balance"], decided = len(decided) - len(kept), kept
         pairs = [Pair(examples[i], lab, src, round_id) for i, (lab, src) in sorted(decided.items())]
-        stats = pseudo_label_stats(examples, decided, ties)
-        if cfg.balance:
-            stats["dropped_for_balance"] = dropped
-        return LabelOutcome(pairs, stats)
+        return LabelOutcome(pairs, {**pseudo_label_stats(examples, decided, ties), **extra})
 
 
 def balanced_acceptance(

@@ -177,14 +177,11 @@ def eval_cmd(
     if len(sources) > 1:
         import numpy as np
 
-        predicted, scores = np.asarray(predicted), np.asarray(scores)
-        metrics["by_source"] = {
-            src: classification_metrics(
-                [p.label for p, keep in zip(rows, mask) if keep], predicted[mask], scores[mask]
-            )
-            for src in sources
-            for mask in [np.array([p.source == src for p in rows])]
-        }
+        labels, predicted, scores = np.array([p.label for p in rows]), np.asarray(predicted), np.asarray(scores)
+        metrics["by_source"] = {}
+        for src in sources:
+            mask = np.array([p.source == src for p in rows])
+            metrics["by_source"][src] = classification_metrics(labels[mask], predicted[mask], scores[mask])
     if confusion:
         plot_confusion_matrix(metrics["confusion_matrix"], confusion, f"{model.config.kind} grader (n={len(rows)})")
     if out:
