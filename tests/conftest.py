@@ -7,6 +7,7 @@ embedded SmolLM2 / MiniLM weights.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,27 @@ def chat_server_factory():
     yield make
     for server in servers:
         server.close()
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli("grade", "q", ...)`` runs ``ragsieve ...`` in-process through the real entry point.
+
+    The one way CLI tests call the command line: exit code, stdout and stderr as a user sees them.
+    """
+    from ragsieve.cli import main
+
+    def run(*args) -> CliResult:
+        capsys.readouterr()  # drop what the test printed before
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run

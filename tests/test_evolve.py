@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from ragsieve.errors import DataError, RagsieveError
-from ragsieve.evolve.reranker import VerdictScores
-from ragsieve.evolve.tasks import VerdictExample, build_task_rounds
-from ragsieve.evolve.templates import get_template, load_templates, verdict_tokens
+from ragsieve.models.verdict import VerdictScores
+from ragsieve.data.records import LabeledPair
+from ragsieve.evolve.tasks import build_task_rounds
+from ragsieve.prompts.verdicts import get_template, load_templates, verdict_tokens
 from tests.conftest import REPO, requires_data
 
 ISSUE_TEXTS = {
@@ -60,7 +61,7 @@ def one_torch_thread():
 SMOLLM2_TOKENIZER = Path.home() / ".cache" / "ragsieve" / "models" / "smollm2-135m-instruct-v1"
 
 
-def synthetic_examples(n: int, dataset: str = "pubmedqa", prefix: str = "ex") -> list[VerdictExample]:
+def synthetic_examples(n: int, dataset: str = "pubmedqa", prefix: str = "ex") -> list[LabeledPair]:
     """Learnable toy task: label 1 iff the context mentions the fox."""
     rng = random.Random(n)
     out = []
@@ -69,7 +70,7 @@ def synthetic_examples(n: int, dataset: str = "pubmedqa", prefix: str = "ex") ->
         animal = "fox" if label else "dog"
         q = f"is it the {animal}? {rng.choice(['quick', 'lazy', 'brown'])}"
         ctx = f"the {animal if label else 'dog'} jumps over the {rng.choice(['lazy', 'quick'])} dog"
-        out.append(VerdictExample(f"{prefix}{i:03d}", dataset, f"q{i}", q, ctx, label, {"question": q, "context": ctx}))
+        out.append(LabeledPair(f"{prefix}{i:03d}", f"q{i}", q, ctx, label, {"question": q, "context": ctx}, dataset=dataset))
     return out
 
 
@@ -153,11 +154,11 @@ def test_real_tasks_have_the_issue_binary_labels():
 
 
 def test_reranker_scores_batched_like_single_and_ranks(tiny_llm_dir):
-    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
     ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300, batch_size=4)
     items = synthetic_examples(6)
-    items[0] = VerdictExample("long", "pubmedqa", "q", "is it?", "x", 1, {"question": "is it?", "context": "the dog " * 200})
+    items[0] = LabeledPair("long", "q", "is it?", "x", 1, {"question": "is it?", "context": "the dog " * 200}, dataset="pubmedqa")
     batched = ranker.predict(items)
     single = [ranker.predict([x]).logp_true[0] for x in items]
     assert np.allclose(batched.logp_true, single, atol=1e-4)
@@ -173,8 +174,9 @@ def test_fast_verdict_dpo_loss_equals_trl_sigmoid_loss(tiny_llm_dir, tmp_path):
     """TRL's DPOTrainer.compute_loss and ours on the same batch, policy ≠ reference."""
     import torch
 
-    from ragsieve.evolve.lora import LoraSettings
-    from ragsieve.evolve.reranker import PointwiseLLMReranker, encode_left_padded
+    from ragsieve.models.lora import LoraSettings
+    from ragsieve.models.verdict import left_pad_prompts
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
     from ragsieve.evolve.train import VerdictTrainConfig, build_trl_dpo_trainer
     from ragsieve.evolve.verdict_dpo import VerdictDPOTrainer
 
@@ -197,7 +199,7 @@ def test_fast_verdict_dpo_loss_equals_trl_sigmoid_loss(tiny_llm_dir, tmp_path):
         trl_loss = float(trl.compute_loss(model, trl.data_collator([trl.train_dataset[i] for i in range(4)])))
         ours = VerdictDPOTrainer(ranker.llm, ranker.tokens, config)
         ours.prepare(model, prompts, labels, ref=None)  # reference = adapter disabled
-        fast_loss = float(ours.loss(model, encode_left_padded(ranker.llm.tokenizer, prompts), [0, 1, 2, 3], labels))
+        fast_loss = float(ours.loss(model, left_pad_prompts(ranker.llm.tokenizer, prompts), [0, 1, 2, 3], labels))
     assert abs(trl_loss - math.log(2)) > 1e-3, trl_loss
     assert fast_loss == pytest.approx(trl_loss, abs=1e-6)
 
@@ -207,10 +209,12 @@ def test_verdict_dpo_loss_formula_and_doc_example():
 
     import torch
 
-    from ragsieve.evolve import reranker, verdict_dpo
+    from ragsieve.evolve import verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
+    from ragsieve.models import training, verdict
 
-    assert doctest.testmod(verdict_dpo).failed == 0 and doctest.testmod(reranker).failed == 0
+    for module in (verdict_dpo, verdict, training):
+        assert doctest.testmod(module).failed == 0
     out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                            torch.tensor([-1.5, -2.0]), beta=0.5)
     expected = [-math.log(1 / (1 + math.exp(-0.5 * (0.5 + 0.5)))), -math.log(1 / (1 + math.exp(-0.5 * (-1 - 1))))]
@@ -218,7 +222,7 @@ def test_verdict_dpo_loss_formula_and_doc_example():
 
 
 def test_sft_and_fast_dpo_rounds_learn_and_save_mergeable_deltas(tiny_llm_dir, tmp_path):
-    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
     from ragsieve.evolve.train import VerdictTrainConfig, train_round
 
     import torch
@@ -429,19 +433,15 @@ def test_store_resumes_after_sigkill_without_duplicated_or_lost_pairs(tiny_llm_d
 
 
 @requires_data
-def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path):
-    from typer.testing import CliRunner
-
-    from ragsieve.evolve.cli import evolve_app
+def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path, cli):
     from ragsieve.evolve.store import EvolveStore
 
-    runner = CliRunner()
     store = tmp_path / "store"
 
     def invoke(*args):
-        result = runner.invoke(evolve_app, [str(a) for a in args])
-        assert result.exit_code == 0, (result.output, result.exception)
-        return result.output
+        result = cli("evolve", *args)
+        assert result.code == 0, result.err
+        return result.out
 
     invoke("init", "--store", store, "--dataset", "pubmedqa", "--llm", tiny_llm_dir, "--initial-size", 8,
            "--round-size", 4, "--rounds", 2, "--judge", "reranker:bm25", "--max-prompt-tokens", 300, "--balance")
@@ -463,8 +463,8 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path):
     assert {b["source"] for b in status["replay_buffer"] if b["round"] == 2} == {"gold"}
     assert status["queued"] == [{"round": 3, "examples": 1, "feedback": 0}]
     assert "round" in invoke("status", "--store", store)
-    bad = runner.invoke(evolve_app, ["feedback", str(fb), "--store", str(store)])
-    assert isinstance(bad.exception, DataError) and "finished round 2" in str(bad.exception)
+    bad = cli("evolve", "feedback", fb, "--store", store)
+    assert bad.code == 2 and "finished round 2" in bad.err
 
 
 # --------------------------------------------------------------------------- experiment smoke
@@ -472,7 +472,7 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path):
 
 def test_full_experiment_config_validates_and_plans_every_cell():
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.evolve.experiment import EvolveExperimentConfig, plan_cells
+    from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
 
     spec = read_mapping(REPO / "experiments" / "evolve.yaml")
     assert spec["experiment"] == "evolve" and spec["out_dir"] == "results/evolve"
@@ -486,10 +486,8 @@ def test_full_experiment_config_validates_and_plans_every_cell():
 @requires_data
 def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
     """experiments/evolve_smoke.yaml with the tiny LLM: every output key, plots, per-cell resume."""
-    from ragsieve import experiments
-    from ragsieve.evolve.experiment import EvolveExperiment
-
-    monkeypatch.setitem(experiments.EXPERIMENTS, "evolve", "ragsieve.evolve.experiment:EvolveExperiment")
+    from ragsieve.studies import runner as experiments
+    from ragsieve.studies.evolve import EvolveExperiment
     out = tmp_path / "out"
     cfg = tmp_path / "evolve_smoke.yaml"
     raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ragsieve.errors import RagsieveError
-from ragsieve.experiments import run_experiment_file
+from ragsieve.studies.runner import run_experiment_file
 from tests.conftest import requires_data
 
 

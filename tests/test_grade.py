@@ -310,7 +310,7 @@ def test_experiment_judge_teacher_relabels_and_reports_agreement(judge_server, t
     from rich.console import Console
 
     from ragsieve.grade.dataset import GradingPair
-    from ragsieve.grade.experiment import GraderExperiment, GraderExperimentConfig
+    from ragsieve.studies.grader import GraderExperiment, GraderExperimentConfig
 
     texts = ["relevant: yes", "off topic", "unclear", "off again"]
     gold = [1, 1, 0, 0]
@@ -358,8 +358,8 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
     from rich.console import Console
 
     from ragsieve.config import build_config
-    from ragsieve.grade import experiment as experiment_module
-    from ragsieve.grade.experiment import GraderExperiment, GraderExperimentConfig
+    from ragsieve.studies import grader as experiment_module
+    from ragsieve.studies.grader import GraderExperiment, GraderExperimentConfig
 
     monkeypatch.setenv("RAGSIEVE_CACHE", str(index_cache))
     params = {
@@ -440,58 +440,49 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
         GraderExperiment().run(bad, tmp_path / "bad", console)
 
 
-def test_cli_train_eval_and_grade(tmp_path, tiny_llm_dir):
-    from typer.testing import CliRunner
-
-    from ragsieve.grade.cli import grade_cmd, grader_app
+def test_cli_train_eval_and_grade(tmp_path, tiny_llm_dir, cli):
 
     rows = [{"query": q, "passage": p, "label": y, "split": "train" if i < 12 else "test", "source": f"s{i // 2 % 2}"}
             for i, (q, p, y) in enumerate(zip(QUERIES, PASSAGES, LABELS))]
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runner = CliRunner()
     model = tmp_path / "grader"
-    result = runner.invoke(grader_app, [
-        "train", "--pairs", str(pairs), "--out", str(model), "--kind", "head", "--base", str(tiny_llm_dir),
+    result = cli(
+        "grader", "train", "--pairs", pairs, "--out", model, "--kind", "head", "--base", tiny_llm_dir,
         "--lr", "0.01", "--epochs", "2", "--max-length", "400", "--max-passage-tokens", "48",
-    ])
-    assert result.exit_code == 0, result.output
-    assert (model / "grader.safetensors").exists() and "head grader on 12 pairs" in result.output
+    )
+    assert result.code == 0, result.err
+    assert (model / "grader.safetensors").exists() and "head grader on 12 pairs" in result.out
 
-    result = runner.invoke(grader_app, ["eval", "--grader", str(model), "--pairs", str(pairs),
-                                        "--out", str(tmp_path / "m.json"), "--confusion", str(tmp_path / "cm.png")])
-    assert result.exit_code == 0, result.output
-    metrics = json.loads(result.output.strip().splitlines()[0])
+    result = cli("grader", "eval", "--grader", model, "--pairs", pairs,
+                 "--out", tmp_path / "m.json", "--confusion", tmp_path / "cm.png")
+    assert result.code == 0, result.err
+    metrics = json.loads(result.out.strip().splitlines()[0])
     assert metrics["n"] == 4 and {"accuracy", "precision", "recall", "f1"} <= set(metrics)
     assert (tmp_path / "cm.png").stat().st_size > 0
     by_source = json.loads((tmp_path / "m.json").read_text())["by_source"]
     assert set(by_source) == {"s0", "s1"} and all(m["n"] == 2 and m["base_rate"] == 0.5 for m in by_source.values())
 
-    import typer
-
-    app = typer.Typer()
-    app.command("grade")(grade_cmd)
-    app.command("noop")(lambda: None)  # a second command keeps `grade` a named subcommand
     txt = tmp_path / "passages.txt"
     txt.write_text("Hamlet was written by William Shakespeare\n\nthe lazy dog\n")
-    result = runner.invoke(app, ["grade", "who wrote hamlet", "--passages", str(txt), "--grader", str(model), "--json"])
-    assert result.exit_code == 0, result.output
-    graded = [json.loads(line) for line in result.output.strip().splitlines()]
+    result = cli("grade", "who wrote hamlet", "--passages", txt, "--grader", model, "--json")
+    assert result.code == 0, result.err
+    graded = [json.loads(line) for line in result.out.strip().splitlines()]
     assert [g["id"] for g in graded] == ["0", "1"] and all(0 <= g["score"] <= 1 for g in graded)
 
     jl = tmp_path / "passages.jsonl"
     jl.write_text("".join(json.dumps(r) + "\n" for r in ({"id": "a", "text": ""}, {"id": "b", "text": "fox"})))
-    result = runner.invoke(app, ["grade", "who wrote hamlet", "--passages", str(jl), "--grader", str(model)])
-    assert result.exit_code == 0, result.output
-    assert "1 empty passage(s) graded not relevant" in result.output
+    result = cli("grade", "who wrote hamlet", "--passages", jl, "--grader", model)
+    assert result.code == 0, result.err
+    assert "1 empty passage(s) graded not relevant" in result.out + result.err
 
-    result = runner.invoke(app, ["grade", "q", "--passages", str(jl), "--grader", str(tmp_path / "none")])
-    assert isinstance(result.exception, RagsieveError) and "no grader at" in str(result.exception)
+    result = cli("grade", "q", "--passages", jl, "--grader", tmp_path / "none")
+    assert result.code == 2 and "no grader at" in result.err
     (tmp_path / "p.csv").write_text("x")
-    result = runner.invoke(app, ["grade", "q", "--passages", str(tmp_path / "p.csv"), "--grader", str(model)])
-    assert isinstance(result.exception, RagsieveError) and ".jsonl or .txt" in str(result.exception)
-    result = runner.invoke(grader_app, ["train", "--pairs", str(pairs), "--out", str(model), "--kind", "svm"])
-    assert isinstance(result.exception, RagsieveError) and "unknown grader kind 'svm'" in str(result.exception)
+    result = cli("grade", "q", "--passages", tmp_path / "p.csv", "--grader", model)
+    assert result.code == 2 and ".jsonl or .txt" in result.err
+    result = cli("grader", "train", "--pairs", pairs, "--out", model, "--kind", "svm")
+    assert result.code == 2 and "unknown grader kind 'svm'" in result.err
 
 
 @pytest.mark.integration
@@ -499,7 +490,7 @@ def test_smollm2_verdict_tokens_and_classifier_padding():
     from ragsieve.grade import new_grader
 
     prompted = new_grader("prompted", max_passage_tokens=64)
-    assert prompted.verdict.yes[0] != prompted.verdict.no[0]
+    assert prompted.verdict.true_id != prompted.verdict.false_id
     scores = prompted.score_pairs(["who wrote hamlet?"] * 2,
                                   ["Hamlet is a tragedy written by William Shakespeare.", "Paris is in France."])
     assert ((scores > 0) & (scores < 1)).all()

@@ -46,11 +46,17 @@ class Judgment:
 
 @dataclass(frozen=True, slots=True)
 class LabeledPair:
-    """A pointwise (query, passage) classification example with a binary label.
+    """A pointwise (query, passage) example with a binary label (1 relevant / true, 0 not, -1 unknown).
 
-    ``fields`` keeps the dataset's own names (premise/hypothesis, claim/evidence, ...)
-    so prompt templates can use them; ``group`` is a batch / round key where the data
-    has one (e.g. BioASQ ``7B1``).
+    The one record for labelled pairs: graders train on it, the evolving reranker's rounds
+    are lists of it. ``fields`` keeps the dataset's own names (premise/hypothesis,
+    claim/evidence, ...) so prompt templates can use them; ``group`` is a batch / round key
+    where the data has one (e.g. BioASQ ``7B1``); ``dataset`` names the source.
+
+    Example::
+
+        LabeledPair("pmid1", "pmid1", "Does X cause Y?", "We found ...", 1,
+                    {"question": "Does X cause Y?", "context": "We found ..."}, dataset="pubmedqa")
     """
 
     id: str
@@ -60,6 +66,21 @@ class LabeledPair:
     label: int
     fields: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     group: str = ""
+    dataset: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "dataset": self.dataset, "query_id": self.query_id, "query": self.query,
+            "passage": self.passage, "label": self.label, "fields": dict(self.fields), "group": self.group,
+        }
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> "LabeledPair":
+        return cls(
+            id=str(row["id"]), dataset=str(row.get("dataset", "")), query_id=str(row.get("query_id", row["id"])),
+            query=str(row.get("query", "")), passage=str(row.get("passage", "")), label=int(row["label"]),
+            fields={str(k): str(v) for k, v in (row.get("fields") or {}).items()}, group=str(row.get("group", "")),
+        )
 
 
 @dataclass(slots=True)

@@ -33,8 +33,8 @@ from pydantic import model_validator
 
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
-from ragsieve.evolve.tasks import VerdictExample
-from ragsieve.evolve.templates import VerdictTemplate, get_template
+from ragsieve.data.records import LabeledPair
+from ragsieve.prompts.verdicts import VerdictTemplate, get_template
 
 Vote = Optional[int]
 
@@ -86,11 +86,11 @@ class Judge(ABC):
     def name(self) -> str:
         return self.spec.label
 
-    def calibrate(self, examples: Sequence[VerdictExample]) -> None:
+    def calibrate(self, examples: Sequence[LabeledPair]) -> None:
         """Pick the threshold on labelled examples when the spec asks for ``calibrate``."""
 
     @abstractmethod
-    def votes(self, examples: Sequence[VerdictExample]) -> list[Vote]: ...
+    def votes(self, examples: Sequence[LabeledPair]) -> list[Vote]: ...
 
     def describe(self) -> dict[str, Any]:
         return {"judge": self.name, "threshold": self.threshold}
@@ -100,16 +100,16 @@ class ScoreJudge(Judge):
     """A judge with a real-valued score per example, voting ``score >= threshold``."""
 
     @abstractmethod
-    def compute_scores(self, examples: Sequence[VerdictExample]) -> np.ndarray: ...
+    def compute_scores(self, examples: Sequence[LabeledPair]) -> np.ndarray: ...
 
-    def scores(self, examples: Sequence[VerdictExample]) -> np.ndarray:
+    def scores(self, examples: Sequence[LabeledPair]) -> np.ndarray:
         todo = [x for x in examples if x.id not in self._cache]
         if todo:
             for x, s in zip(todo, self.compute_scores(todo)):
                 self._cache[x.id] = float(s)
         return np.array([self._cache[x.id] for x in examples], dtype=np.float64)
 
-    def calibrate(self, examples: Sequence[VerdictExample]) -> None:
+    def calibrate(self, examples: Sequence[LabeledPair]) -> None:
         from ragsieve.eval.classification import best_threshold
 
         if self.spec.threshold != "calibrate":
@@ -119,7 +119,7 @@ class ScoreJudge(Judge):
             raise RagsieveError(f"judge {self.name}: calibration needs both labels in the labelled set")
         self.threshold = best_threshold(labels, self.scores(examples), metric="accuracy")
 
-    def votes(self, examples: Sequence[VerdictExample]) -> list[Vote]:
+    def votes(self, examples: Sequence[LabeledPair]) -> list[Vote]:
         if self.threshold is None:
             raise RagsieveError(f"judge {self.name} has threshold 'calibrate' but was never calibrated")
         return [int(s >= self.threshold) for s in self.scores(examples)]
@@ -129,7 +129,7 @@ class LLMJudge(ScoreJudge):
     """A prompted local causal LM (no adapter), e.g. the base SmolLM2 or gemma-3-270m."""
 
     def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
-        from ragsieve.evolve.reranker import PointwiseLLMReranker
+        from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
         super().__init__(spec, template)
         self.ranker = PointwiseLLMReranker(spec.model, template, max_prompt_tokens=spec.max_prompt_tokens)

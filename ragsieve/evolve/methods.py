@@ -50,12 +50,12 @@ import numpy as np
 
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
-from ragsieve.evolve.reranker import VerdictScores
-from ragsieve.evolve.tasks import VerdictExample
+from ragsieve.models.verdict import VerdictScores
+from ragsieve.data.records import LabeledPair
 
 if TYPE_CHECKING:
     from ragsieve.evolve.judges import Judge
-    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
     from ragsieve.evolve.train import VerdictTrainConfig
 
 SOURCES = ("gold", "self", "jury")
@@ -65,7 +65,7 @@ SOURCES = ("gold", "self", "jury")
 class Pair:
     """A training pair: ``label`` is the verdict taken as correct (its word is chosen)."""
 
-    example: VerdictExample
+    example: LabeledPair
     label: int
     source: str  # gold | self | jury
     round: int
@@ -106,7 +106,7 @@ class EvolveMethod(ABC):
         return self.config.alpha if self.replays else 1.0
 
     def label(
-        self, examples: Sequence[VerdictExample], verdicts: VerdictScores, round_id: int, labels: Mapping[str, int],
+        self, examples: Sequence[LabeledPair], verdicts: VerdictScores, round_id: int, labels: Mapping[str, int],
         history: Sequence[Pair] = (),
     ) -> LabelOutcome:
         """Default: the labels the method may see (gold / feedback); unlabelled examples are skipped."""
@@ -199,7 +199,7 @@ def balanced_acceptance(
     return {i: d for i, d in decided.items() if d[1] == "gold" or i in chosen}
 
 
-def pseudo_label_stats(examples: Sequence[VerdictExample], decided: Mapping[int, tuple[int, str]], ties: int) -> dict:
+def pseudo_label_stats(examples: Sequence[LabeledPair], decided: Mapping[int, tuple[int, str]], ties: int) -> dict:
     """Accepted labels vs the hidden gold (where known), overall and per source."""
     stats: dict[str, Any] = {"n": len(examples), "accepted": len(decided), "ties_skipped": ties}
     stats["coverage"] = len(decided) / len(examples) if examples else 0.0
@@ -262,7 +262,7 @@ class RoundRecord:
         }
 
 
-def verdict_metrics(examples: Sequence[VerdictExample], verdicts: VerdictScores) -> dict[str, Any]:
+def verdict_metrics(examples: Sequence[LabeledPair], verdicts: VerdictScores) -> dict[str, Any]:
     """Accuracy / F1 (class 1) / AUROC of thresholded scores on examples with a known label."""
     from ragsieve.eval.classification import classification_metrics
 
@@ -277,7 +277,7 @@ def verdict_metrics(examples: Sequence[VerdictExample], verdicts: VerdictScores)
 def evolve_round(
     ranker: "PointwiseLLMReranker",
     method: EvolveMethod,
-    examples: Sequence[VerdictExample],
+    examples: Sequence[LabeledPair],
     history: Sequence[Pair],
     *,
     round_id: int,

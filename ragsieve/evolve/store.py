@@ -41,7 +41,7 @@ from ragsieve.config import StrictConfig, build_config
 from ragsieve.errors import DataError, RagsieveError
 from ragsieve.evolve.judges import JudgeSpec
 from ragsieve.evolve.methods import MethodConfig, Pair
-from ragsieve.evolve.tasks import VerdictExample
+from ragsieve.data.records import LabeledPair
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
 
@@ -69,7 +69,7 @@ class EvolveStoreConfig(StrictConfig):
     """How a deployed reranker evolves (saved in the store at ``init``)."""
 
     llm: str = DEFAULT_LLM
-    template: str  # a dataset name of templates.yaml
+    template: str  # a dataset name of verdicts.yaml
     max_prompt_tokens: int = 320
     batch_size: int = 8
     # No feedback: CautiousDPO with replay; a full-feedback round: ReplayDPO on the gold pairs.
@@ -137,11 +137,11 @@ class EvolveStore:
         return build_config(EvolveStoreConfig, json.loads(row[0]), source=f"{self.dir / DB_FILE}: config")
 
     # -- examples and feedback -----------------------------------------------------
-    def add_examples(self, examples: Sequence[VerdictExample], round_id: int) -> None:
+    def add_examples(self, examples: Sequence[LabeledPair], round_id: int) -> None:
         with self.transaction() as conn:
             self._insert_examples(conn, examples, round_id)
 
-    def _insert_examples(self, conn: sqlite3.Connection, examples: Sequence[VerdictExample], round_id: int) -> None:
+    def _insert_examples(self, conn: sqlite3.Connection, examples: Sequence[LabeledPair], round_id: int) -> None:
         try:
             conn.executemany(
                 "INSERT INTO examples (id, round, data) VALUES (?, ?, ?)",
@@ -152,9 +152,9 @@ class EvolveStore:
             dup = next((x.id for x in examples if x.id in known), "?")
             raise DataError(f"example id '{dup}' is already in the store") from None
 
-    def examples(self, round_id: int) -> list[VerdictExample]:
+    def examples(self, round_id: int) -> list[LabeledPair]:
         rows = self.conn.execute("SELECT data FROM examples WHERE round = ? ORDER BY rowid", (round_id,))
-        return [VerdictExample.from_json(json.loads(r[0])) for r in rows]
+        return [LabeledPair.from_json(json.loads(r[0])) for r in rows]
 
     def example_rounds(self) -> list[int]:
         return [r[0] for r in self.conn.execute("SELECT DISTINCT round FROM examples ORDER BY round")]
@@ -195,7 +195,7 @@ class EvolveStore:
         )
         args = (before_round,) if before_round is not None else ()
         return [
-            Pair(VerdictExample.from_json(json.loads(data)), int(label), source, int(rnd))
+            Pair(LabeledPair.from_json(json.loads(data)), int(label), source, int(rnd))
             for rnd, label, source, data in self.conn.execute(sql, args)
         ]
 
@@ -237,11 +237,11 @@ def _open(store_dir: str | Path, *, create: bool = False) -> Iterator[EvolveStor
 def init_store(
     store_dir: str | Path,
     config: EvolveStoreConfig,
-    initial: Sequence[VerdictExample],
-    rounds: Sequence[Sequence[VerdictExample]] = (),
+    initial: Sequence[LabeledPair],
+    rounds: Sequence[Sequence[LabeledPair]] = (),
 ) -> Path:
     """Create a store: ``initial`` (labelled) becomes round 0, ``rounds`` the queued batches."""
-    from ragsieve.evolve.templates import get_template
+    from ragsieve.prompts.verdicts import get_template
 
     get_template(config.template)  # fail now, not at the first step
     if (Path(store_dir) / DB_FILE).is_file():
@@ -299,7 +299,7 @@ def _label_value(value: Any, where: str, words: dict[str, int]) -> int:
 
 def ingest(store_dir: str | Path, path: str | Path) -> int:
     """Queue a new batch (one round) from jsonl rows ``{id, fields: {...}, label?}``; returns its round."""
-    from ragsieve.evolve.templates import get_template
+    from ragsieve.prompts.verdicts import get_template
 
     with _open(store_dir) as store:
         template = get_template(store.config.template)
@@ -312,10 +312,10 @@ def ingest(store_dir: str | Path, path: str | Path) -> int:
             if "id" not in row:
                 raise DataError(f"{where}: missing 'id'")
             label = _label_value(row["label"], where, words) if row.get("label") is not None else -1
-            batch.append(VerdictExample(
-                str(row["id"]), template.name, str(row.get("query_id", row["id"])),
+            batch.append(LabeledPair(
+                str(row["id"]), str(row.get("query_id", row["id"])),
                 str(fields[template.query_field]), str(fields[template.passage_field]), label,
-                {k: str(v) for k, v in fields.items()},
+                {k: str(v) for k, v in fields.items()}, dataset=template.name,
             ))
         round_id = max([store.next_round(), *[r + 1 for r in store.example_rounds()]])
         store.add_examples(batch, round_id)
@@ -329,7 +329,7 @@ def add_feedback(store_dir: str | Path, path: str | Path) -> dict[str, int]:
     feedback is used as gold inside a CautiousDPO round. Re-adding a label replaces it,
     so feeding the same file twice changes nothing. Labels for finished rounds are refused.
     """
-    from ragsieve.evolve.templates import get_template
+    from ragsieve.prompts.verdicts import get_template
 
     with _open(store_dir) as store:
         template = get_template(store.config.template)
@@ -369,7 +369,7 @@ def run_step(store_dir: str | Path) -> StepReport:
 def _run_next_round(store: EvolveStore) -> StepReport:
     from ragsieve.evolve.judges import build_judges
     from ragsieve.evolve.methods import build_method, evolve_round
-    from ragsieve.evolve.reranker import PointwiseLLMReranker
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
     from ragsieve.evolve.train import train_round
 
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Binary verdict tasks from the benchmark loaders, split into an SFT set and rounds.
 
 One example is a (query, passage) pair with a 0/1 label and the fields its dataset's
-template needs (see ``templates.yaml``):
+template needs (see ``verdicts.yaml``):
 
 * ``anli``: premise / hypothesis, 1 = entailment, 0 = neutral or contradiction
 * ``fever``: claim / evidence, 1 = SUPPORTS, 0 = REFUTES (the ERASER set has no NEI)
@@ -27,46 +27,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragsieve.data.records import Dataset
+from ragsieve.data.records import Dataset, LabeledPair
 from ragsieve.data.splits import id_unit
 from ragsieve.errors import DataError
-
-
-@dataclass(frozen=True, slots=True)
-class VerdictExample:
-    """A pointwise example: ``fields`` fill the template, ``label`` 1 = true word (-1 = unknown).
-
-    Example::
-
-        VerdictExample("pmid1", "pubmedqa", "pmid1", "Does X cause Y?", "We found ...", 1,
-                       {"question": "Does X cause Y?", "context": "We found ..."})
-    """
-
-    id: str
-    dataset: str
-    query_id: str
-    query: str
-    passage: str
-    label: int
-    fields: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
-    group: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "dataset": self.dataset, "query_id": self.query_id, "query": self.query,
-            "passage": self.passage, "label": self.label, "fields": dict(self.fields), "group": self.group,
-        }
-
-    @classmethod
-    def from_json(cls, row: dict[str, Any]) -> "VerdictExample":
-        return cls(
-            id=str(row["id"]), dataset=str(row["dataset"]), query_id=str(row.get("query_id", row["id"])),
-            query=str(row.get("query", "")), passage=str(row.get("passage", "")), label=int(row["label"]),
-            fields={str(k): str(v) for k, v in (row.get("fields") or {}).items()}, group=str(row.get("group", "")),
-        )
 
 
 @dataclass
@@ -74,13 +41,13 @@ class TaskRounds:
     """A dataset cut for the multi-round protocol."""
 
     dataset: str
-    initial: list[VerdictExample]
-    rounds: list[list[VerdictExample]]
+    initial: list[LabeledPair]
+    rounds: list[list[LabeledPair]]
     held_out_query_ids: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def sizes(self) -> dict[str, Any]:
-        def count(xs: Sequence[VerdictExample]) -> dict[str, int]:
+        def count(xs: Sequence[LabeledPair]) -> dict[str, int]:
             return {"n": len(xs), "positives": sum(x.label for x in xs)}
 
         return {"initial": count(self.initial), "rounds": [count(r) for r in self.rounds]}
@@ -89,32 +56,32 @@ class TaskRounds:
 # --------------------------------------------------------------------------- per-dataset examples
 
 
-def _from_pairs(ds: Dataset, fields_of: Callable[[Any], dict[str, str]], group: str | None = None) -> list[VerdictExample]:
+def _from_pairs(ds: Dataset, fields_of: Callable[[Any], dict[str, str]], group: str | None = None) -> list[LabeledPair]:
     return [
-        VerdictExample(p.id, ds.name, p.query_id, p.query, p.passage, int(p.label), fields_of(p), p.group)
+        dataclasses.replace(p, label=int(p.label), fields=fields_of(p), dataset=ds.name)
         for p in ds.pairs
         if group is None or p.group == group
     ]
 
 
-def _anli(ds: Dataset) -> list[VerdictExample]:
+def _anli(ds: Dataset) -> list[LabeledPair]:
     return _from_pairs(ds, lambda p: {"premise": p.fields["premise"], "hypothesis": p.fields["hypothesis"]})
 
 
-def _fever(ds: Dataset) -> list[VerdictExample]:
+def _fever(ds: Dataset) -> list[LabeledPair]:
     return _from_pairs(ds, lambda p: {"claim": p.fields["claim"], "evidence": p.fields["evidence"]})
 
 
-def _pubmedqa(ds: Dataset) -> list[VerdictExample]:
+def _pubmedqa(ds: Dataset) -> list[LabeledPair]:
     return _from_pairs(ds, lambda p: {"question": p.fields["question"], "context": p.fields["context"]})
 
 
-def _hotpotqa(ds: Dataset) -> list[VerdictExample]:
+def _hotpotqa(ds: Dataset) -> list[LabeledPair]:
     out = _from_pairs(ds, lambda p: {"question": p.fields["question"], "sentence": p.fields["sentence"]})
     return [x for x in out if x.fields["sentence"].strip()]
 
 
-def _multirc(ds: Dataset) -> list[VerdictExample]:
+def _multirc(ds: Dataset) -> list[LabeledPair]:
     # The template has no answer slot: {question} carries "question + candidate answer" (LabeledPair.query).
     return _from_pairs(ds, lambda p: {"passage": p.fields["passage"], "question": p.query}, group="val")
 
@@ -122,13 +89,13 @@ def _multirc(ds: Dataset) -> list[VerdictExample]:
 _BIOASQ_YEAR = re.compile(r"^(\d+)B")
 
 
-def _bioasq(ds: Dataset) -> list[VerdictExample]:
+def _bioasq(ds: Dataset) -> list[LabeledPair]:
     """One positive (a gold snippet) and one hard negative per question, grouped by year."""
     from ragsieve.retrieve.bm25 import BM25Retriever
 
     passages = ds.passage_by_id()
     retriever = BM25Retriever.build(ds.passages)
-    out: list[VerdictExample] = []
+    out: list[LabeledPair] = []
     for q in ds.questions:
         gold = [pid for pid in q.gold_passage_ids if pid in passages]
         if not gold:
@@ -145,16 +112,16 @@ def _bioasq(ds: Dataset) -> list[VerdictExample]:
         for suffix, pid, label in (("pos", positive, 1), ("neg", negative, 0)):
             text = passages[pid].text
             out.append(
-                VerdictExample(
-                    f"{q.id}:{suffix}", ds.name, q.id, q.text, text, label,
-                    {"question": q.text, "content": text}, group=year,
+                LabeledPair(
+                    f"{q.id}:{suffix}", q.id, q.text, text, label,
+                    {"question": q.text, "content": text}, group=year, dataset=ds.name,
                 )
             )
     return out
 
 
 #: dataset name → builder of its examples from the loaded :class:`Dataset`.
-TASKS: dict[str, Callable[[Dataset], list[VerdictExample]]] = {
+TASKS: dict[str, Callable[[Dataset], list[LabeledPair]]] = {
     "anli": _anli,
     "fever": _fever,
     "pubmedqa": _pubmedqa,
@@ -167,7 +134,7 @@ TASKS: dict[str, Callable[[Dataset], list[VerdictExample]]] = {
 NATURAL_ROUNDS: dict[str, tuple[str, ...]] = {"bioasq": ("7", "8", "9", "10", "11")}
 
 
-def task_examples(dataset: str, data_dir: str | None = None) -> list[VerdictExample]:
+def task_examples(dataset: str, data_dir: str | None = None) -> list[LabeledPair]:
     """Every example of ``dataset``'s binary task."""
     from ragsieve.data import load_dataset
 
@@ -181,14 +148,14 @@ def task_examples(dataset: str, data_dir: str | None = None) -> list[VerdictExam
 # --------------------------------------------------------------------------- splitting
 
 
-def _ordered(examples: Sequence[VerdictExample], seed: int) -> list[VerdictExample]:
+def _ordered(examples: Sequence[LabeledPair], seed: int) -> list[LabeledPair]:
     return sorted(examples, key=lambda x: (id_unit(x.id, seed), x.id))
 
 
 class _Cutter:
     """Cuts consecutive splits off a seeded order, per class when balanced."""
 
-    def __init__(self, examples: Sequence[VerdictExample], seed: int, balanced: bool, dataset: str):
+    def __init__(self, examples: Sequence[LabeledPair], seed: int, balanced: bool, dataset: str):
         self.dataset = dataset
         self.balanced = balanced
         self.seed = seed
@@ -197,7 +164,7 @@ class _Cutter:
             -1: ordered
         }
 
-    def take(self, size: int, what: str) -> list[VerdictExample]:
+    def take(self, size: int, what: str) -> list[LabeledPair]:
         if not self.balanced:
             queue = self.queues[-1]
             if len(queue) < size:
@@ -230,7 +197,7 @@ def build_task_rounds(
     balanced: bool = True,
     held_out_queries: int = 0,
     data_dir: str | None = None,
-    examples: Sequence[VerdictExample] | None = None,
+    examples: Sequence[LabeledPair] | None = None,
 ) -> TaskRounds:
     """The SFT set and ``rounds`` sequential batches of ``dataset`` (see the module doc).
 

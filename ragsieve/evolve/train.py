@@ -31,7 +31,6 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -39,9 +38,9 @@ import numpy as np
 
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
-from ragsieve.evolve.lora import LoraSettings, attach_lora, merge_lora, save_adapter
-from ragsieve.evolve.reranker import VerdictScores, encode_left_padded, answer_logits
-from ragsieve.evolve.templates import VerdictTokens
+from ragsieve.models.lora import LoraSettings, attach_lora, merge_lora, save_adapter
+from ragsieve.models.training import TrainResult
+from ragsieve.models.verdict import VerdictScores, VerdictTokens, answer_logits, left_pad_prompts
 
 if TYPE_CHECKING:
     import torch
@@ -65,25 +64,6 @@ class VerdictTrainConfig(StrictConfig):
     seed: int = 0
 
 
-@dataclass
-class TrainResult:
-    n_examples: int
-    steps: int = 0
-    seconds: float = 0.0
-    losses: list[float] = field(default_factory=list)
-
-    @property
-    def seconds_per_step(self) -> float:
-        return self.seconds / self.steps if self.steps else 0.0
-
-    def summary(self) -> dict:
-        return {
-            "n": self.n_examples, "steps": self.steps, "seconds": round(self.seconds, 2),
-            "seconds_per_step": round(self.seconds_per_step, 3),
-            "loss_first": self.losses[0] if self.losses else None, "loss_last": self.losses[-1] if self.losses else None,
-        }
-
-
 class VerdictTrainer(ABC):
     """Base: a seeded loop of AdamW steps over shuffled batches of (prompt, label)."""
 
@@ -98,7 +78,7 @@ class VerdictTrainer(ABC):
 
         if len(prompts) != len(labels):
             raise RagsieveError(f"{len(prompts)} prompts but {len(labels)} labels")
-        result = TrainResult(len(prompts))
+        result = TrainResult(examples=len(prompts))
         if not prompts:
             return result
         start = time.perf_counter()
@@ -113,7 +93,7 @@ class VerdictTrainer(ABC):
             rng.shuffle(order)
             for lo in range(0, len(order), self.config.batch_size):
                 idx = order[lo : lo + self.config.batch_size]
-                batch = encode_left_padded(self.llm.tokenizer, [prompts[i] for i in idx])
+                batch = left_pad_prompts(self.llm.tokenizer, [prompts[i] for i in idx])
                 loss = self.loss(model, batch, idx, [int(labels[i]) for i in idx])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -168,7 +148,7 @@ class TRLVerdictDPOTrainer(VerdictTrainer):
     def fit(self, prompts, labels, ref=None):
         import torch
 
-        result = TrainResult(len(prompts))
+        result = TrainResult(examples=len(prompts))
         if not prompts:
             return result
         start = time.perf_counter()

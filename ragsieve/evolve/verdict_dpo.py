@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ragsieve.evolve.reranker import VerdictScores, batched_verdicts, verdict_logps
+from ragsieve.models.verdict import VerdictScores, score_verdicts, tokenize_prompts, verdict_log_probs
 from ragsieve.evolve.train import VerdictTrainer
 
 if TYPE_CHECKING:
@@ -108,16 +108,15 @@ class VerdictDPOTrainer(VerdictTrainer):
         missing = np.flatnonzero(~(np.isfinite(logp_true) & np.isfinite(logp_false)))
         if len(missing):
             with model.disable_adapter():  # fresh adapter disabled = M_{t-1}
-                got = batched_verdicts(
-                    model, self.llm.tokenizer, self.tokens, [prompts[i] for i in missing], self.config.batch_size
-                )
+                rows = tokenize_prompts(self.llm.tokenizer, [prompts[i] for i in missing])
+                got = score_verdicts(model, self.tokens, rows, self.llm.tokenizer.pad_token_id, self.config.batch_size)
             logp_true[missing], logp_false[missing] = got.logp_true, got.logp_false
         self.ref_true = torch.tensor(logp_true, dtype=torch.float32)
         self.ref_false = torch.tensor(logp_false, dtype=torch.float32)
         self.last_rewards: list[float] = []
 
     def loss(self, model, batch, index, labels):
-        policy_true, policy_false = verdict_logps(model, batch, self.tokens)
+        policy_true, policy_false = verdict_log_probs(model, batch, self.tokens)
         policy_c, policy_r = chosen_rejected(policy_true, policy_false, labels)
         ref_c, ref_r = chosen_rejected(self.ref_true[index], self.ref_false[index], labels)
         out = verdict_dpo_loss(policy_c, policy_r, ref_c, ref_r, self.config.beta)

@@ -27,11 +27,12 @@ import numpy as np
 
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.grade.base import WEIGHTS_FILE, Grader, GraderConfig
-from ragsieve.grade.prompt import EncodedPrompt, GradePromptEncoder, VerdictTokens
+from ragsieve.grade.prompt import EncodedPrompt, GradePromptEncoder, grade_verdict_tokens
 from ragsieve.grade.train import (
     GraderTrainConfig, ProgressFn, TrainResult, make_loss, resample_indices, run_trainer,
 )
 from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
+from ragsieve.models.verdict import answer_logits, left_pad, two_way_logits
 
 if TYPE_CHECKING:
     import torch
@@ -131,15 +132,7 @@ class LMGrader(Grader):
         """Left-pad ``input_ids``; position ids count real tokens only. Carries ``labels`` if present."""
         import torch
 
-        width = max(len(r["input_ids"]) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            n = len(r["input_ids"])
-            ids[i, width - n :] = torch.tensor(r["input_ids"], dtype=torch.long)
-            mask[i, width - n :] = 1
-        batch = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+        batch = left_pad([r["input_ids"] for r in rows], self.tokenizer.pad_token_id)
         if "labels" in rows[0]:
             batch["labels"] = torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)
         return batch
@@ -206,8 +199,8 @@ class LMGrader(Grader):
         steps, losses, seconds = run_trainer(self.model, examples, self.collate, logits_fn, config, progress, loss)
         positives = int(sum(e["labels"] for e in examples))
         result = TrainResult(
-            steps, len(examples), positives, len(examples) - positives, seconds, losses,
-            truncated_passages=self.stats.truncated_passages - before,
+            steps=steps, examples=len(examples), seconds=seconds, losses=losses, positives=positives,
+            negatives=len(examples) - positives, truncated_passages=self.stats.truncated_passages - before,
         )
         self._record_training(result, config)
         return result
@@ -265,26 +258,18 @@ class PromptedGrader(LMGrader):
 
     def __init__(self, model, tokenizer, config: GraderConfig):
         super().__init__(model, tokenizer, config)
-        self.verdict = VerdictTokens.for_tokenizer(tokenizer)
+        self.verdict = grade_verdict_tokens(tokenizer)
 
     def verdict_logits(self, vocab_logits: "torch.Tensor") -> "torch.Tensor":
         """``(N, vocab)`` next-token logits → ``(N, 2)`` = [log-mass of no, log-mass of yes]."""
-        import torch
-
-        no = torch.logsumexp(vocab_logits[:, list(self.verdict.no)], dim=-1)
-        yes = torch.logsumexp(vocab_logits[:, list(self.verdict.yes)], dim=-1)
-        return torch.stack([no, yes], dim=-1)
+        return two_way_logits(vocab_logits, self.verdict)
 
     def training_logits(self, model, batch, labels, token_targets):
         import torch
 
-        out = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"], logits_to_keep=1,  # only the verdict position
-        )
-        vocab = out.logits[:, -1, :]
+        vocab = answer_logits(model, batch)
         if token_targets:  # learn to emit the canonical verdict token
-            targets = torch.where(labels == 1, self.verdict.yes[0], self.verdict.no[0])
+            targets = torch.where(labels == 1, self.verdict.true_id, self.verdict.false_id)
             return vocab, targets
         return self.verdict_logits(vocab), labels
 
@@ -447,7 +432,10 @@ class HeadGrader(ClassifierGrader):
 
         steps, losses, seconds = run_trainer(head, examples, collate, logits_fn, config, progress)
         positives = int(labels[chosen].sum())
-        result = TrainResult(steps, len(chosen), positives, len(chosen) - positives, seconds, losses)
+        result = TrainResult(
+            steps=steps, examples=len(chosen), seconds=seconds, losses=losses, positives=positives,
+            negatives=len(chosen) - positives,
+        )
         self._record_training(result, config)
         return result
 

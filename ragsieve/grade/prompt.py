@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ragsieve.errors import RagsieveError
+from ragsieve.models.verdict import VerdictTokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -111,31 +112,9 @@ YES_WORDS = ("yes", "Yes", "YES")
 NO_WORDS = ("no", "No", "NO")
 
 
-@dataclass(frozen=True)
-class VerdictTokens:
-    """Token ids whose next-token probability mass means "yes" / "no".
-
-    ``yes[0]`` / ``no[0]`` are the canonical targets a generative grader learns to emit;
-    the other ids are single-token spelling variants pooled into the score.
-    """
-
-    yes: tuple[int, ...]
-    no: tuple[int, ...]
-
-    @classmethod
-    def for_tokenizer(cls, tokenizer: "PreTrainedTokenizerBase") -> "VerdictTokens":
-        def single(words: tuple[str, ...]) -> tuple[int, ...]:
-            ids = []
-            for i, word in enumerate(words):
-                tokens = tokenizer(word, add_special_tokens=False)["input_ids"]
-                if len(tokens) == 1 or (i == 0 and tokens):  # the canonical word may be multi-token: use its first
-                    ids.append(tokens[0])
-            return tuple(dict.fromkeys(ids))
-
-        yes, no = single(YES_WORDS), single(NO_WORDS)
-        if not yes or not no or set(yes) & set(no):
-            raise RagsieveError("this tokenizer cannot tell 'yes' from 'no' by their first token")
-        return cls(yes, no)
+def grade_verdict_tokens(tokenizer: "PreTrainedTokenizerBase") -> VerdictTokens:
+    """The yes / no tokens every LLM grader reads ("yes" and "no" first: the targets config A learns)."""
+    return VerdictTokens.for_words(tokenizer, YES_WORDS, NO_WORDS)
 
 
 _WORD = re.compile(r"[a-z]+")

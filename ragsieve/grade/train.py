@@ -12,13 +12,13 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
+from ragsieve.models.training import TrainResult  # noqa: F401 - re-exported for graders
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,38 +47,6 @@ class GraderTrainConfig(StrictConfig):
     margin: float = 1.0  # contrastive loss only
     sampling: Literal["none", "oversample", "undersample"] = "none"
     seed: int = 0
-
-
-@dataclass
-class TrainResult:
-    """What a training run did; ``summary()`` is what goes into metrics and saved configs."""
-
-    steps: int
-    examples: int  # after resampling
-    positives: int
-    negatives: int
-    seconds: float
-    losses: list[float] = field(default_factory=list)
-    truncated_passages: int = 0
-
-    @property
-    def first_loss(self) -> float | None:
-        return self.losses[0] if self.losses else None
-
-    @property
-    def final_loss(self) -> float | None:
-        """Mean over the last tenth of the steps (single steps are noisy)."""
-        if not self.losses:
-            return None
-        tail = self.losses[-max(1, len(self.losses) // 10) :]
-        return float(np.mean(tail))
-
-    def summary(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k != "losses"}
-        out.update(
-            first_loss=self.first_loss, final_loss=self.final_loss, seconds_per_step=self.seconds / max(self.steps, 1)
-        )
-        return out
 
 
 # -- sampling switches ---------------------------------------------------------------

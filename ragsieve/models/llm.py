@@ -153,7 +153,7 @@ class LocalLLM:
         captured: list["torch.Tensor"] = []
         handle = None
         if capture_layer:
-            from ragsieve.probe.hidden import decoder_layers, last_position
+            from ragsieve.models.layers import decoder_layers, last_position
 
             def hook(_module, _inputs, output):
                 if not captured:  # the first call is the prefill over the whole prompt

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.prompts import QAPrompts
+from ragsieve.prompts import first_line
 from ragsieve.prompts.builder import PromptBuilder
 
 if TYPE_CHECKING:
@@ -134,11 +135,3 @@ class RAGPipeline:
 
     def answer(self, question: str, *, retrieve: bool = True) -> RAGAnswer:
         return self.answer_many([question], retrieve=retrieve)[0]
-
-
-def first_line(text: str) -> str:
-    """Models often continue after the answer; the first non-empty line is the answer."""
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""

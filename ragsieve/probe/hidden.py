@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ragsieve.errors import RagsieveError
+from ragsieve.models.layers import decoder_layers, last_position
 
 if TYPE_CHECKING:
     import torch
@@ -54,25 +55,6 @@ def resolve_layer(layer: int | float, num_layers: int) -> int:
     if not 1 <= index <= num_layers:
         raise RagsieveError(f"layer {layer} out of range for a {num_layers}-layer model (1..{num_layers})")
     return index
-
-
-def decoder_layers(model) -> "torch.nn.ModuleList":
-    """The decoder block list of an HF causal LM (Llama, Qwen, Mistral, Gemma, GPT-2, ...)."""
-    base = getattr(model, "base_model", model)
-    for owner in (base, getattr(base, "model", None), getattr(model, "model", None)):
-        if owner is None:
-            continue
-        for name in ("layers", "h", "blocks"):
-            layers = getattr(owner, name, None)
-            if layers is not None and hasattr(layers, "__len__"):
-                return layers
-    raise RagsieveError(f"cannot find decoder layers in {type(model).__name__}; early exit needs model.model.layers")
-
-
-def last_position(layer_output) -> "torch.Tensor":
-    """Last-position state from a decoder layer's forward output (a tensor or a tuple)."""
-    hidden = layer_output[0] if isinstance(layer_output, tuple) else layer_output
-    return hidden[:, -1, :].float().cpu()
 
 
 def prompt_key(model_spec: str, layer: int, prompt: str) -> str:

@@ -83,7 +83,7 @@ def label_generations(
     """
     from ragsieve.data import append_jsonl
     from ragsieve.eval.qa import contains_answer, exact_match, token_f1
-    from ragsieve.pipeline.rag import first_line
+    from ragsieve.prompts import first_line
 
     done = read_generations(out_path)
     # identical requests (same question, variant and contexts) are answered once

@@ -43,3 +43,11 @@ def load_qa_prompts(path: str | None = None) -> QAPrompts:
         return QAPrompts(**data)
     except TypeError as exc:
         raise RagsieveError(f"{source}: {exc}") from None
+
+
+def first_line(text: str) -> str:
+    """Models often continue after the answer; the first non-empty line is the answer."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""

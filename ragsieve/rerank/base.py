@@ -87,3 +87,12 @@ class BaseRanker(ABC):
 
     def top_k(self, query: str, passages: Sequence[Passage | str], k: int) -> list[RankedResult]:
         return self.rank(query, passages).top_k(k)
+
+
+class RetrievalOrder(BaseRanker):
+    """No reranking: keeps the retriever's order (the "retriever only" row, ``load_reranker("none")``)."""
+
+    name = "retriever"
+
+    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
+        return -np.arange(len(passages), dtype=float)

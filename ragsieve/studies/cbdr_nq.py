@@ -17,6 +17,7 @@ from rich.table import Table
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
+from ragsieve.studies.common import plot_sweep, progress_bar
 
 
 class CBDRExperimentConfig(StrictConfig):
@@ -42,7 +43,6 @@ class CBDRExperiment:
         from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import skip_at_parity, sweep_cbdr
         from ragsieve.models import load_local_llm
-        from ragsieve.probe.experiment import progress_bar
         from ragsieve.probe.labels import LabelRequest, label_generations
         from ragsieve.probe.model import ConfidenceProbe, load_head
         from ragsieve.retrieve.cached import build_or_load_index
@@ -115,27 +115,3 @@ class CBDRExperiment:
         console.print(table)
         console.print(f"skip at parity (grid): {parity}; oracle: {oracle}")
         return result
-
-
-def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float) -> None:
-    """Accuracy vs retrieval rate, one line per top-k, β annotated."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4.2))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for k in sorted({r["top_k"] for r in sweep}):
-        rows = sorted((r for r in sweep if r["top_k"] == k), key=lambda r: r["rr"])
-        ax.plot([r["rr"] * 100 for r in rows], [r["accuracy"] * 100 for r in rows], marker="o", label=f"top-{k}")
-        for r in rows:
-            ax.annotate(f"{r['beta']:.2g}", (r["rr"] * 100, r["accuracy"] * 100), fontsize=7,
-                        textcoords="offset points", xytext=(3, 3))
-    ax.axhline(closed_book_accuracy * 100, color="grey", linestyle=":", label="closed-book")
-    ax.set_xlabel("retrieval rate RR (%)")
-    ax.set_ylabel("accuracy (answer containment, %)")
-    ax.set_title("CBDR: accuracy vs retrieval rate (labels: β)")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)

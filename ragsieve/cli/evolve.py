@@ -1,7 +1,4 @@
-"""`ragsieve evolve ...`: drive a deployed, evolving reranker store (see :mod:`.store`).
-
-The sub-app is mounted by the main CLI (``app.add_typer(evolve_app, name="evolve")``);
-errors are :class:`~ragsieve.errors.RagsieveError` and become one line there.
+"""``ragsieve evolve ...``: drive a deployed, evolving reranker store (see :mod:`ragsieve.evolve.store`).
 
 Example::
 
@@ -18,13 +15,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from ragsieve.cli.app import app, console
 from ragsieve.models.specs import DEFAULT_LLM
 
 evolve_app = typer.Typer(help="Evolving LLM reranker: a deployment store advanced round by round.", no_args_is_help=True)
-console = Console()
+app.add_typer(evolve_app, name="evolve")
 
 StoreOption = typer.Option(..., "--store", help="Store directory (evolve.sqlite + adapters/).")
 

@@ -1,4 +1,4 @@
-"""`ragsieve run CONFIG.yaml`: experiments named in YAML, implemented next to their method.
+"""`ragsieve run CONFIG.yaml`: the studies named in YAML, one module each in this package.
 
 A config file looks like::
 
@@ -6,12 +6,12 @@ A config file looks like::
     out_dir: results/probe_nq
     params: {...}             # validated by that experiment's StrictConfig
 
-The registry maps names to "module:Class" strings so importing it loads no ML code.
+The registry holds the study classes themselves; each study imports its ML code inside
+``run``, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,14 +19,20 @@ from rich.console import Console
 
 from ragsieve.config import StrictConfig, build_config, read_mapping
 from ragsieve.errors import RagsieveError
+from ragsieve.studies.cbdr_nq import CBDRExperiment
+from ragsieve.studies.evolve import EvolveExperiment
+from ragsieve.studies.grader import GraderExperiment
+from ragsieve.studies.probe_nq import ProbeExperiment
+from ragsieve.studies.rerank_align import RerankAlignExperiment
+from ragsieve.studies.rerank_base import RerankBaseExperiment
 
-EXPERIMENTS: dict[str, str] = {
-    "probe_nq": "ragsieve.probe.experiment:ProbeExperiment",
-    "cbdr_nq": "ragsieve.gate.experiment:CBDRExperiment",
-    "rerank_base": "ragsieve.rerank.experiment:RerankBaseExperiment",
-    "rerank_align": "ragsieve.rerank.experiment:RerankAlignExperiment",
-    "grader": "ragsieve.grade.experiment:GraderExperiment",
-    "evolve": "ragsieve.evolve.experiment:EvolveExperiment",
+EXPERIMENTS: dict[str, type["Experiment"]] = {
+    "probe_nq": ProbeExperiment,
+    "cbdr_nq": CBDRExperiment,
+    "rerank_base": RerankBaseExperiment,
+    "rerank_align": RerankAlignExperiment,
+    "grader": GraderExperiment,
+    "evolve": EvolveExperiment,
 }
 
 
@@ -44,11 +50,9 @@ class ExperimentFile(StrictConfig):
 
 def load_experiment(name: str) -> Experiment:
     try:
-        target = EXPERIMENTS[name]
+        return EXPERIMENTS[name]()
     except KeyError:
         raise RagsieveError(f"unknown experiment '{name}'; known: {', '.join(sorted(EXPERIMENTS))}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)()
 
 
 def run_experiment_file(path: str | Path, console: Console | None = None, overrides: dict | None = None) -> dict:

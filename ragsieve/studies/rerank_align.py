@@ -1,23 +1,16 @@
-"""Reranker experiments.
-
-* ``rerank_base`` — the base cross-encoder (``embedded:base``) vs BM25 and MiniLM cosine on
-  held-out questions of each gold relevance source.
-* ``rerank_align`` — the knowledge-boundary paper's Tables 1–3: confidence-shift
-  preferences, the LLM-aligned cross-encoder fine-tuned on them, ranking quality on
-  the preference test set, end-to-end RAG accuracy, and CBDR with the aligned reranker.
-"""
+"""``rerank_align``: the knowledge-boundary paper's Tables 1–3: confidence-shift
+preferences, the LLM-aligned cross-encoder fine-tuned on them, ranking quality on the
+preference test set, end-to-end RAG accuracy, and CBDR with the aligned reranker."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from pydantic import Field, field_validator
 from rich.console import Console
-from rich.table import Table
 
 from ragsieve.config import StrictConfig
 from ragsieve.data.records import Passage
@@ -27,89 +20,8 @@ from ragsieve.rerank.base import BaseRanker
 from ragsieve.rerank.embedded import BaseRerankerConfig
 from ragsieve.rerank.relevance import RankingQuery
 from ragsieve.rerank.train import CrossEncoderTrainConfig
-
-
-class RetrievalOrder(BaseRanker):
-    """No reranking: keeps the retriever's order (the "retriever only" row)."""
-
-    name = "retriever"
-
-    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        return -np.arange(len(passages), dtype=float)
-
-
-def baseline_rankers(encoder: str = DEFAULT_ENCODER) -> dict[str, BaseRanker]:
-    from ragsieve.rerank.lexical import BM25Ranker
-    from ragsieve.rerank.neural import BiEncoderRanker
-
-    return {"bm25": BM25Ranker(), "bi-encoder": BiEncoderRanker(encoder)}
-
-
-def metrics_table(title: str, rows: dict[str, dict[str, float]], columns: Sequence[str]) -> Table:
-    table = Table(title=title)
-    table.add_column("reranker")
-    for c in columns:
-        table.add_column(c, justify="right")
-    for name, m in rows.items():
-        table.add_row(name, *(f"{m[c]:.3f}" for c in columns))
-    return table
-
-
-def markdown_table(rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> str:
-    lines = [f"| {first} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, m in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{m[c]:.3f}" for c in columns) + " |")
-    return "\n".join(lines)
-
-
-# --- rerank_base ------------------------------------------------------------------------------
-
-
-class RerankBaseConfig(StrictConfig):
-    base: BaseRerankerConfig = Field(default_factory=BaseRerankerConfig)
-    ks: list[int] = [1, 3, 5, 10]
-    encoder: str = DEFAULT_ENCODER
-    data_dir: str | None = None
-
-
-class RerankBaseExperiment:
-    """Train (once, cached) and evaluate ``embedded:base`` per dataset."""
-
-    Config = RerankBaseConfig
-
-    def run(self, cfg: RerankBaseConfig, out_dir: Path, console: Console) -> dict:
-        from ragsieve.data import load_dataset
-        from ragsieve.rerank.embedded import CARD_FILE, ensure_base_reranker
-        from ragsieve.rerank.neural import CrossEncoderRanker
-        from ragsieve.rerank.relevance import evaluate_rankers, ranking_queries, split_questions
-
-        t0 = time.perf_counter()
-        model_dir = ensure_base_reranker(cfg.base, cfg.data_dir)
-        train_seconds = time.perf_counter() - t0
-        rankers = {**baseline_rankers(cfg.encoder), "base": CrossEncoderRanker(str(model_dir))}
-        by_dataset, sizes = {}, {}
-        for name, source in cfg.base.sources.items():
-            ds = load_dataset(name, data_dir=cfg.data_dir)
-            _, test = split_questions(ds, source, cfg.base.seed)
-            queries = ranking_queries(ds, test, source)
-            sizes[name] = {
-                "queries": len(queries),
-                "mean_candidates": float(np.mean([len(q.candidates) for q in queries])),
-                "queries_with_relevant_candidate": sum(bool(q.relevant & {p.id for p in q.candidates}) for q in queries),
-            }
-            by_dataset[name] = evaluate_rankers(rankers, queries, ks=cfg.ks)
-            console.print(metrics_table(f"{name}: {len(queries)} held-out queries", by_dataset[name],
-                                        ["MRR@10", "nDCG@10", "P@1"]))
-        result = {
-            "by_dataset": by_dataset,
-            "eval_sizes": sizes,
-            "training": json.loads((model_dir / CARD_FILE).read_text()),
-            "model_dir": str(model_dir),
-            "seconds": time.perf_counter() - t0,
-            "train_or_load_seconds": train_seconds,
-        }
-        (out_dir / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-        return result
+from ragsieve.rerank.base import RetrievalOrder
+from ragsieve.studies.common import baseline_rankers, metrics_table, plot_sweep, progress_bar
 
 
 # --- rerank_align -----------------------------------------------------------------------------
@@ -157,7 +69,6 @@ class RerankAlignExperiment:
         from ragsieve.data import load_dataset
         from ragsieve.prefs.build import build_preference_set
         from ragsieve.prefs.preferences import read_preferences
-        from ragsieve.probe.experiment import progress_bar
         from ragsieve.rerank.embedded import ensure_base_reranker
         from ragsieve.rerank.neural import CrossEncoderRanker
         from ragsieve.rerank.relevance import evaluate_rankers
@@ -239,7 +150,6 @@ class RerankAlignExperiment:
         from ragsieve.models import load_local_llm
         from ragsieve.paths import cache_dir
         from ragsieve.probe.cache import StateCache
-        from ragsieve.probe.experiment import progress_bar
         from ragsieve.probe.labels import LabelRequest, label_generations
         from ragsieve.probe.model import ConfidenceProbe, load_head
         from ragsieve.rerank.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
@@ -335,7 +245,6 @@ def plot_tables(result: dict, out_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ragsieve.gate.experiment import plot_sweep
 
     table2 = result["table2"]
     columns = list(next(iter(table2.values())))

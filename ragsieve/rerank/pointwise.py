@@ -2,18 +2,17 @@
 
 For a (query, passage) pair the dataset's verdict template is filled, wrapped in the
 chat template, and the causal LM's next-token distribution at the answer position is
-read at the two label-word tokens (see :func:`~ragsieve.evolve.templates.verdict_tokens`):
+read at the two label-word tokens (see :mod:`ragsieve.models.verdict`):
 
     score = P(true) / (P(true) + P(false)),   confidence = max(score, 1 - score)
 
-Only the last position's logits are computed (``logits_to_keep=1``), so a batch costs
-one forward without the 49k-vocabulary output layer at every position.
+``load_reranker("pointwise:<template>")`` builds one; the evolving reranker trains its
+LoRA deltas (:mod:`ragsieve.evolve`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
@@ -21,100 +20,17 @@ import numpy as np
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
-from ragsieve.evolve.tasks import VerdictExample
-from ragsieve.evolve.templates import VerdictTemplate, VerdictTokens, get_template, verdict_tokens
+from ragsieve.data.records import LabeledPair
+from ragsieve.models.verdict import VerdictScores, score_verdicts, tokenize_prompts
+from ragsieve.prompts.verdicts import VerdictTemplate, get_template, verdict_tokens
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.rerank.base import BaseRanker
 
 if TYPE_CHECKING:
-    import torch
 
     from ragsieve.models.llm import LocalLLM
 
-FieldsLike = Union[Mapping[str, str], VerdictExample]
-
-
-@dataclass
-class VerdictScores:
-    """Per-example verdicts; the log-probs are over the full vocabulary (DPO reads them).
-
-    Example::
-
-        >>> s = VerdictScores(np.log([0.6, 0.1]), np.log([0.2, 0.3]))
-        >>> s.score.round(2).tolist(), s.confidence.round(2).tolist(), s.predictions.tolist()
-        ([0.75, 0.25], [0.75, 0.75], [1, 0])
-    """
-
-    logp_true: np.ndarray
-    logp_false: np.ndarray
-
-    @property
-    def score(self) -> np.ndarray:
-        """P(true) / (P(true) + P(false)) = sigmoid(logp_true - logp_false)."""
-        return 1.0 / (1.0 + np.exp(self.logp_false - self.logp_true))
-
-    @property
-    def confidence(self) -> np.ndarray:
-        s = self.score
-        return np.maximum(s, 1.0 - s)
-
-    @property
-    def predictions(self) -> np.ndarray:
-        return (self.score >= 0.5).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.logp_true)
-
-    def subset(self, index: Sequence[int]) -> "VerdictScores":
-        idx = np.asarray(index, dtype=np.int64)
-        return VerdictScores(self.logp_true[idx], self.logp_false[idx])
-
-
-def encode_left_padded(tokenizer, prompts: Sequence[str]) -> dict[str, "torch.Tensor"]:
-    """Left-padded batch with position ids from the mask, as ``generate`` builds them.
-
-    With these position ids a padded row gives the same last-position logits as the
-    prompt alone (up to float noise).
-    """
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-    mask = enc["attention_mask"]
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": enc["input_ids"], "attention_mask": mask, "position_ids": position_ids}
-
-
-def answer_logits(model, batch: Mapping[str, "torch.Tensor"]) -> "torch.Tensor":
-    """Next-token logits at the last prompt position, shape (batch, vocab), float32."""
-    out = model(**batch, logits_to_keep=1, use_cache=False)
-    return out.logits[:, -1, :].float()
-
-
-def verdict_logps(model, batch: Mapping[str, "torch.Tensor"], tokens: VerdictTokens) -> tuple["torch.Tensor", "torch.Tensor"]:
-    """log P(true token), log P(false token) over the full vocabulary: one forward for both."""
-    logps = answer_logits(model, batch).log_softmax(-1)
-    return logps[:, tokens.true_id], logps[:, tokens.false_id]
-
-
-def batched_verdicts(
-    model, tokenizer, tokens: VerdictTokens, prompts: Sequence[str], batch_size: int = 8
-) -> VerdictScores:
-    """Verdict log-probs for formatted prompts, in length-sorted batches (less padding), no grad."""
-    import torch
-
-    logp_true = np.zeros(len(prompts), dtype=np.float64)
-    logp_false = np.zeros(len(prompts), dtype=np.float64)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for lo in range(0, len(order), batch_size):
-                idx = order[lo : lo + batch_size]
-                t, f = verdict_logps(model, encode_left_padded(tokenizer, [prompts[i] for i in idx]), tokens)
-                logp_true[idx] = t.double().numpy()
-                logp_false[idx] = f.double().numpy()
-    finally:
-        model.train(was_training)
-    return VerdictScores(logp_true, logp_false)
+FieldsLike = Union[Mapping[str, str], LabeledPair]
 
 
 class VerdictPrompter:
@@ -152,14 +68,14 @@ class VerdictPrompter:
 
 
 def _fields(item: FieldsLike) -> Mapping[str, str]:
-    return item.fields if isinstance(item, VerdictExample) else item
+    return item.fields if isinstance(item, LabeledPair) else item
 
 
 class PointwiseLLMReranker(BaseRanker):
     """Any local causal LM as a pointwise verdict model and reranker.
 
     ``llm`` is a loaded :class:`~ragsieve.models.llm.LocalLLM` or a spec (default: the
-    embedded SmolLM2); ``template`` a dataset name in ``templates.yaml``; ``adapters``
+    embedded SmolLM2); ``template`` a dataset name in ``verdicts.yaml``; ``adapters``
     LoRA adapter folders merged in order (an evolved model is base ⊕ Δ0 ⊕ … ⊕ Δt).
 
     Example::
@@ -188,7 +104,7 @@ class PointwiseLLMReranker(BaseRanker):
         self.prompter = VerdictPrompter(self.llm, self.template, max_prompt_tokens)
         self.batch_size = batch_size
         if adapters:
-            from ragsieve.evolve.lora import merge_adapter
+            from ragsieve.models.lora import merge_adapter
 
             for path in adapters:
                 merge_adapter(self.llm, path)
@@ -203,7 +119,8 @@ class PointwiseLLMReranker(BaseRanker):
     def verdicts_for_prompts(self, prompts: Sequence[str], model=None) -> VerdictScores:
         """Batched verdict log-probs for already formatted prompts."""
         model = model if model is not None else self.llm.model
-        return batched_verdicts(model, self.llm.tokenizer, self.tokens, prompts, self.batch_size)
+        rows = tokenize_prompts(self.llm.tokenizer, prompts)
+        return score_verdicts(model, self.tokens, rows, self.llm.tokenizer.pad_token_id, self.batch_size)
 
     def predict(self, items: Sequence[FieldsLike]) -> VerdictScores:
         """Verdicts for examples or field mappings of this template."""

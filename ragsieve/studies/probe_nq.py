@@ -15,12 +15,12 @@ from typing import Literal
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
 from ragsieve.probe.train import ProbeTrainConfig
+from ragsieve.studies.common import progress_bar
 
 
 class ProbeExperimentConfig(StrictConfig):
@@ -47,12 +47,6 @@ class ProbeExperimentConfig(StrictConfig):
     # negatives seen when positives are scarce). dev / test stay balanced either way.
     train_sampling: Literal["balanced", "oversample"] = "balanced"
     data_dir: str | None = None
-
-
-def progress_bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
-    )
 
 
 def select_questions(questions, split: dict[str, float], n_questions: int, seed: int) -> dict[str, list]:

@@ -1,9 +1,4 @@
-"""Command line of the grader: ``ragsieve grader data|train|eval`` and ``ragsieve grade``.
-
-``grader_app`` is a typer sub-app and :func:`grade_cmd` a plain command function, both
-registered by :mod:`ragsieve.cli`. Errors are :class:`~ragsieve.errors.RagsieveError`
-one-liners, which the top-level CLI prints with exit code 2.
-"""
+"""``ragsieve grade QUERY`` and ``ragsieve grader data|train|eval``."""
 
 from __future__ import annotations
 
@@ -12,19 +7,19 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from ragsieve.cli.app import app, console, err_console
 from ragsieve.errors import DataError, RagsieveError
 
-console = Console()
-err_console = Console(stderr=True)
 
 DEFAULT_GRADER = Path("results/grader/models/C-long")
 
 grader_app = typer.Typer(help="Lightweight relevance grader: build data, train, evaluate.", no_args_is_help=True)
+app.add_typer(grader_app, name="grader")
 
 
+@app.command("grade")
 def grade_cmd(
     query: str = typer.Argument(..., help="The query the passages were retrieved for."),
     passages: Path = typer.Option(..., "--passages", "-p", help=".jsonl rows {text, title?, id?} or .txt lines."),

@@ -21,7 +21,6 @@ Outputs: ``metrics.json`` (``by_dataset``, ``alpha_sweep``, ``ablation``,
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from ragsieve.evolve.judges import JudgeSpec
 from ragsieve.evolve.methods import MethodConfig
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.studies.common import write_json
 
 DOWNSTREAM_DATASET = "hotpotqa-distractor"
 MAIN_METHODS = ("sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo")
@@ -137,14 +137,6 @@ def _alpha_cell(cfg: EvolveExperimentConfig, alpha: float) -> str:
     return f"replay-dpo@{alpha:g}"
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Atomic: a reader (or a rerun after a kill) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 class EvolveExperiment:
     """The experiment behind ``experiment: evolve``.
 
@@ -187,14 +179,14 @@ class EvolveExperiment:
                 if cell.method.kind == "cautious-dpo" and judges is None:
                     judges = self._judges(cfg, task, console)
                 result = self._run_cell(cfg, cell, task, m0_dir, judges or [], console)
-                _write_json(self._cell_path(out_dir, cell), result)
+                write_json(self._cell_path(out_dir, cell), result)
             if ds not in m0_info and (work / ds / "m0.json").exists():
                 m0_info[ds] = json.loads((work / ds / "m0.json").read_text())
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
-                _write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
+                write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
         metrics = self._aggregate(cfg, cells, out_dir, sizes, m0_info)
         metrics["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)
-        _write_json(out_dir / "metrics.json", metrics)
+        write_json(out_dir / "metrics.json", metrics)
         for ds in cfg.datasets:
             plot_accuracy_by_round(metrics["by_dataset"].get(ds, {}), out_dir / f"accuracy_{ds}.png", ds)
         for ds, curves in metrics["alpha_sweep"].items():
@@ -216,7 +208,7 @@ class EvolveExperiment:
         return out_dir / "cells" / cell.dataset / f"{cell.name}.json"
 
     def _ranker(self, cfg: EvolveExperimentConfig, ds: str, adapters=()):
-        from ragsieve.evolve.reranker import PointwiseLLMReranker
+        from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
         return PointwiseLLMReranker(
             cfg.llm, ds, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.eval_batch_size
@@ -237,7 +229,7 @@ class EvolveExperiment:
             cfg.m0_train.model_copy(update={"seed": cfg.seed}), save_dir=m0_dir,
         )
         info = {"train": result.summary(), "truncated_prompts": ranker.prompter.truncated}
-        _write_json(info_path, info)
+        write_json(info_path, info)
         return m0_dir, info
 
     def _judges(self, cfg, task, console: Console):
@@ -298,7 +290,7 @@ class EvolveExperiment:
     def _answer(self, cfg, questions, contexts) -> dict:
         from ragsieve.eval.qa import qa_metrics
         from ragsieve.models.llm import load_local_llm
-        from ragsieve.pipeline.rag import first_line
+        from ragsieve.prompts import first_line
         from ragsieve.prompts import load_qa_prompts
         from ragsieve.prompts.builder import PromptBuilder
 

@@ -1,6 +1,6 @@
 """Verdict prompts as data: the per-dataset templates and where their label words sit.
 
-The texts live in ``templates.yaml`` next to this file (prompts are data, not code).
+The texts live in ``verdicts.yaml`` next to this file (prompts are data, not code).
 :func:`verdict_tokens` finds the token ids a reranker reads for the two label words at
 the answer position of a given tokenizer and chat template.
 """
@@ -18,7 +18,9 @@ from ragsieve.errors import RagsieveError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-TEMPLATE_FILE = Path(__file__).resolve().parent / "templates.yaml"
+    from ragsieve.models.verdict import VerdictTokens
+
+TEMPLATE_FILE = Path(__file__).resolve().parent / "verdicts.yaml"
 _KEYS = ("template", "true_word", "false_word", "truncate", "query_field", "passage_field")
 
 
@@ -61,7 +63,7 @@ class VerdictTemplate:
 
 @lru_cache(maxsize=4)
 def load_templates(path: str | None = None) -> dict[str, VerdictTemplate]:
-    """All templates by dataset name (default: the packaged ``templates.yaml``)."""
+    """All templates by dataset name (default: the packaged ``verdicts.yaml``)."""
     import yaml
 
     source = Path(path) if path else TEMPLATE_FILE
@@ -94,45 +96,9 @@ def get_template(name: str, path: str | None = None) -> VerdictTemplate:
         raise RagsieveError(f"no verdict template '{name}'; known: {', '.join(sorted(templates))}") from None
 
 
-@dataclass(frozen=True)
-class VerdictTokens:
-    """Token ids read for the two label words at the answer position.
-
-    ``true_pieces`` / ``false_pieces`` are the full tokenisations; only the first
-    token is scored, so ``multi_token`` flags words that are approximated that way.
-    """
-
-    true_id: int
-    false_id: int
-    true_pieces: tuple[int, ...]
-    false_pieces: tuple[int, ...]
-
-    @property
-    def multi_token(self) -> bool:
-        return len(self.true_pieces) > 1 or len(self.false_pieces) > 1
-
-    def id_for(self, label: int) -> int:
-        return self.true_id if label else self.false_id
-
-
-def answer_tokens(tokenizer: "PreTrainedTokenizerBase", prompt: str, word: str) -> tuple[int, ...]:
-    """The tokens ``word`` becomes when written right after ``prompt``.
-
-    Tokenising ``prompt + word`` (not ``word`` alone) picks the variant the model
-    actually produces there: no leading space after a chat template's newline, a
-    space-prefixed token after plain text ending in a space, and so on.
-    """
-    base = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    full = tokenizer(prompt + word, add_special_tokens=False)["input_ids"]
-    if full[: len(base)] == base and len(full) > len(base):
-        return tuple(full[len(base) :])
-    # The word merged with the prompt's last token: fall back to the word on its own.
-    return tuple(tokenizer(word, add_special_tokens=False)["input_ids"])
-
-
 def verdict_tokens(
     tokenizer: "PreTrainedTokenizerBase", template: VerdictTemplate, format_prompt: Callable[[str], str]
-) -> VerdictTokens:
+) -> "VerdictTokens":
     """Label-word token ids at the answer position of ``format_prompt`` (the chat template).
 
     Example::
@@ -141,14 +107,10 @@ def verdict_tokens(
         verdict_tokens(llm.tokenizer, get_template("hotpotqa-distractor"), llm.format_prompt)
         # VerdictTokens(true_id=2787, false_id=4245, ...)  "True" / "False", no leading space
     """
+    from ragsieve.models.verdict import VerdictTokens
+
     probe_prompt = format_prompt(template.render({f: "x" for f in template.fields}))
-    true_pieces = answer_tokens(tokenizer, probe_prompt, template.true_word)
-    false_pieces = answer_tokens(tokenizer, probe_prompt, template.false_word)
-    if not true_pieces or not false_pieces:
-        raise RagsieveError(f"template '{template.name}': a label word tokenises to nothing")
-    if true_pieces[0] == false_pieces[0]:
-        raise RagsieveError(
-            f"template '{template.name}': '{template.true_word}' and '{template.false_word}' share their first "
-            f"token ({true_pieces[0]}), so one next-token distribution cannot tell them apart"
-        )
-    return VerdictTokens(true_pieces[0], false_pieces[0], true_pieces, false_pieces)
+    try:
+        return VerdictTokens.at_answer(tokenizer, probe_prompt, template.true_word, template.false_word)
+    except RagsieveError as exc:
+        raise RagsieveError(f"template '{template.name}': {exc}") from None

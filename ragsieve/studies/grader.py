@@ -33,6 +33,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.grade.dataset import GradingDataConfig, GradingPair
 from ragsieve.grade.train import GraderTrainConfig
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
+from ragsieve.studies.common import progress_bar
 
 METRIC_KEYS = ("accuracy", "precision", "recall", "f1")
 # What the retriever's score is, for the histogram's axis.
@@ -254,7 +255,6 @@ class GraderExperiment:
         from ragsieve.grade.dataset import apply_judge_labels
         from ragsieve.grade.judge import LLMJudge
         from ragsieve.models import load_llm
-        from ragsieve.probe.experiment import progress_bar
 
         if not cfg.judge_llm:
             raise RagsieveError("teacher: judge needs judge_llm (a local model or openai:<url>#<model>)")
@@ -334,7 +334,6 @@ class _Runner:
         return metrics
 
     def _progress(self, name: str):
-        from ragsieve.probe.experiment import progress_bar
 
         bar = progress_bar(self.console)
         task = bar.add_task(f"train {name}", total=None)

@@ -1,0 +1,110 @@
+"""Data commands: ``datasets``, ``index``, ``retrieve``, ``eval-retrieval``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ragsieve.cli.app import DataDirOption, SkipBadOption, app, console, err_console, parse_ks
+from ragsieve.errors import RagsieveError
+from ragsieve.models.specs import DEFAULT_ENCODER
+
+from rich.table import Table
+
+
+@app.command("datasets")
+def datasets_cmd(data_dir: Optional[Path] = DataDirOption) -> None:
+    """List the benchmark datasets with their sizes and licences."""
+    from ragsieve.data import available_datasets, load_dataset
+    from ragsieve.data.loaders import DATASET_LICENCES
+
+    table = Table(title="datasets")
+    for col in ("name", "questions", "pool passages", "judgments", "pairs", "licence"):
+        table.add_column(col)
+    for name in available_datasets():
+        ds = load_dataset(name, data_dir=data_dir)
+        table.add_row(name, str(len(ds.questions)), str(len(ds.passages)), str(len(ds.judgments)),
+                      str(len(ds.pairs)), DATASET_LICENCES.get(name, "?"))
+    console.print(table)
+
+
+@app.command("index")
+def index_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Index directory to create."),
+    dataset: str = typer.Option("nq-oracle", help="Dataset whose passage pool is indexed."),
+    kind: str = typer.Option("hybrid", help="bm25 | dense | hybrid"),
+    encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
+    data_dir: Optional[Path] = DataDirOption,
+    skip_bad: bool = SkipBadOption,
+) -> None:
+    """Build a retrieval index over a dataset's passage pool."""
+    from ragsieve.data import load_dataset
+    from ragsieve.retrieve import build_index
+
+    ds = load_dataset(dataset, data_dir=data_dir, skip_bad=skip_bad)
+    if not ds.passages:
+        raise RagsieveError(f"dataset '{dataset}' has no passage pool to index")
+    if ds.skipped_lines:
+        err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
+    build_index(ds.passages, out, kind=kind, encoder_spec=encoder)
+    console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {out}")
+
+
+@app.command("retrieve")
+def retrieve_cmd(
+    query: str = typer.Argument(..., help="The query text."),
+    index: Path = typer.Option(..., "--index", "-i", help="Index directory (ragsieve index)."),
+    k: int = typer.Option(5, "-k", help="How many passages."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+) -> None:
+    """Retrieve the top-k passages for a query."""
+    from ragsieve.retrieve import load_index
+
+    hits = load_index(index).search(query, k=k)
+    if as_json:
+        for h in hits:
+            print(json.dumps({"rank": h.rank, "score": h.score, "id": h.passage.id, "title": h.passage.title,
+                              "text": h.passage.text}, ensure_ascii=False))
+        return
+    table = Table(title=query)
+    for col in ("rank", "score", "id", "passage"):
+        table.add_column(col)
+    for h in hits:
+        table.add_row(str(h.rank + 1), f"{h.score:.4f}", h.passage.id, h.passage.full_text[:160])
+    console.print(table)
+
+
+@app.command("eval-retrieval")
+def eval_retrieval_cmd(
+    dataset: str = typer.Option("nq-oracle", help="A dataset with gold passages (nq-oracle, bioasq, fever, ...)."),
+    kinds: str = typer.Option("bm25,dense,hybrid", help="Comma-separated retriever kinds."),
+    ks: str = typer.Option("1,5,10,20", "--ks", help="Recall cut-offs."),
+    n_questions: int = typer.Option(500, help="Held-out questions to evaluate (0 = all)."),
+    encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
+    out: Optional[Path] = typer.Option(None, help="Write the metrics as JSON here."),
+    data_dir: Optional[Path] = DataDirOption,
+    seed: int = typer.Option(0, help="Split seed (held-out = the 'test' split by id)."),
+) -> None:
+    """Compare BM25, dense and hybrid retrieval on held-out questions: recall@k and MRR@10."""
+    from ragsieve.studies.retrieval import evaluate_retrievers
+
+    results = evaluate_retrievers(
+        dataset, kinds=[k.strip() for k in kinds.split(",") if k.strip()], ks=parse_ks(ks),
+        n_questions=n_questions, encoder_spec=encoder, data_dir=data_dir, seed=seed,
+    )
+    table = Table(title=f"{dataset}: {results['n_questions']} held-out questions, {results['n_passages']} passages")
+    metric_names = list(next(iter(results["metrics"].values())).keys())
+    table.add_column("retriever")
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    for kind, m in results["metrics"].items():
+        table.add_row(kind, *(f"{m[n]:.3f}" for n in metric_names))
+    console.print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        console.print(f"wrote {out}")
+

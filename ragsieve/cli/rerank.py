@@ -1,0 +1,152 @@
+"""``ragsieve rerank QUERY|train|eval`` and ``ragsieve prefs build``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ragsieve.cli.app import SkipBadOption, app, console, err_console, parse_ks
+from ragsieve.errors import RagsieveError
+
+
+prefs_app = typer.Typer(help="Confidence-shift preference sets (Inc = Conf(Q+C) − Conf(Q)).", no_args_is_help=True)
+app.add_typer(prefs_app, name="prefs")
+
+
+@prefs_app.command("build")
+def prefs_build_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for shifts.jsonl, prefs_train.jsonl, prefs_test.jsonl."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of PreferenceBuildConfig fields."),
+    probe: Optional[Path] = typer.Option(None, "--probe", help="Probe folder (default results/probe_nq/probe)."),
+    train_questions: Optional[int] = typer.Option(None, help="Questions for the train preferences."),
+    test_questions: Optional[int] = typer.Option(None, help="Held-out questions for the test preferences."),
+) -> None:
+    """Score the top-20 retrieved passages per question with the probe and write FlagEmbedding jsonl."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.prefs.build import PreferenceBuildConfig, build_preference_set
+    from ragsieve.studies.common import progress_bar
+
+    values = read_mapping(config) if config else {}
+    overrides = {"probe": str(probe) if probe else None, "train_questions": train_questions,
+                 "test_questions": test_questions}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    cfg = build_config(PreferenceBuildConfig, values, source=str(config or "options"))
+    with progress_bar(err_console) as bar:
+        task = bar.add_task("confidence shifts", total=cfg.train_questions + cfg.test_questions)
+        stats = build_preference_set(cfg, out, lambda k: bar.advance(task, k))
+    print(json.dumps(stats, indent=2))
+
+
+class _QueryOrCommand(typer.core.TyperGroup):
+    """`ragsieve rerank QUERY ...` ranks; `ragsieve rerank train|eval ...` run those commands."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["query", *args]
+        return super().resolve_command(ctx, args)
+
+
+rerank_app = typer.Typer(
+    cls=_QueryOrCommand, no_args_is_help=True,
+    help="Rerank passages (`ragsieve rerank QUERY --passages FILE`), or train / eval a cross-encoder.",
+)
+app.add_typer(rerank_app, name="rerank")
+RerankerOption = typer.Option(
+    "embedded:base", "--reranker", "-r",
+    help="Cross-encoder folder, embedded:base, cross-encoder:<HF id or folder>, bm25 or bi-encoder.",
+)
+
+
+@rerank_app.command("query", hidden=True)
+def rerank_query_cmd(
+    query: str = typer.Argument(..., help="The query."),
+    passages: Path = typer.Option(..., "--passages", "-p", help="jsonl {text, title?, id?} or one passage per line."),
+    reranker: str = RerankerOption,
+    k: int = typer.Option(0, "-k", help="Show only the best k (0 = all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+) -> None:
+    """Rank passages for a query."""
+    from ragsieve.rerank import load_reranker
+
+    from ragsieve.data.passage_files import read_passages_file
+
+    items = read_passages_file(passages)
+    ranked = load_reranker(reranker).rank(query, items) if items else None
+    results = [] if ranked is None else (ranked.top_k(k) if k else list(ranked.results))
+    if as_json:
+        for r in results:
+            print(json.dumps({"rank": r.rank, "index": r.index, "id": r.passage.id, "score": r.score,
+                              "text": r.passage.full_text}, ensure_ascii=False))
+        return
+    table = Table(title=f"{len(results)} of {len(items)} passages")
+    for col in ("rank", "index", "score", "passage"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(str(r.rank + 1), str(r.index), f"{r.score:.4f}", r.passage.full_text[:120])
+    console.print(table)
+
+
+@rerank_app.command("train")
+def rerank_train_cmd(
+    prefs: Path = typer.Option(..., "--prefs", help="FlagEmbedding jsonl: query, pos, neg (+ scores)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the trained CrossEncoder."),
+    init: str = typer.Option("embedded:base", "--init", help="Start from: a cross-encoder folder, embedded:base, "
+                             "or an encoder spec (new head)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of CrossEncoderTrainConfig fields."),
+    skip_bad: bool = SkipBadOption,
+) -> None:
+    """Fine-tune a cross-encoder with InfoNCE (1 positive vs a group of negatives)."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.prefs.preferences import read_preferences
+    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+
+    values = read_mapping(config) if config else {}
+    if init == "embedded:base":
+        from ragsieve.rerank.embedded import ensure_base_reranker
+
+        init = str(ensure_base_reranker())
+    values["init"] = init
+    cfg = build_config(CrossEncoderTrainConfig, values, source=str(config or "options"))
+    records = read_preferences(prefs, skip_bad=skip_bad)
+    path = train_cross_encoder(records, cfg, out)
+    console.print(f"trained on {sum(len(r.pos) for r in records)} groups from {len(records)} queries → {path}")
+
+
+@rerank_app.command("eval")
+def rerank_eval_cmd(
+    prefs: Path = typer.Option(..., "--prefs", help="Test preferences (jsonl): rank pos ∪ neg, relevant = pos."),
+    rerankers: list[str] = typer.Option(["bm25", "bi-encoder", "embedded:base"], "--reranker", "-r",
+                                        help="Repeat to compare several."),
+    ks: str = typer.Option("1,3,5", "--ks", help="Cut-offs."),
+    out: Optional[Path] = typer.Option(None, help="Write the metrics as JSON here."),
+) -> None:
+    """P@k, R@k, MRR@k of each reranker on a preference test file."""
+    import hashlib
+
+    from ragsieve.data.records import Passage
+    from ragsieve.prefs.preferences import read_preferences
+    from ragsieve.rerank import load_reranker
+    from ragsieve.studies.common import metrics_table
+    from ragsieve.rerank.relevance import RankingQuery, evaluate_rankers
+
+    queries = []
+    for i, r in enumerate(read_preferences(prefs)):
+        qid = r.query_id or str(i)
+        pos_ids = r.pos_ids or [f"pos{j}" for j in range(len(r.pos))]
+        neg_ids = r.neg_ids or [f"neg{j}" for j in range(len(r.neg))]
+        # hash order, not pos-first: tied scores must not favour the positives
+        cands = sorted((Passage(p, t) for p, t in zip(pos_ids + neg_ids, r.pos + r.neg)),
+                       key=lambda p: hashlib.sha1(p.text.encode()).hexdigest())
+        queries.append(RankingQuery(qid, r.query, tuple(cands), frozenset(pos_ids)))
+    if not queries:
+        raise RagsieveError(f"{prefs}: no preference records to evaluate")
+    metrics = evaluate_rankers({spec: load_reranker(spec) for spec in rerankers}, queries,
+                               ks=parse_ks(ks), measures=("P", "R", "MRR"))
+    console.print(metrics_table(f"{len(queries)} queries", metrics, list(next(iter(metrics.values())))))
+    if out:
+        out.write_text(json.dumps(metrics, indent=2) + "\n")
+

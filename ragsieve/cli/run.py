@@ -1,0 +1,31 @@
+"""``ragsieve demo`` and ``ragsieve run CONFIG``: the studies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ragsieve.cli.app import app, console
+
+
+@app.command("demo")
+def demo_cmd(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON overriding the embedded defaults."),
+) -> None:
+    """Run the main job on embedded defaults (what `make demo` runs)."""
+    from ragsieve.config import load_config
+    from ragsieve.studies.demo import DemoConfig, run_demo
+
+    cfg = load_config(DemoConfig, config) if config else DemoConfig()
+    run_demo(cfg, console)
+
+
+@app.command("run")
+def run_cmd(config: Path = typer.Argument(..., help="Experiment YAML (see experiments/).")) -> None:
+    """Run an experiment config end to end and write its results."""
+    from ragsieve.studies.runner import run_experiment_file
+
+    run_experiment_file(config, console)
+

@@ -1,0 +1,85 @@
+"""What every study shares: progress bars, result tables, atomic JSON and the CBDR plot.
+
+Library code reports progress through callbacks; only studies and the CLI draw bars.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from ragsieve.rerank.base import BaseRanker
+
+
+def progress_bar(console: Console) -> Progress:
+    """The one progress-bar layout: description, bar, n/N, time left."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+    )
+
+
+def baseline_rankers(encoder: str | None = None) -> dict[str, "BaseRanker"]:
+    """The two rankers every reranking table compares against: BM25 and MiniLM cosine."""
+    from ragsieve.models.specs import DEFAULT_ENCODER
+    from ragsieve.rerank.lexical import BM25Ranker
+    from ragsieve.rerank.neural import BiEncoderRanker
+
+    return {"bm25": BM25Ranker(), "bi-encoder": BiEncoderRanker(encoder or DEFAULT_ENCODER)}
+
+
+def metrics_table(title: str, rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> Table:
+    """A rich table of ``rows[name][column]`` floats, three decimals."""
+    table = Table(title=title)
+    table.add_column(first)
+    for c in columns:
+        table.add_column(c, justify="right")
+    for name, m in rows.items():
+        table.add_row(name, *(f"{m[c]:.3f}" for c in columns))
+    return table
+
+
+def markdown_table(rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> str:
+    """The same table as Markdown, for READMEs."""
+    lines = [f"| {first} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, m in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{m[c]:.3f}" for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: Any, indent: int = 1) -> None:
+    """Atomic: a reader (or a rerun after a kill) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    os.replace(tmp, path)
+
+
+def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float) -> None:
+    """CBDR accuracy vs retrieval rate, one line per top-k, β annotated."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for k in sorted({r["top_k"] for r in sweep}):
+        rows = sorted((r for r in sweep if r["top_k"] == k), key=lambda r: r["rr"])
+        ax.plot([r["rr"] * 100 for r in rows], [r["accuracy"] * 100 for r in rows], marker="o", label=f"top-{k}")
+        for r in rows:
+            ax.annotate(f"{r['beta']:.2g}", (r["rr"] * 100, r["accuracy"] * 100), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+    ax.axhline(closed_book_accuracy * 100, color="grey", linestyle=":", label="closed-book")
+    ax.set_xlabel("retrieval rate RR (%)")
+    ax.set_ylabel("accuracy (answer containment, %)")
+    ax.set_title("CBDR: accuracy vs retrieval rate (labels: β)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

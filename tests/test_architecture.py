@@ -1,0 +1,26 @@
+"""The house plan holds: imports flow down the layers in pyproject.toml, with no cycles."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_are_kept():
+    """`lint-imports` (import-linter) over the contracts in pyproject.toml: layers and no cycles."""
+    exe = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(exe), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_front_door_exports_resolve_and_stay_light():
+    """`from ragsieve import X` works for every name in __all__, and importing ragsieve loads no torch."""
+    code = (
+        "import sys, ragsieve; assert 'torch' not in sys.modules, 'import ragsieve loaded torch'; "
+        "[getattr(ragsieve, n) for n in ragsieve.__all__]; print(len(ragsieve.__all__))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.strip()) >= 10
