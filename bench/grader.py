@@ -35,7 +35,7 @@ def main() -> None:
     import torch
 
     from ragsieve.data import load_dataset
-    from ragsieve.grade import load_grader, new_grader
+    from ragsieve.registry import load_grader, new_grader
     from ragsieve.grade.judge import LLMJudge
     from ragsieve.models import load_local_llm
 

@@ -73,10 +73,10 @@ def main() -> None:
     for backend in [b for b in args.backends.split(",") if b]:
         t = time.perf_counter()
         ranker = CrossEncoderRanker(model_dir, batch_size=args.batch_size, backend=backend)
-        ranker.score_pairs(pairs[:4])  # warm-up: export / quantise / session start
+        ranker.predict_pairs(pairs[:4])  # warm-up: export / quantise / session start
         setup = time.perf_counter() - t
         t = time.perf_counter()
-        scores = ranker.score_pairs(pairs)
+        scores = ranker.predict_pairs(pairs)
         seconds = time.perf_counter() - t
         nd = ndcg10(scores)
         rows[backend] = {

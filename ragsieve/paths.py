@@ -1,9 +1,11 @@
-"""Where ragsieve keeps caches and finds data, overridable by environment variables."""
+"""Where ragsieve keeps caches, finds data and resolves named artifacts (``embedded:<name>``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from ragsieve.errors import ModelNotAvailable
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -14,3 +16,30 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("RAGSIEVE_CACHE") or Path.home() / ".cache" / "ragsieve").expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+ASSETS_DIR = PACKAGE_DIR / "assets"
+
+#: artifact kind → how a user builds one when the named one is missing
+_HOW_TO_BUILD = {
+    "probes": "build one with `ragsieve run experiments/probe_nq.yaml` (or `ragsieve fit`) and pass its folder",
+    "graders": "train one with `ragsieve grader train` (or `ragsieve fit`) and pass its folder",
+}
+
+
+def resolve_artifact(kind: str, spec: str | Path) -> Path:
+    """``embedded:<name>`` → ``assets/<kind>/<name>`` or ``$RAGSIEVE_CACHE/<kind>/<name>``; else a path."""
+    text = str(spec)
+    if not text.startswith("embedded:"):
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise ModelNotAvailable(f"no {kind[:-1]} at {path}; {_HOW_TO_BUILD.get(kind, 'build it first')}")
+        return path
+    name = text.partition(":")[2] or "default"
+    for root in (ASSETS_DIR / kind, cache_dir() / kind):
+        if (root / name).is_dir():
+            return root / name
+    raise ModelNotAvailable(
+        f"no {kind[:-1]} named '{name}' is shipped or cached (looked in {ASSETS_DIR / kind} and "
+        f"{cache_dir() / kind}); {_HOW_TO_BUILD.get(kind, 'build it first')}"
+    )

@@ -1,0 +1,146 @@
+"""The one registry: spec strings → rerankers, graders, probes (real class references, no strings).
+
+Every loader the CLI, the pipeline, the studies and the judges use goes through here, so
+a spec means the same thing everywhere:
+
+============================  ================================================================
+reranker spec                 what loads
+============================  ================================================================
+``embedded:base``             ragsieve's own cross-encoder, shipped in the package
+``cross-encoder:<dir or id>``  any sentence-transformers CrossEncoder (a bare folder too)
+``bi-encoder[:<encoder>]``    cosine of MiniLM (or any encoder) embeddings
+``bm25``                      BM25 over the candidate list
+``pointwise:<template>``      a causal LM's P(true) under a verdict template (``llm=`` kwarg)
+``none``                      keep the retriever's order
+============================  ================================================================
+
+Named artifacts resolve like ``embedded:base``: ``embedded:<name>`` is looked up in the
+package's ``assets/`` folder, then in ``$RAGSIEVE_CACHE``; anything else is a path. A
+missing artifact is one line that says how to build it.
+
+Example::
+
+    from ragsieve.registry import load_reranker, load_grader, new_grader
+    load_reranker("bm25").top_k("who wrote hamlet", ["Shakespeare wrote Hamlet.", "Paris"], 1)
+    grader = new_grader("cosine")          # MiniLM cosine + a threshold to fit
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ragsieve.config import build_config
+from ragsieve.errors import ModelNotAvailable, RagsieveError
+from ragsieve.grade.base import Grader, GraderConfig, read_grader_config
+from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, LoraGrader, PromptedGrader
+from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
+from ragsieve.paths import resolve_artifact
+from ragsieve.rerank.base import BaseRanker, RetrievalOrder
+from ragsieve.rerank.embedded import load_embedded_reranker
+from ragsieve.rerank.lexical import BM25Ranker
+from ragsieve.rerank.neural import BiEncoderRanker, CrossEncoderRanker
+from ragsieve.rerank.pointwise import PointwiseLLMReranker
+
+if TYPE_CHECKING:
+    from ragsieve.models.llm import LocalLLM
+    from ragsieve.probe.model import ConfidenceProbe
+
+#: reranker name → class or factory; a spec "name:arg" passes arg as the first argument.
+RERANKERS: dict[str, Callable[..., BaseRanker]] = {
+    "bm25": BM25Ranker,
+    "bi-encoder": BiEncoderRanker,
+    "cross-encoder": CrossEncoderRanker,
+    "embedded": load_embedded_reranker,
+    "pointwise": PointwiseLLMReranker,
+    "none": RetrievalOrder,
+}
+
+#: grader kind → class
+GRADERS: dict[str, type[Grader]] = {
+    "prompted": PromptedGrader,
+    "generative": GenerativeGrader,
+    "head": HeadGrader,
+    "classifier": ClassifierGrader,
+    "lora": LoraGrader,
+    "ranker": RankerGrader,
+    "cosine": CosineGrader,
+    "cross-encoder": CrossEncoderGrader,
+}
+
+def load_reranker(spec: str, **kwargs: Any) -> BaseRanker:
+    """A reranker from its spec (table above); a bare folder path is a cross-encoder.
+
+    Example::
+
+        load_reranker("cross-encoder:results/rerank/base").top_k(query, passages, 3)
+        load_reranker("pointwise:fever", llm="embedded:smollm2-135m-instruct")
+    """
+    if spec and ":" not in spec and Path(spec).is_dir():  # a bare folder = a cross-encoder
+        spec = f"cross-encoder:{spec}"
+    name, sep, arg = (spec or "").partition(":")
+    try:
+        factory = RERANKERS[name]
+    except KeyError:
+        raise RagsieveError(f"unknown reranker '{name}'; known: {', '.join(sorted(RERANKERS))}") from None
+    return factory(arg, **kwargs) if sep else factory(**kwargs)
+
+
+def grader_class(kind: str) -> type[Grader]:
+    """The class registered for ``kind``; one-line error naming the known kinds."""
+    try:
+        return GRADERS[kind]
+    except KeyError:
+        raise RagsieveError(f"unknown grader kind '{kind}'; known: {', '.join(GRADERS)}") from None
+
+
+def _build(cls: type[Grader], config: GraderConfig) -> Grader:
+    if issubclass(cls, RankerGrader):  # the ranker comes from its spec, here, where specs resolve
+        return cls(config, load_reranker(cls.ranker_spec(config, known=tuple(RERANKERS))))
+    return cls.create(config)
+
+
+def new_grader(kind: str, base: str | None = None, **options: Any) -> Grader:
+    """A fresh (untrained) grader of ``kind`` on ``base`` (default: the kind's default model).
+
+    ``options`` are :class:`~ragsieve.grade.base.GraderConfig` fields (``max_length``, ``lora_r``, ...).
+
+    Example::
+
+        new_grader("lora", lora_r=16, lora_alpha=32, max_passage_tokens=192)
+        new_grader("ranker", base="embedded:base", threshold=0.5)
+    """
+    cls = grader_class(kind)
+    base = base or cls.default_base
+    if not base:
+        raise RagsieveError(f"a '{kind}' grader needs a base model")
+    config = build_config(GraderConfig, {"kind": kind, "base": cls.normalize_base(base), **options}, "grader options")
+    return _build(cls, config)
+
+
+def load_grader(spec: str | Path, base: str | None = None) -> Grader:
+    """A saved grader: a folder written by :meth:`Grader.save`, or ``embedded:<name>``.
+
+    ``base``, when given, must be the model the grader was trained on; a grader is
+    refused on any other base (its weights would be meaningless there).
+    """
+    path = resolve_artifact("graders", spec)
+    config = read_grader_config(path)
+    cls = grader_class(config.kind)
+    if base is not None and cls.normalize_base(base) != config.base:
+        raise RagsieveError(
+            f"grader at {path} was trained on '{config.base}', not '{cls.normalize_base(base)}'; "
+            "train one for that model"
+        )
+    grader = _build(cls, config)
+    grader._load_weights(path)
+    return grader
+
+
+def load_probe(spec: str | Path, llm: "LocalLLM", **kwargs: Any) -> "ConfidenceProbe":
+    """A saved knowledge-boundary probe (a folder or ``embedded:<name>``) for ``llm``."""
+    from ragsieve.probe.model import ConfidenceProbe
+
+    if not hasattr(llm, "tokenizer"):
+        raise RagsieveError("the probe reads hidden states: it needs a local LLM, not an endpoint")
+    return ConfidenceProbe.load(resolve_artifact("probes", spec), llm, **kwargs)

@@ -24,3 +24,15 @@ def test_front_door_exports_resolve_and_stay_light():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.strip()) >= 10
+
+
+def test_type_checking_mirror_matches_the_lazy_exports():
+    """IDEs and type checkers see exactly the names `from ragsieve import X` serves."""
+    import ast
+
+    import ragsieve
+
+    tree = ast.parse((REPO / "ragsieve" / "__init__.py").read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    mirrored = {(imp.module, a.name) for imp in guarded.body for a in imp.names}
+    assert mirrored == {(module, name) for name, module in ragsieve._EXPORTS.items()}

@@ -147,3 +147,61 @@ def test_rerank_query_train_eval_cli(tmp_path, capsys, tiny_cross_encoder_dir):
     assert main(["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
                  "--config", str(cfg)]) == 2
     assert "unknown key 'batch_sise'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the stages act, seen through `ask`
+
+# BM25 ranks the answer last (keyword overlap); MiniLM cosine ranks it first (0.74 / 0.48 / 0.07).
+STAGE_CORPUS = [
+    Passage("stuffed", "Hamlet, hamlet, hamlet: a hamlet is a small village. Hamlet villages.", "Hamlet (place)"),
+    Passage("answer", "Hamlet is a tragedy written by William Shakespeare around 1600.", "Hamlet"),
+    Passage("off", "Photosynthesis converts light energy into chemical energy, says the author.", "Photosynthesis"),
+]
+
+
+@pytest.fixture
+def stage_index(tmp_path):
+    from ragsieve.retrieve import build_index
+
+    build_index(STAGE_CORPUS, tmp_path / "idx", kind="bm25")
+    return tmp_path / "idx"
+
+
+def _contexts(out: str) -> list[str]:
+    """Passage ids `ask --show-contexts` printed, in the order the LLM saw them."""
+    return [line.split()[1] for line in out.splitlines() if line.startswith("[")]
+
+
+def test_ask_reranker_changes_what_reaches_the_llm(stage_index, tiny_llm_dir, cli):
+    base = ["ask", "who is the author of hamlet", "--index", stage_index, "--llm", tiny_llm_dir,
+            "--max-new-tokens", "2", "--show-contexts", "--top-k", "1", "--candidates", "3"]
+    plain = cli(*base)
+    assert plain.code == 0, plain.err
+    assert _contexts(plain.out) == ["off"]  # BM25's first hit shares "author" with the query
+    reranked = cli(*base, "--reranker", "bi-encoder")
+    assert reranked.code == 0, reranked.err
+    assert _contexts(reranked.out) == ["answer"]  # the reranker moved the answer to the top
+
+
+def test_ask_grader_drops_the_irrelevant_passage(stage_index, tiny_llm_dir, tmp_path, cli):
+    from ragsieve.registry import new_grader
+
+    # MiniLM cosine: 0.74 / 0.48 for the Hamlet passages, 0.07 for the off-topic one
+    new_grader("cosine", threshold=0.25).save(tmp_path / "grader")
+    base = ["ask", "who is the author of hamlet", "--index", stage_index, "--llm", tiny_llm_dir,
+            "--max-new-tokens", "2", "--show-contexts", "--top-k", "3"]
+    plain = cli(*base)
+    assert plain.code == 0 and set(_contexts(plain.out)) == {"stuffed", "answer", "off"}
+    graded = cli(*base, "--grader", tmp_path / "grader")
+    assert graded.code == 0, graded.err
+    assert "off" not in _contexts(graded.out) and "answer" in _contexts(graded.out)
+    assert "graded irrelevant and dropped" in graded.err
+
+
+def test_ask_refuses_bad_options_before_loading_anything(stage_index, cli):
+    result = cli("ask", "q", "--index", stage_index, "--top-k", "0", "--llm", "/no/such/model")
+    assert result.code == 2 and "top_k" in result.err and "no/such" not in result.err
+    result = cli("ask", "q", "--index", stage_index, "--cbdr", "1.5", "--llm", "/no/such/model")
+    assert result.code == 2 and "cbdr_beta" in result.err
+    result = cli("ask", "q", "--index", stage_index, "--grader", "embedded:nope")
+    assert result.code == 2 and "no grader named 'nope'" in result.err

@@ -156,7 +156,7 @@ def test_real_tasks_have_the_issue_binary_labels():
 def test_reranker_scores_batched_like_single_and_ranks(tiny_llm_dir):
     from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
-    ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300, batch_size=4)
+    ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300, batch_size=4)
     items = synthetic_examples(6)
     items[0] = LabeledPair("long", "q", "is it?", "x", 1, {"question": "is it?", "context": "the dog " * 200}, dataset="pubmedqa")
     batched = ranker.predict(items)
@@ -180,7 +180,7 @@ def test_fast_verdict_dpo_loss_equals_trl_sigmoid_loss(tiny_llm_dir, tmp_path):
     from ragsieve.evolve.train import VerdictTrainConfig, build_trl_dpo_trainer
     from ragsieve.evolve.verdict_dpo import VerdictDPOTrainer
 
-    ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300)
+    ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300)
     assert not ranker.tokens.multi_token  # yes / no are single tokens here, as for SmolLM2
     items = synthetic_examples(4)
     prompts, labels = ranker.prompts(items), [1, 0, 0, 1]
@@ -227,7 +227,7 @@ def test_sft_and_fast_dpo_rounds_learn_and_save_mergeable_deltas(tiny_llm_dir, t
 
     import torch
 
-    ranker = PointwiseLLMReranker(str(tiny_llm_dir), "pubmedqa", max_prompt_tokens=300)
+    ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300)
     with torch.no_grad():  # logits of ~0.1 from random tiny embeddings barely move: scale them
         ranker.llm.model.get_input_embeddings().weight.mul_(20.0)
     ranker.llm.model.save_pretrained(tmp_path / "base")
@@ -245,7 +245,7 @@ def test_sft_and_fast_dpo_rounds_learn_and_save_mergeable_deltas(tiny_llm_dir, t
     margin = lambda s: np.mean(np.where(np.array(labels) == 1, 1, -1) * (s.logp_true - s.logp_false))  # noqa: E731
     assert margin(after) > margin(after_sft) > margin(before)
     rebuilt = PointwiseLLMReranker(
-        str(tmp_path / "base"), "pubmedqa", max_prompt_tokens=300, adapters=[tmp_path / "d0", tmp_path / "d1"]
+        "pubmedqa", str(tmp_path / "base"), max_prompt_tokens=300, adapters=[tmp_path / "d0", tmp_path / "d1"]
     )
     assert np.allclose(rebuilt.predict(items).logp_true, after.logp_true, atol=1e-4)
 
@@ -313,13 +313,17 @@ def test_balanced_acceptance_stops_a_one_verdict_round_and_keeps_the_prior():
 
 
 def test_judge_specs_factory_and_calibration():
-    from ragsieve.evolve.judges import JUDGES, CrossEncoderJudge, EndpointJudge, JudgeSpec, build_judges
+    from ragsieve.evolve.judges import JUDGES, EndpointJudge, JudgeSpec, ScoreJudge, build_judges
+    from ragsieve.prompts.verdicts import get_template
 
     assert set(JUDGES) == {"llm", "cross-encoder", "reranker", "openai"}
     spec = JudgeSpec.model_validate("openai:http://localhost:8000/v1#llama3")
     assert (spec.kind, spec.model) == ("openai", "openai:http://localhost:8000/v1#llama3")
-    assert CrossEncoderJudge.reranker_spec("embedded:base") == "embedded:base"
-    assert CrossEncoderJudge.reranker_spec("models/ce") == "cross-encoder:models/ce"
+    template = get_template("pubmedqa")
+    args = ScoreJudge.reranker_args
+    assert args(JudgeSpec.model_validate("cross-encoder:embedded:base"), template) == ("embedded:base", {})
+    assert args(JudgeSpec.model_validate("cross-encoder:models/ce"), template) == ("cross-encoder:models/ce", {})
+    assert args(JudgeSpec.model_validate("llm:tiny"), template)[0] == "pointwise:pubmedqa"
     (bm25,) = build_judges(["reranker:bm25"], "pubmedqa")
     with pytest.raises(RagsieveError, match="never calibrated"):
         bm25.votes(synthetic_examples(2))

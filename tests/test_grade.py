@@ -42,7 +42,7 @@ def index_cache(tmp_path_factory):
 
 @pytest.fixture
 def new(tiny_llm_dir):
-    from ragsieve.grade import new_grader
+    from ragsieve.registry import new_grader
 
     def make(kind: str, **options):
         return new_grader(kind, str(tiny_llm_dir), **{**TINY, **options})
@@ -140,7 +140,7 @@ def test_empty_passage_is_not_relevant_with_score_zero(new):
     ],
 )
 def test_grader_trains_saves_and_loads(new, tmp_path, kind, options, train):
-    from ragsieve.grade import load_grader
+    from ragsieve.registry import load_grader
     from ragsieve.grade.train import GraderTrainConfig
 
     grader = new(kind, **options)
@@ -184,7 +184,7 @@ def test_batching_does_not_change_scores(new):
 
 
 def test_load_refuses_mismatches(new, tmp_path):
-    from ragsieve.grade import load_grader, new_grader
+    from ragsieve.registry import load_grader, new_grader
     from ragsieve.grade.train import GraderTrainConfig
 
     grader = new("head")
@@ -208,8 +208,13 @@ def test_load_refuses_mismatches(new, tmp_path):
     (folder / "grader.safetensors").unlink()
     with pytest.raises(RagsieveError, match="grader.safetensors, which is missing"):
         load_grader(folder)
-    with pytest.raises(RagsieveError, match="not a saved grader"):
+    with pytest.raises(RagsieveError, match="no grader at .*nothing; train one"):
         load_grader(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RagsieveError, match="not a saved grader"):
+        load_grader(tmp_path / "empty")
+    with pytest.raises(RagsieveError, match="no grader named 'nope' is shipped or cached.*grader train"):
+        load_grader("embedded:nope")
     with pytest.raises(RagsieveError, match="endpoint"):
         new_grader("classifier", "openai:http://127.0.0.1:9/v1#x")
     with pytest.raises(RagsieveError, match="lora_r and lora_alpha"):
@@ -222,7 +227,7 @@ def test_threshold_baselines_cosine_and_cross_encoder(tmp_path):
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    from ragsieve.grade import load_grader, new_grader
+    from ragsieve.registry import load_grader, new_grader
     from ragsieve.models import get_embedded
 
     cosine = new_grader("cosine")  # embedded MiniLM
@@ -487,7 +492,7 @@ def test_cli_train_eval_and_grade(tmp_path, tiny_llm_dir, cli):
 
 @pytest.mark.integration
 def test_smollm2_verdict_tokens_and_classifier_padding():
-    from ragsieve.grade import new_grader
+    from ragsieve.registry import new_grader
 
     prompted = new_grader("prompted", max_passage_tokens=64)
     assert prompted.verdict.true_id != prompted.verdict.false_id

@@ -107,8 +107,11 @@ def test_probe_save_load_and_refusals(tiny_llm, tmp_path):
             ConfidenceProbe.load(tmp_path / "p", tiny_llm)
     finally:
         tiny_llm.spec = tiny_llm_spec
-    with pytest.raises(RagsieveError, match="not a saved probe"):
+    with pytest.raises(RagsieveError, match="no probe at .*nothing; build one"):
         ConfidenceProbe.load(tmp_path / "nothing", tiny_llm)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RagsieveError, match="not a saved probe"):
+        ConfidenceProbe.load(tmp_path / "empty", tiny_llm)
     with pytest.raises(RagsieveError, match="empty question"):
         probe.score("  ")
 

@@ -7,7 +7,8 @@ import pytest
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import ModelNotAvailable, RagsieveError
-from ragsieve.rerank import BaseRanker, load_reranker
+from ragsieve.rerank import BaseRanker
+from ragsieve.registry import load_reranker
 from tests.conftest import requires_data
 
 POOL = [
@@ -123,11 +124,11 @@ def test_fast_backends_match_predict(tiny_cross_encoder_dir, tmp_path, monkeypat
     """Same inputs as CrossEncoder.predict; fp32 ONNX equal, int8 close and rank-preserving here."""
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
     pairs = [("who wrote hamlet", p.full_text) for p in POOL] + [("capital of france", "Paris " * 30)]
-    ref = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64).score_pairs(pairs)
+    ref = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64).predict_pairs(pairs)
     for backend, atol in (("onnx", 1e-5), ("torch-int8", 0.05), ("onnx-int8", 0.05)):
         ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64, batch_size=2,
                                backend=backend)
-        np.testing.assert_allclose(ranker.score_pairs(pairs), ref, atol=atol, err_msg=backend)
+        np.testing.assert_allclose(ranker.predict_pairs(pairs), ref, atol=atol, err_msg=backend)
     assert (tmp_path / "onnx").is_dir()  # exported once, cached
     with pytest.raises(RagsieveError, match="unknown cross-encoder backend 'gpu'"):
         load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", backend="gpu")

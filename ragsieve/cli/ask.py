@@ -10,6 +10,7 @@ import typer
 from ragsieve.cli.app import app, console, err_console
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.pipeline.config import DEFAULT_PROBE
 
 
 @app.command("ask")
@@ -22,49 +23,30 @@ def ask_cmd(
     max_new_tokens: int = typer.Option(32, help="Answer length cap."),
     show_contexts: bool = typer.Option(False, "--show-contexts", help="Print the passages used."),
     cbdr: Optional[float] = typer.Option(None, "--cbdr", help="CBDR β: skip retrieval when Conf(Q) > β."),
-    probe: Path = typer.Option(Path("results/probe_nq/probe"), "--probe", help="Probe folder used by --cbdr."),
+    probe: str = typer.Option(DEFAULT_PROBE, "--probe", help="Probe folder or embedded:<name>, used by --cbdr."),
     reranker: Optional[str] = typer.Option(
-        None, "--reranker", help="Rerank retrieved candidates: a cross-encoder folder, embedded:base, bm25, bi-encoder."
+        None, "--reranker", help="Rerank retrieved candidates: embedded:base, a cross-encoder folder, bm25, bi-encoder."
     ),
     candidates: int = typer.Option(20, "--candidates", help="Passages retrieved for the reranker to choose from."),
-    grader: Optional[Path] = typer.Option(
-        None, "--grader", help="A saved grader folder: drop passages it grades irrelevant (after reranking)."
+    grader: Optional[str] = typer.Option(
+        None, "--grader", help="A saved grader folder or embedded:<name>: drop passages it grades irrelevant."
     ),
 ) -> None:
-    """Answer a question with the LLM, with or without retrieved (and reranked) passages."""
-    from ragsieve.models import load_llm
-    from ragsieve.pipeline import RAGPipeline
-    from ragsieve.retrieve import load_index
+    """Answer a question with the LLM, with or without retrieved (and reranked, graded) passages."""
+    from ragsieve.config import build_config
+    from ragsieve.pipeline import PipelineConfig, RAGPipeline
 
     if not question.strip():
         raise RagsieveError("empty question")
     if not no_retrieval and index is None:
         raise RagsieveError("give --index DIR (build one with `ragsieve index`) or use --no-retrieval")
-    retriever = None if no_retrieval else load_index(index)
-    model = load_llm(llm)
-    gate = None
-    if cbdr is not None:
-        from ragsieve.gate import CBDRGate
-        from ragsieve.probe.model import ConfidenceProbe
-
-        if not hasattr(model, "tokenizer"):
-            raise RagsieveError("--cbdr reads hidden states: it needs a local LLM, not an endpoint")
-        gate = CBDRGate(ConfidenceProbe.load(probe, model), cbdr)
-    ranker = None
-    if reranker and not no_retrieval:
-        from ragsieve.rerank import load_reranker
-
-        ranker = load_reranker(reranker)
-    relevance = None
-    if grader is not None and not no_retrieval:
-        from ragsieve.grade import load_grader
-
-        relevance = load_grader(grader)
-    pipe = RAGPipeline(
-        model, retriever, top_k=top_k, max_new_tokens=max_new_tokens, gate=gate, reranker=ranker,
-        candidates=candidates, grader=relevance,
-    )
-    answer = pipe.answer(question, retrieve=not no_retrieval)
+    # Every option is checked here, before a model loads.
+    config = build_config(PipelineConfig, {
+        "llm": llm, "index": None if no_retrieval else str(index), "top_k": top_k, "candidates": candidates,
+        "reranker": None if no_retrieval else reranker, "grader": None if no_retrieval else grader,
+        "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens,
+    }, source="options")
+    answer = RAGPipeline.from_config(config).answer(question, retrieve=not no_retrieval)
     if answer.confidence is not None:
         verdict = "retrieve" if answer.retrieved else "answer closed-book"
         err_console.print(f"[dim]Conf(Q) = {answer.confidence:.3f}, β = {cbdr} → {verdict}[/]")
@@ -78,4 +60,3 @@ def ask_cmd(
     if answer.truncated_contexts:
         err_console.print(f"[yellow]{answer.truncated_contexts} passage(s) truncated to fit the prompt[/]")
     console.print(answer.answer)
-

@@ -13,7 +13,8 @@ from ragsieve.cli.app import app, console, err_console
 from ragsieve.errors import DataError, RagsieveError
 
 
-DEFAULT_GRADER = Path("results/grader/models/C-long")
+# The shipped default grader (issue #12); a folder path works everywhere a spec does.
+DEFAULT_GRADER = "embedded:default"
 
 grader_app = typer.Typer(help="Lightweight relevance grader: build data, train, evaluate.", no_args_is_help=True)
 app.add_typer(grader_app, name="grader")
@@ -23,22 +24,18 @@ app.add_typer(grader_app, name="grader")
 def grade_cmd(
     query: str = typer.Argument(..., help="The query the passages were retrieved for."),
     passages: Path = typer.Option(..., "--passages", "-p", help=".jsonl rows {text, title?, id?} or .txt lines."),
-    grader: Path = typer.Option(DEFAULT_GRADER, "--grader", "-g", help="A saved grader folder."),
+    grader: str = typer.Option(DEFAULT_GRADER, "--grader", "-g", help="A saved grader folder or embedded:<name>."),
     base: Optional[str] = typer.Option(None, "--base", help="Refuse the grader unless it was trained on this model."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
 ) -> None:
     """Grade each passage relevant or not for QUERY."""
-    from ragsieve.grade import load_grader
+    from ragsieve.registry import load_grader
 
     if not query.strip():
         raise RagsieveError("empty query")
     from ragsieve.data.passage_files import read_passages_file
 
     items = read_passages_file(passages)
-    if not (grader / "grader_config.json").is_file():
-        raise RagsieveError(
-            f"no grader at {grader}: train one with `ragsieve grader train` or run experiments/grader.yaml"
-        )
     model = load_grader(grader, base=base)
     results = model.grade(query, items)
     if as_json:
@@ -125,7 +122,7 @@ def train_cmd(
 ) -> None:
     """Train a grader on labelled pairs and save it."""
     from ragsieve.config import build_config
-    from ragsieve.grade import grader_class, new_grader
+    from ragsieve.registry import grader_class, new_grader
     from ragsieve.grade.lm import LMGrader
     from ragsieve.grade.train import GraderTrainConfig
 
@@ -151,7 +148,7 @@ def train_cmd(
 
 @grader_app.command("eval")
 def eval_cmd(
-    grader: Path = typer.Option(DEFAULT_GRADER, "--grader", "-g", help="A saved grader folder."),
+    grader: str = typer.Option(DEFAULT_GRADER, "--grader", "-g", help="A saved grader folder or embedded:<name>."),
     pairs: Path = typer.Option(..., "--pairs", help="Labelled pairs .jsonl."),
     split: str = typer.Option("test", help="Rows of this split (all rows if the file has no splits)."),
     out: Optional[Path] = typer.Option(None, help="Also write the metrics JSON here."),
@@ -159,7 +156,7 @@ def eval_cmd(
 ) -> None:
     """Accuracy, precision, recall, F1 (and AUROC) of a saved grader on labelled pairs."""
     from ragsieve.eval.classification import classification_metrics, plot_confusion_matrix
-    from ragsieve.grade import load_grader
+    from ragsieve.registry import load_grader
 
     rows = _read_split(pairs, split)
     model = load_grader(grader)

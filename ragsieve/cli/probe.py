@@ -11,6 +11,7 @@ import typer
 from ragsieve.cli.app import app, console
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.pipeline.config import DEFAULT_PROBE
 
 
 probe_app = typer.Typer(help="Knowledge-boundary confidence probe.", no_args_is_help=True)
@@ -76,7 +77,7 @@ def probe_train_cmd(
 @probe_app.command("eval")
 def probe_eval_cmd(
     input: Path = typer.Option(..., "--input", help="jsonl rows {question, context?, correct?}."),
-    probe: Path = typer.Option(Path("results/probe_nq/probe"), "--probe", help="Saved probe folder."),
+    probe: str = typer.Option(DEFAULT_PROBE, "--probe", help="Saved probe folder or embedded:<name>."),
     llm: str = typer.Option(DEFAULT_LLM, help="Local LLM spec (must match the probe)."),
 ) -> None:
     """Score rows with a saved probe; with `correct` labels, report AUROC and accuracy."""

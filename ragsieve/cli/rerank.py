@@ -21,7 +21,7 @@ app.add_typer(prefs_app, name="prefs")
 def prefs_build_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Folder for shifts.jsonl, prefs_train.jsonl, prefs_test.jsonl."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of PreferenceBuildConfig fields."),
-    probe: Optional[Path] = typer.Option(None, "--probe", help="Probe folder (default results/probe_nq/probe)."),
+    probe: Optional[Path] = typer.Option(None, "--probe", help="Probe folder or embedded:<name> (default embedded:smollm2-nq)."),
     train_questions: Optional[int] = typer.Option(None, help="Questions for the train preferences."),
     test_questions: Optional[int] = typer.Option(None, help="Held-out questions for the test preferences."),
 ) -> None:
@@ -70,7 +70,7 @@ def rerank_query_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
 ) -> None:
     """Rank passages for a query."""
-    from ragsieve.rerank import load_reranker
+    from ragsieve.registry import load_reranker
 
     from ragsieve.data.passage_files import read_passages_file
 
@@ -129,7 +129,7 @@ def rerank_eval_cmd(
 
     from ragsieve.data.records import Passage
     from ragsieve.prefs.preferences import read_preferences
-    from ragsieve.rerank import load_reranker
+    from ragsieve.registry import load_reranker
     from ragsieve.studies.common import metrics_table
     from ragsieve.rerank.relevance import RankingQuery, evaluate_rankers
 

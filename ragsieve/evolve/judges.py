@@ -97,10 +97,33 @@ class Judge(ABC):
 
 
 class ScoreJudge(Judge):
-    """A judge with a real-valued score per example, voting ``score >= threshold``."""
+    """Any ranker as a judge: its pair score per example, voting ``score >= threshold``.
 
-    @abstractmethod
-    def compute_scores(self, examples: Sequence[LabeledPair]) -> np.ndarray: ...
+    The ranker comes from :func:`ragsieve.registry.load_reranker`: ``llm:<spec>`` is the
+    pointwise verdict of that LLM under the dataset's template, ``cross-encoder:<model>``
+    and ``reranker:<spec>`` the named reranker.
+    """
+
+    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
+        from ragsieve.registry import load_reranker
+
+        super().__init__(spec, template)
+        ranker_spec, options = self.reranker_args(spec, template)
+        self.ranker = load_reranker(ranker_spec, **options)
+
+    @staticmethod
+    def reranker_args(spec: JudgeSpec, template: VerdictTemplate) -> tuple[str, dict[str, Any]]:
+        """The registry spec and keyword arguments of the ranker behind this judge."""
+        from ragsieve.registry import RERANKERS
+
+        if spec.kind == "llm":
+            return f"pointwise:{template.name}", {"llm": spec.model, "max_prompt_tokens": spec.max_prompt_tokens}
+        if spec.kind == "cross-encoder" and spec.model.partition(":")[0] not in RERANKERS:
+            return f"cross-encoder:{spec.model}", {}
+        return spec.model, {}
+
+    def compute_scores(self, examples: Sequence[LabeledPair]) -> np.ndarray:
+        return np.asarray(self.ranker.score_pairs([x.query for x in examples], [x.passage for x in examples]))
 
     def scores(self, examples: Sequence[LabeledPair]) -> np.ndarray:
         todo = [x for x in examples if x.id not in self._cache]
@@ -123,56 +146,6 @@ class ScoreJudge(Judge):
         if self.threshold is None:
             raise RagsieveError(f"judge {self.name} has threshold 'calibrate' but was never calibrated")
         return [int(s >= self.threshold) for s in self.scores(examples)]
-
-
-class LLMJudge(ScoreJudge):
-    """A prompted local causal LM (no adapter), e.g. the base SmolLM2 or gemma-3-270m."""
-
-    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
-        from ragsieve.rerank.pointwise import PointwiseLLMReranker
-
-        super().__init__(spec, template)
-        self.ranker = PointwiseLLMReranker(spec.model, template, max_prompt_tokens=spec.max_prompt_tokens)
-
-    def compute_scores(self, examples):
-        return self.ranker.predict(examples).score
-
-
-class RerankerJudge(ScoreJudge):
-    """Any :func:`ragsieve.rerank.load_reranker` spec scoring (query, passage)."""
-
-    def __init__(self, spec: JudgeSpec, template: VerdictTemplate):
-        from ragsieve.rerank import load_reranker
-
-        super().__init__(spec, template)
-        self.ranker = load_reranker(self.reranker_spec(spec.model))
-
-    @staticmethod
-    def reranker_spec(model: str) -> str:
-        return model
-
-    def compute_scores(self, examples):
-        from ragsieve.data.records import Passage
-
-        out = np.zeros(len(examples), dtype=np.float64)
-        by_query: dict[str, list[int]] = {}
-        for i, x in enumerate(examples):
-            by_query.setdefault(x.query, []).append(i)
-        for query, idx in by_query.items():  # one call per query batches its passages
-            passages = [Passage(examples[i].id, examples[i].passage) for i in idx]
-            out[idx] = np.asarray(self.ranker.score(query, passages), dtype=np.float64)
-        return out
-
-
-class CrossEncoderJudge(RerankerJudge):
-    """A cross-encoder folder or HF id, or a reranker spec such as ``embedded:base`` (the
-    project's base cross-encoder), thresholded."""
-
-    @staticmethod
-    def reranker_spec(model: str) -> str:
-        from ragsieve.rerank import RERANKERS
-
-        return model if model.partition(":")[0] in RERANKERS else f"cross-encoder:{model}"
 
 
 class EndpointJudge(Judge):
@@ -200,9 +173,9 @@ class EndpointJudge(Judge):
 
 #: judge kind → class.
 JUDGES: dict[str, type[Judge]] = {
-    "llm": LLMJudge,
-    "cross-encoder": CrossEncoderJudge,
-    "reranker": RerankerJudge,
+    "llm": ScoreJudge,
+    "cross-encoder": ScoreJudge,
+    "reranker": ScoreJudge,
     "openai": EndpointJudge,
 }
 

@@ -379,7 +379,7 @@ def _run_next_round(store: EvolveStore) -> StepReport:
     if not examples:
         return StepReport(None)
     ranker = PointwiseLLMReranker(
-        cfg.llm, cfg.template, adapters=store.adapters(), max_prompt_tokens=cfg.max_prompt_tokens,
+        cfg.template, cfg.llm, adapters=store.adapters(), max_prompt_tokens=cfg.max_prompt_tokens,
         batch_size=cfg.batch_size,
     )
     labels = store.feedback([x.id for x in examples])

@@ -15,7 +15,7 @@ Objectives and backends, by name (:data:`TRAINERS`):
 Example::
 
     llm = load_local_llm()
-    ranker = PointwiseLLMReranker(llm, "pubmedqa")
+    ranker = PointwiseLLMReranker("pubmedqa", llm)
     prompts = ranker.prompts(examples)
     train_round(llm, ranker.tokens, "sft", prompts, [x.label for x in examples],
                 VerdictTrainConfig(lr=2e-4, epochs=2), save_dir="adapters/round-00")

@@ -27,7 +27,7 @@ Example (the loss alone)::
 
 Example (a round of training)::
 
-    ranker = PointwiseLLMReranker(load_local_llm(), "fever")
+    ranker = PointwiseLLMReranker("fever", load_local_llm())
     prompts = ranker.prompts(examples)
     ref = ranker.verdicts_for_prompts(prompts)          # M_{t-1}'s verdicts double as the reference
     VerdictDPOTrainer(ranker.llm, ranker.tokens, VerdictTrainConfig()).fit(prompts, labels, ref=ref)

@@ -29,7 +29,7 @@ class CBDRGate:
 
     Example::
 
-        gate = CBDRGate(ConfidenceProbe.load("results/probe_nq/probe", llm), beta=0.9)
+        gate = CBDRGate(ConfidenceProbe.load("embedded:smollm2-nq", llm), beta=0.9)
         gate.decide_many(["who wrote hamlet?"])[0].retrieve
     """
 

@@ -1,5 +1,8 @@
 """The grader contract: ``grade(query, passages) -> [GradeResult(relevant, score)]``.
 
+A grader is a ranker plus a threshold (as AnswerDotAI rerankers' ``LLMRelevanceFilter``
+is a ranker): :class:`Grader` subclasses :class:`~ragsieve.rerank.base.BaseRanker`, so
+it ranks like any reranker, and ``score >= threshold`` makes it a relevance filter.
 A grader decides, per (query, retrieved passage), relevant or not. Every grader shares
 the input policy here (empty passages, counting), the saved layout (a JSON config that
 names the base model, plus a safetensors file for whatever was trained) and the
@@ -21,6 +24,7 @@ from ragsieve.config import StrictConfig, format_validation_error
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.grade.prompt import INSTRUCTION, SYSTEM
+from ragsieve.rerank.base import BaseRanker
 
 CONFIG_FILE = "grader_config.json"
 WEIGHTS_FILE = "grader.safetensors"
@@ -103,7 +107,7 @@ def passage_texts(passages: Sequence[Passage | str]) -> list[str]:
     return out
 
 
-class Grader(ABC):
+class Grader(BaseRanker, ABC):
     """Relevance grader: one verdict and score per (query, passage).
 
     Policy for bad input, shared by every grader: an empty or whitespace-only passage is
@@ -113,7 +117,7 @@ class Grader(ABC):
 
     Example::
 
-        grader = load_grader("results/grader/models/C-long")
+        grader = load_grader("models/grader")   # ragsieve.registry.load_grader
         for r in grader.grade("who wrote hamlet?", ["Hamlet is by Shakespeare.", "Paris is in France."]):
             print(r.relevant, round(r.score, 3))
     """
@@ -128,6 +132,10 @@ class Grader(ABC):
 
     # -- public API ------------------------------------------------------------
     @property
+    def name(self) -> str:  # the ranker name tables and judges show
+        return f"grader:{self.kind}"
+
+    @property
     def threshold(self) -> float:
         return self.config.threshold
 
@@ -137,8 +145,9 @@ class Grader(ABC):
         scores = self.score_pairs([query] * len(texts), texts)
         return [GradeResult(bool(t.strip()) and bool(s >= self.threshold), float(s)) for t, s in zip(texts, scores)]
 
-    def score_pairs(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
-        """Scores for aligned (query, passage text) pairs, batched; empty passages score 0."""
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        """Scores for aligned (query, passage) pairs, batched; empty passages score 0."""
+        passages = passage_texts(passages)
         if len(queries) != len(passages):
             raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
         for q in queries:
@@ -152,8 +161,9 @@ class Grader(ABC):
             scores[keep] = self._score([queries[i] for i in keep], [passages[i] for i in keep])
         return scores
 
-    def predict(self, queries: Sequence[str], passages: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> tuple[np.ndarray, np.ndarray]:
         """``(labels, scores)`` for aligned pairs: what evaluation needs."""
+        passages = passage_texts(passages)
         scores = self.score_pairs(queries, passages)
         nonempty = np.array([bool(p.strip()) for p in passages], dtype=bool)
         return ((scores >= self.threshold) & nonempty).astype(np.int64), scores
@@ -168,12 +178,6 @@ class Grader(ABC):
         self._save_weights(weights)
         (path / CONFIG_FILE).write_text(self.config.model_dump_json(indent=2) + "\n", encoding="utf-8")
         return path
-
-    @classmethod
-    def load(cls, path: str | Path, config: GraderConfig) -> "Grader":
-        grader = cls.create(config)
-        grader._load_weights(Path(path))
-        return grader
 
     # -- subclass hooks -----------------------------------------------------------
     @classmethod

@@ -31,7 +31,7 @@ def grade_filter(grader: Grader, query: str, passages: Sequence[Passage]) -> Gra
 
     Example::
 
-        stage = grade_filter(load_grader("results/grader/models/C-long"), question, reranked_passages)
+        stage = grade_filter(load_grader("models/grader"), question, reranked_passages)
         contexts = stage.kept  # [] and stage.all_dropped → answer closed-book
     """
     results = grader.grade(query, list(passages))

@@ -1,7 +1,8 @@
 """The RAG pipeline: (gate) → retrieve → (rerank → grade) → generate.
 
 Batched answering over prompts built by :class:`~ragsieve.prompts.builder.PromptBuilder`.
-Later stages (gate, reranker, grader) plug in as optional components.
+Later stages (gate, reranker, grader) plug in as optional components;
+:meth:`RAGPipeline.from_config` is the one place a pipeline is assembled from specs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
+from ragsieve.grade.stage import grade_filter
+from ragsieve.pipeline.config import PipelineConfig
 from ragsieve.prompts import QAPrompts
 from ragsieve.prompts import first_line
 from ragsieve.prompts.builder import PromptBuilder
@@ -53,6 +56,36 @@ class RAGPipeline:
     grades irrelevant; if it drops all of them the question is answered closed-book
     and :attr:`RAGAnswer.all_graded_out` says so.
     """
+
+    @classmethod
+    def from_config(
+        cls, config: PipelineConfig, *, llm: "Generator | None" = None, retriever: "Retriever | None" = None
+    ) -> "RAGPipeline":
+        """Build every stage the config names; ``llm`` / ``retriever`` reuse already loaded ones.
+
+        Example::
+
+            pipe = RAGPipeline.from_config(PipelineConfig(index="index/nq", reranker="embedded:base"))
+        """
+        from ragsieve.models import load_llm
+        from ragsieve.registry import load_grader, load_probe, load_reranker
+
+        if retriever is None and config.index is not None:
+            from ragsieve.retrieve import load_index
+
+            retriever = load_index(config.index)
+        llm = llm if llm is not None else load_llm(config.llm)
+        gate = None
+        if config.cbdr_beta is not None:
+            from ragsieve.gate import CBDRGate
+
+            gate = CBDRGate(load_probe(config.probe, llm), config.cbdr_beta)
+        return cls(
+            llm, retriever, top_k=config.top_k, max_prompt_tokens=config.max_prompt_tokens,
+            max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, gate=gate,
+            reranker=load_reranker(config.reranker) if config.reranker else None, candidates=config.candidates,
+            grader=load_grader(config.grader) if config.grader else None,
+        )
 
     def __init__(
         self,
@@ -111,10 +144,9 @@ class RAGPipeline:
         graded_out = [0] * len(questions)
         if self.grader is not None:
             for i in to_retrieve:
-                verdicts = self.grader.grade(questions[i], contexts[i])
-                kept = [p for p, v in zip(contexts[i], verdicts) if v.relevant]
-                graded_out[i] = len(contexts[i]) - len(kept)
-                contexts[i] = kept
+                stage = grade_filter(self.grader, questions[i], contexts[i])
+                graded_out[i] = stage.dropped
+                contexts[i] = stage.kept
         built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
         texts = self.llm.generate(
             [b.text for b in built],
@@ -127,9 +159,12 @@ class RAGPipeline:
         if truncated:
             log.warning("%d context passage(s) truncated to fit max_prompt_tokens", truncated)
         return [
-            RAGAnswer(q, first_line(t), c, flag, b.truncated_contexts, per_question,
-                      decisions[i].confidence if decisions else None, graded_out[i],
-                      bool(flag and graded_out[i] and not c))
+            RAGAnswer(
+                question=q, answer=first_line(t), contexts=c, retrieved=flag,
+                truncated_contexts=b.truncated_contexts, seconds=per_question,
+                confidence=decisions[i].confidence if decisions else None,
+                graded_out=graded_out[i], all_graded_out=bool(flag and graded_out[i] and not c),
+            )
             for i, (q, t, c, b, flag) in enumerate(zip(questions, texts, contexts, built, needs))
         ]
 

@@ -22,7 +22,7 @@ from ragsieve.prefs.preferences import PreferenceRecord, select_preferences, wri
 
 class PreferenceBuildConfig(StrictConfig):
     dataset: str = "nq-oracle"
-    probe: str = "results/probe_nq/probe"
+    probe: str = "embedded:smollm2-nq"  # a probe folder or a shipped probe
     retriever: str = "hybrid"  # bm25 | dense | hybrid
     encoder: str = DEFAULT_ENCODER
     candidates: int = 20

@@ -98,7 +98,7 @@ class ConfidenceProbe:
 
     Example::
 
-        probe = ConfidenceProbe.load("probes/smollm2", llm)
+        probe = ConfidenceProbe.load("embedded:smollm2-nq", llm)   # or a folder
         probe.score("who wrote hamlet?")                      # Conf(Q)
         probe.score("who wrote hamlet?", Passage("p", "..."))  # Conf(Q+C)
     """
@@ -165,9 +165,12 @@ class ConfidenceProbe:
 
 
 def load_head(path: str | Path) -> tuple[ProbeConfig, ProbeHead]:
+    """A saved probe's config and MLP head: a folder, or ``embedded:<name>`` (a shipped probe)."""
     from safetensors.torch import load_file
 
-    path = Path(path)
+    from ragsieve.paths import resolve_artifact
+
+    path = resolve_artifact("probes", path)
     if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
         raise RagsieveError(f"{path}: not a saved probe (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     try:

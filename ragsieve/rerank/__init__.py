@@ -1,42 +1,11 @@
-"""Rerankers behind one interface; :func:`load_reranker` imports only the one asked for."""
+"""Rerankers behind one contract (:class:`BaseRanker`); specs resolve in :mod:`ragsieve.registry`.
 
-from __future__ import annotations
+Modules: ``base`` (the contract, typed results), ``lexical`` (BM25), ``neural`` (bi- and
+cross-encoders), ``fast`` (ONNX / int8 forwards), ``pointwise`` (a causal LM's verdict),
+``embedded`` (ragsieve's own base cross-encoder), ``relevance`` (gold relevance data),
+``train`` + ``losses`` (cross-encoder training).
+"""
 
-import importlib
-from pathlib import Path
-from typing import Any
+from ragsieve.rerank.base import BaseRanker, RankedResult, RankedResults, RetrievalOrder, as_passages
 
-from ragsieve.errors import RagsieveError
-from ragsieve.rerank.base import BaseRanker, RankedResult, RankedResults, as_passages
-
-#: name → "module:Class"; a spec "name:arg" passes arg as the first constructor argument.
-RERANKERS: dict[str, str] = {
-    "bm25": "ragsieve.rerank.lexical:BM25Ranker",
-    "bi-encoder": "ragsieve.rerank.neural:BiEncoderRanker",
-    "cross-encoder": "ragsieve.rerank.neural:CrossEncoderRanker",
-    "embedded": "ragsieve.rerank.embedded:load_embedded_reranker",
-}
-
-
-def load_reranker(spec: str, **kwargs: Any) -> BaseRanker:
-    """``bm25``, ``bi-encoder[:<encoder spec>]``, ``cross-encoder:<folder or HF id>`` or ``embedded:base``.
-
-    ``embedded:base`` is ragsieve's own cross-encoder, trained from MiniLM on first use;
-    a bare folder path is read as ``cross-encoder:<folder>``.
-
-    Example::
-
-        load_reranker("cross-encoder:results/rerank/base").top_k(query, passages, 3)
-    """
-    if spec and ":" not in spec and Path(spec).is_dir():  # a bare folder = a cross-encoder
-        spec = f"cross-encoder:{spec}"
-    name, sep, arg = (spec or "").partition(":")
-    try:
-        module, _, cls = RERANKERS[name].partition(":")
-    except KeyError:
-        raise RagsieveError(f"unknown reranker '{name}'; known: {', '.join(sorted(RERANKERS))}") from None
-    ranker_cls = getattr(importlib.import_module(module), cls)
-    return ranker_cls(arg, **kwargs) if sep else ranker_cls(**kwargs)
-
-
-__all__ = ["BaseRanker", "RERANKERS", "RankedResult", "RankedResults", "as_passages", "load_reranker"]
+__all__ = ["BaseRanker", "RankedResult", "RankedResults", "RetrievalOrder", "as_passages"]

@@ -1,13 +1,18 @@
-"""The reranker contract, in the style of AnswerDotAI ``rerankers``.
+"""The one pair-scoring contract, in the style of AnswerDotAI ``rerankers``.
 
-Every reranker implements :meth:`BaseRanker.score` over (query, passages) and gets
-``rank()`` / ``top_k()`` for free, returning typed results that keep each passage's
-original index (duplicates included), so callers can map back to their own lists.
+Everything in ragsieve that scores a (query, passage) pair is a :class:`BaseRanker`:
+lexical and neural rerankers, the pointwise LLM reranker, every relevance grader (a
+grader is a ranker plus a threshold) and the evolving reranker's judges. A ranker
+implements :meth:`BaseRanker.score` (one query, its passages) or
+:meth:`BaseRanker.score_pairs` (aligned pairs across queries, the batched form graders
+and evaluation use), whichever is natural, and gets the other plus ``rank()`` /
+``top_k()`` for free. Results are typed and keep each passage's original index
+(duplicates included), so callers can map back to their own lists.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -66,9 +71,27 @@ class BaseRanker(ABC):
 
     name: str = "base"
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.score is BaseRanker.score and cls.score_pairs is BaseRanker.score_pairs:
+            raise TypeError(f"{cls.__name__} must implement score() or score_pairs()")
+
     def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        """One score per passage, in input order."""
+        """One score per passage, in input order (higher = more relevant / useful)."""
+        return np.asarray(self.score_pairs([query] * len(passages), passages), dtype=float)
+
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        """One score per aligned (query, passage) pair; the default calls :meth:`score` once per query."""
+        if len(queries) != len(passages):
+            raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
+        items = as_passages(passages)
+        scores = np.zeros(len(items), dtype=float)
+        by_query: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_query.setdefault(q, []).append(i)
+        for query, idx in by_query.items():
+            scores[idx] = np.asarray(self.score(query, [items[i] for i in idx]), dtype=float)
+        return scores
 
     def rank(self, query: str, passages: Sequence[Passage | str]) -> RankedResults:
         if not isinstance(query, str) or not query.strip():

@@ -7,9 +7,9 @@ from typing import Sequence
 import numpy as np
 
 from ragsieve.data.records import Passage
-from ragsieve.errors import ModelNotAvailable
+from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
-from ragsieve.rerank.base import BaseRanker
+from ragsieve.rerank.base import BaseRanker, as_passages
 
 
 class BiEncoderRanker(BaseRanker):
@@ -28,11 +28,18 @@ class BiEncoderRanker(BaseRanker):
         self.encoder = load_encoder(encoder_spec)
         self.batch_size = batch_size
 
-    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        vecs = self.encoder.encode(
-            [query] + [p.full_text for p in passages], batch_size=self.batch_size, normalize_embeddings=True
-        )
-        return vecs[1:] @ vecs[0]
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        """Cosines of aligned pairs; each distinct query is encoded once."""
+        if len(queries) != len(passages):
+            raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
+        if not queries:
+            return np.zeros(0, dtype=float)
+        unique = list(dict.fromkeys(queries))
+        q = self.encoder.encode(unique, batch_size=self.batch_size, normalize_embeddings=True)
+        p = self.encoder.encode([x.full_text for x in as_passages(passages)], batch_size=self.batch_size,
+                                normalize_embeddings=True)
+        row = {text: i for i, text in enumerate(unique)}
+        return np.einsum("ij,ij->i", q[[row[t] for t in queries]], p).astype(np.float64)
 
 
 class CrossEncoderRanker(BaseRanker):
@@ -65,10 +72,13 @@ class CrossEncoderRanker(BaseRanker):
         self.backend = backend
         self._forward = None if backend == "torch" else make_forward(backend, self.model, model)
 
-    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        return self.score_pairs([(query, p.full_text) for p in passages])
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        if len(queries) != len(passages):
+            raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
+        return self.predict_pairs([(q, p.full_text) for q, p in zip(queries, as_passages(passages))])
 
-    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+    def predict_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Activated logits for (query, passage text) tuples, batched on the configured backend."""
         if self._forward is None:
             scores = self.model.predict(list(pairs), batch_size=self.batch_size, show_progress_bar=False)
             return np.asarray(scores, dtype=float)

@@ -24,7 +24,7 @@ from ragsieve.data.records import LabeledPair
 from ragsieve.models.verdict import VerdictScores, score_verdicts, tokenize_prompts
 from ragsieve.prompts.verdicts import VerdictTemplate, get_template, verdict_tokens
 from ragsieve.models.specs import DEFAULT_LLM
-from ragsieve.rerank.base import BaseRanker
+from ragsieve.rerank.base import BaseRanker, as_passages
 
 if TYPE_CHECKING:
 
@@ -74,8 +74,8 @@ def _fields(item: FieldsLike) -> Mapping[str, str]:
 class PointwiseLLMReranker(BaseRanker):
     """Any local causal LM as a pointwise verdict model and reranker.
 
-    ``llm`` is a loaded :class:`~ragsieve.models.llm.LocalLLM` or a spec (default: the
-    embedded SmolLM2); ``template`` a dataset name in ``verdicts.yaml``; ``adapters``
+    ``template`` is a dataset name in ``verdicts.yaml`` (``load_reranker("pointwise:<template>")``);
+    ``llm`` a loaded :class:`~ragsieve.models.llm.LocalLLM` or a spec (default: the embedded SmolLM2); ``adapters``
     LoRA adapter folders merged in order (an evolved model is base ⊕ Δ0 ⊕ … ⊕ Δt).
 
     Example::
@@ -89,8 +89,8 @@ class PointwiseLLMReranker(BaseRanker):
 
     def __init__(
         self,
-        llm: "LocalLLM | str" = DEFAULT_LLM,
         template: VerdictTemplate | str = "hotpotqa-distractor",
+        llm: "LocalLLM | str" = DEFAULT_LLM,
         *,
         adapters: Sequence[str | Path] = (),
         max_prompt_tokens: int = 384,
@@ -126,6 +126,9 @@ class PointwiseLLMReranker(BaseRanker):
         """Verdicts for examples or field mappings of this template."""
         return self.verdicts_for_prompts(self.prompts(items))
 
-    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        fields = [self.template.fields_for(query, p.text) for p in passages]
-        return self.predict(fields).score
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        """P(true) for aligned pairs, batched across queries (the passage text fills the passage field)."""
+        if len(queries) != len(passages):
+            raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
+        items = as_passages(passages)
+        return self.predict([self.template.fields_for(q, p.text) for q, p in zip(queries, items)]).score

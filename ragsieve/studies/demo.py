@@ -39,8 +39,7 @@ class DemoConfig(StrictConfig):
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     from ragsieve.data import held_out_questions, load_dataset, write_jsonl
     from ragsieve.eval import qa_metrics
-    from ragsieve.models import load_llm
-    from ragsieve.pipeline import RAGPipeline
+    from ragsieve.pipeline import PipelineConfig, RAGPipeline
     from ragsieve.retrieve.cached import build_or_load_index
 
     console = console or Console()
@@ -57,15 +56,11 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     index_seconds = time.perf_counter() - t_index
     console.print(f"{cfg.index_kind} index {'loaded from cache' if index_reused else 'built'} in {index_seconds:.1f}s")
 
-    llm = load_llm(cfg.llm)
-    pipe = RAGPipeline(
-        llm,
-        retriever,
-        top_k=cfg.top_k,
-        max_new_tokens=cfg.max_new_tokens,
-        max_prompt_tokens=cfg.max_prompt_tokens,
-        batch_size=cfg.batch_size,
+    pipeline = PipelineConfig(
+        llm=cfg.llm, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
+        max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.batch_size,
     )
+    pipe = RAGPipeline.from_config(pipeline, retriever=retriever)
     texts = [q.text for q in questions]
     golds = [q.answers for q in questions]
     modes = {"closed_book": False, f"rag_top{cfg.top_k}": True}

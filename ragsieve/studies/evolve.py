@@ -211,7 +211,7 @@ class EvolveExperiment:
         from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
         return PointwiseLLMReranker(
-            cfg.llm, ds, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.eval_batch_size
+            ds, cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.eval_batch_size
         )
 
     def _ensure_m0(self, cfg, task, work: Path, console: Console) -> tuple[Path, dict]:

@@ -355,7 +355,7 @@ class _Runner:
         return self._finish(job.name, settings, scores, 0.5, extra)
 
     def baseline(self, kind: str, base: str) -> dict:
-        from ragsieve.grade import new_grader
+        from ragsieve.registry import new_grader
 
         settings = {"kind": kind, "base": base, "data": self.data_key}
         if (done := self._cached(kind, settings)) is not None:
@@ -374,7 +374,7 @@ class _Runner:
         return self._finish(kind, settings, scores, threshold, extra)
 
     def _new(self, job: Job):
-        from ragsieve.grade import new_grader
+        from ragsieve.registry import new_grader
 
         grader = new_grader(
             job.kind, self.cfg.llm, max_length=self.cfg.max_length, max_passage_tokens=self.cfg.max_passage_tokens,

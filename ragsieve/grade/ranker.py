@@ -1,0 +1,95 @@
+"""Any ranker as a grader: its score plus a threshold tuned on labelled pairs.
+
+MiniLM cosine, a cross-encoder (``embedded:base``) or any other
+:class:`~ragsieve.rerank.base.BaseRanker` scores on its own scale (a cosine in [-1, 1],
+a logit, a probability), so the threshold is what makes it a grader:
+:meth:`RankerGrader.fit_threshold` picks the F1-best one on a training split
+(``ragsieve.eval.classification.best_threshold``). The ranker is built by
+:mod:`ragsieve.registry` from the saved config, so a grader folder is only a JSON file.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from ragsieve.errors import RagsieveError
+from ragsieve.grade.base import Grader, GraderConfig
+from ragsieve.models.specs import DEFAULT_ENCODER, ModelSpec
+from ragsieve.rerank.base import BaseRanker
+
+
+class RankerGrader(Grader):
+    """A ranker with a tuned threshold; ``kind`` says how ``config.base`` names the ranker.
+
+    ============== ====================================================================
+    kind           ``base``
+    ============== ====================================================================
+    ranker         any reranker spec (``embedded:base``, ``bi-encoder``, ``bm25``, ...)
+    cosine         an encoder spec: MiniLM cosine by default (``bi-encoder:<base>``)
+    cross-encoder  a cross-encoder folder / HF id, or a reranker spec
+    ============== ====================================================================
+
+    Example::
+
+        from ragsieve.registry import new_grader
+        grader = new_grader("cosine")
+        grader.fit(train_queries, train_passages, train_labels)   # tunes the threshold
+        grader.grade("who wrote hamlet?", ["Hamlet is by Shakespeare."])
+    """
+
+    kind: ClassVar[str] = "ranker"
+    default_base: ClassVar[str] = ""
+
+    def __init__(self, config: GraderConfig, ranker: BaseRanker):
+        super().__init__(config)
+        self.ranker = ranker
+
+    @classmethod
+    def ranker_spec(cls, config: GraderConfig, known: Sequence[str] = ()) -> str:
+        """The reranker spec this grader wraps; ``known`` are the registry's ranker names."""
+        base = config.base
+        if config.kind == "cosine":
+            return f"bi-encoder:{base}"
+        if config.kind == "cross-encoder" and base.partition(":")[0] not in known:
+            return f"cross-encoder:{base}"
+        return base
+
+    @classmethod
+    def create(cls, config: GraderConfig) -> "RankerGrader":
+        raise RagsieveError(f"a '{config.kind}' grader wraps a ranker: build it with ragsieve.registry.new_grader")
+
+    def _score(self, queries: list[str], passages: list[str]) -> np.ndarray:
+        return np.asarray(self.ranker.score_pairs(queries, passages), dtype=np.float64)
+
+    def fit_threshold(self, scores: Sequence[float], labels: Sequence[int], metric: str = "f1") -> float:
+        """Set (and return) the threshold that maximises ``metric`` on these training scores."""
+        from ragsieve.eval.classification import best_threshold
+
+        threshold = best_threshold(labels, scores, metric)
+        self.config = self.config.model_copy(update={"threshold": threshold, "trained": {"threshold_metric": metric}})
+        return threshold
+
+    def fit(self, queries, passages, labels, config=None, **kwargs) -> float:
+        """Tune the threshold on labelled pairs (empty passages are left out)."""
+        keep = [i for i, p in enumerate(passages) if p.strip()]
+        scores = self.score_pairs([queries[i] for i in keep], [passages[i] for i in keep])
+        return self.fit_threshold(scores, np.asarray(labels)[keep])
+
+
+class CosineGrader(RankerGrader):
+    """MiniLM (or any bi-encoder) cosine between query and passage, relevant above a threshold."""
+
+    kind: ClassVar[str] = "cosine"
+    default_base: ClassVar[str] = DEFAULT_ENCODER
+
+    @classmethod
+    def normalize_base(cls, base: str) -> str:
+        return str(ModelSpec.parse(base))
+
+
+class CrossEncoderGrader(RankerGrader):
+    """A cross-encoder reranker (a folder, HF id or reranker spec such as ``embedded:base``) with a tuned threshold."""
+
+    kind: ClassVar[str] = "cross-encoder"

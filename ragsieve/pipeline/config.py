@@ -1,0 +1,45 @@
+""":class:`PipelineConfig`: what a RAG pipeline is made of, validated before anything loads.
+
+Every stage is named by a spec (see :mod:`ragsieve.registry`), so the same config runs
+the embedded defaults on a laptop or an 8B model behind an endpoint. Bad values are
+refused here, in one line, before a model is loaded or a folder is created.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field, model_validator
+
+from ragsieve.config import StrictConfig
+from ragsieve.models.specs import DEFAULT_LLM
+
+DEFAULT_PROBE = "embedded:smollm2-nq"
+
+
+class PipelineConfig(StrictConfig):
+    """gate (CBDR) → retrieve → rerank → grade → generate, each stage optional.
+
+    Example::
+
+        cfg = PipelineConfig(index="index/nq", reranker="embedded:base", candidates=20, top_k=3)
+        RAGPipeline.from_config(cfg).answer("who wrote hamlet").answer
+    """
+
+    llm: str = DEFAULT_LLM
+    index: Optional[str] = None  # index folder; None = closed-book only
+    top_k: int = Field(3, ge=1, description="passages that reach the LLM")
+    candidates: int = Field(20, ge=1, description="passages retrieved for the reranker to choose from")
+    reranker: Optional[str] = None  # reranker spec, e.g. embedded:base
+    grader: Optional[str] = None  # grader folder or embedded:<name>
+    cbdr_beta: Optional[float] = Field(None, ge=0.0, le=1.0, description="answer closed-book when Conf(Q) > β")
+    probe: str = DEFAULT_PROBE  # probe folder or embedded:<name>, used when cbdr_beta is set
+    max_prompt_tokens: int = Field(1024, ge=64)
+    max_new_tokens: int = Field(16, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _candidates_cover_top_k(self) -> "PipelineConfig":
+        if self.reranker and self.candidates < self.top_k:
+            raise ValueError(f"candidates ({self.candidates}) must be >= top_k ({self.top_k}) when reranking")
+        return self
