@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ragsieve.config import build_config
-from ragsieve.errors import ModelNotAvailable, RagsieveError
+from ragsieve.errors import RagsieveError
 from ragsieve.grade.base import Grader, GraderConfig, read_grader_config
 from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, LoraGrader, PromptedGrader
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
