@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import math
 
+import numpy as np
 import pytest
 
 from ragsieve.errors import DataError, RagsieveError
@@ -295,3 +296,21 @@ def test_accuracy_interval_is_wilson_and_rejects_bad_counts():
         accuracy_interval(0, 0)
     with pytest.raises(DataError, match="correct must lie"):
         accuracy_interval(6, 5)
+
+
+def test_stats_doctests_and_paired_tests():
+    import doctest
+
+    from ragsieve.eval import stats
+    from ragsieve.eval.stats import mcnemar_exact, paired_bootstrap
+
+    assert doctest.testmod(stats).failed == 0
+    a = np.r_[np.ones(60), np.zeros(40)]
+    clear = paired_bootstrap(a, np.r_[np.ones(40), np.zeros(60)])
+    assert clear.diff == pytest.approx(0.2) and clear.low > 0 and clear.p_value < 0.05 and clear.verdict == "A better"
+    noise = paired_bootstrap(a, np.r_[np.ones(58), np.zeros(42)])
+    assert noise.verdict == "no measurable difference"
+    same = mcnemar_exact(a, a)
+    assert (same.a_only, same.b_only, same.p_value) == (0, 0, 1.0)
+    with pytest.raises(RagsieveError, match="equal-length"):
+        mcnemar_exact([1, 0], [1])

@@ -1,0 +1,166 @@
+"""Statistics that travel with every result: intervals, paired tests, and what a difference means.
+
+Every metric ragsieve reports carries n and a 95 % interval; every claim that one method
+beats another on the same examples carries a paired test. A difference whose interval
+covers 0 (or whose p ≥ 0.05) is reported as "no measurable difference", never as a win.
+
+* :func:`bootstrap_ci` — percentile bootstrap interval of any per-example metric (MRR, nDCG, F1, ...);
+* :func:`paired_bootstrap` — the difference of two methods on the same examples, its interval and p;
+* :func:`mcnemar_exact` — the exact McNemar test for two classifiers' right/wrong on the same examples;
+* :func:`verdict` — the words a README uses for a difference.
+
+Example::
+
+    >>> import numpy as np
+    >>> a = np.array([1, 1, 1, 0, 1, 1, 0, 1, 1, 1]); b = np.array([1, 0, 0, 0, 1, 0, 0, 1, 0, 1])
+    >>> r = mcnemar_exact(a, b)
+    >>> (r.a_only, r.b_only, round(r.p_value, 3))
+    (4, 0, 0.125)
+    >>> verdict(r.p_value, r.a_only - r.b_only)
+    'no measurable difference'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ragsieve.errors import DataError
+
+MetricFn = Callable[[np.ndarray], float]
+
+
+def _as_matrix(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or len(arr) == 0:
+        raise DataError(f"need a non-empty 1-d array of per-example values, got shape {arr.shape}")
+    return arr
+
+
+def bootstrap_ci(
+    values: Sequence[float] | np.ndarray,
+    statistic: MetricFn = np.mean,
+    *,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(estimate, low, high)``: the statistic of per-example ``values`` and its percentile bootstrap interval.
+
+    Example::
+
+        >>> est, lo, hi = bootstrap_ci([1.0, 0.5, 0.0, 1.0, 0.333], n_boot=500)
+        >>> round(est, 3), lo < est < hi
+        (0.567, True)
+    """
+    x = _as_matrix(values)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    stats = np.array([statistic(x[row]) for row in idx]) if statistic is not np.mean else x[idx].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    return float(statistic(x)), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Method A minus method B on the same n examples, with its bootstrap interval and two-sided p."""
+
+    n: int
+    a: float
+    b: float
+    diff: float
+    low: float
+    high: float
+    p_value: float
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.p_value, self.diff, self.low, self.high)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def paired_bootstrap(
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    statistic: MetricFn = np.mean,
+    *,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> PairedDifference:
+    """Paired bootstrap of ``statistic(a) - statistic(b)`` over examples resampled together.
+
+    ``p_value`` is the two-sided share of resampled differences on the other side of 0
+    (doubled, capped at 1): the usual paired bootstrap test for IR metrics.
+    """
+    x, y = _as_matrix(a), _as_matrix(b)
+    if len(x) != len(y):
+        raise DataError(f"paired values need the same examples: {len(x)} vs {len(y)}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    if statistic is np.mean:
+        diffs = x[idx].mean(axis=1) - y[idx].mean(axis=1)
+    else:
+        diffs = np.array([statistic(x[row]) - statistic(y[row]) for row in idx])
+    observed = float(statistic(x) - statistic(y))
+    alpha = (1 - confidence) / 2
+    if observed > 0:
+        p = 2 * float(np.mean(diffs <= 0))
+    elif observed < 0:
+        p = 2 * float(np.mean(diffs >= 0))
+    else:
+        p = 1.0
+    return PairedDifference(
+        n=len(x), a=float(statistic(x)), b=float(statistic(y)), diff=observed,
+        low=float(np.quantile(diffs, alpha)), high=float(np.quantile(diffs, 1 - alpha)), p_value=min(1.0, p),
+    )
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """Exact McNemar: of the examples the two methods disagree on, how many each got right."""
+
+    n: int
+    a_correct: int
+    b_correct: int
+    a_only: int  # A right, B wrong
+    b_only: int  # B right, A wrong
+    p_value: float
+
+    @property
+    def diff(self) -> float:
+        """Accuracy of A minus accuracy of B."""
+        return (self.a_only - self.b_only) / self.n
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.p_value, self.diff)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "diff": self.diff, "verdict": self.verdict}
+
+
+def mcnemar_exact(correct_a: Sequence[int] | np.ndarray, correct_b: Sequence[int] | np.ndarray) -> McNemarResult:
+    """Exact (binomial) McNemar test on paired right/wrong outcomes (scipy ``binomtest``)."""
+    from scipy.stats import binomtest
+
+    a = np.asarray(correct_a).astype(bool)
+    b = np.asarray(correct_b).astype(bool)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise DataError(f"McNemar needs two equal-length outcome vectors, got {a.shape} and {b.shape}")
+    a_only, b_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    p = 1.0 if a_only + b_only == 0 else float(binomtest(a_only, a_only + b_only, 0.5).pvalue)
+    return McNemarResult(len(a), int(a.sum()), int(b.sum()), a_only, b_only, p)
+
+
+def verdict(p_value: float, diff: float, low: float | None = None, high: float | None = None,
+            alpha: float = 0.05) -> str:
+    """"A better" / "B better" only when the test says so; otherwise "no measurable difference"."""
+    if p_value >= alpha or (low is not None and high is not None and low <= 0 <= high) or diff == 0:
+        return "no measurable difference"
+    return "A better" if diff > 0 else "B better"
