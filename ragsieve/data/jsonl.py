@@ -12,12 +12,12 @@ import dataclasses
 import gzip
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ragsieve.atomic import atomic_file
 from ragsieve.data.text_files import check_input_file, decode_utf8
 from ragsieve.errors import DataError
 
@@ -122,13 +122,10 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
     The file is written to a temporary sibling and moved into place with
     :func:`os.replace`, so readers never see a half-written file. Returns the row count.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
     n = 0
-    try:
-        with os.fdopen(fd, "wb") as raw:
+    # atomic_file: the mode follows the umask (mkstemp made 0600 files others could not read)
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as raw:
             out: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if _is_gz(path) else raw
             try:
                 for row in rows:
@@ -139,10 +136,6 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
                     out.close()
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return n
 
 

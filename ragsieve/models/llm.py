@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from ragsieve.atomic import atomic_directory
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.models.embedded import get_embedded
 from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
@@ -291,14 +290,10 @@ def _convert_gguf_to_cache(name: str) -> Path:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        # overwrite: under the lock, a target without config.json is broken, not someone's work
+        with atomic_directory(target, overwrite=True) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return target
 
 
