@@ -256,3 +256,199 @@ def test_current_umask_reads_without_changing(umask_002):
     from ragsieve.atomic import current_umask
 
     assert current_umask() == 0o002 and current_umask() == 0o002
+
+
+# --------------------------------------------------------------------- 2. damaged or mismatched artefacts
+
+
+def _truncate(file: Path, keep: float = 0.5) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: int(len(data) * keep)])
+
+
+def _assert_damaged(info: pytest.ExceptionInfo, file: Path, hint: str) -> None:
+    message = one_line(info)
+    assert message.startswith(str(file)), message
+    assert hint in message, message
+
+
+@pytest.fixture
+def probe_dir(tmp_path) -> Path:
+    """A saved probe for a 16-wide, 4-layer LLM, written as ConfidenceProbe.save writes it."""
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    from ragsieve.probe.model import CONFIG_FILE, WEIGHTS_FILE, ProbeConfig, ProbeHead
+
+    folder = tmp_path / "probe"
+    folder.mkdir()
+    head = ProbeHead(16, hidden=8)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / WEIGHTS_FILE))
+    config = ProbeConfig(llm_spec="hf:tiny", layer=2, num_layers=4, hidden_size=16, probe_hidden=8)
+    (folder / CONFIG_FILE).write_text(json.dumps(asdict(config)))
+    return folder
+
+
+def _edit_json(file: Path, **changes) -> None:
+    file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+PROBE_DAMAGE = {
+    "layer-as-string": lambda d: _edit_json(d / "probe_config.json", layer="15"),
+    "other-hidden-size": lambda d: _edit_json(d / "probe_config.json", hidden_size=32),
+    "other-probe-width": lambda d: _edit_json(d / "probe_config.json", probe_hidden=4),
+    "config-not-json": lambda d: (d / "probe_config.json").write_text("{layer: 2"),
+    "config-a-list": lambda d: (d / "probe_config.json").write_text("[1, 2]"),
+    "config-latin1": lambda d: (d / "probe_config.json").write_bytes(b'{"llm_spec": "caf\xe9"}'),
+    "truncated-weights": lambda d: _truncate(d / "probe.safetensors"),
+    "empty-weights": lambda d: (d / "probe.safetensors").write_bytes(b""),
+    "garbage-weights": lambda d: (d / "probe.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"),
+}
+
+
+@pytest.mark.parametrize("damage", PROBE_DAMAGE, ids=list(PROBE_DAMAGE))
+def test_damaged_probe_is_one_line_naming_the_file(probe_dir, damage):
+    from ragsieve.probe.model import load_head
+
+    load_head(probe_dir)  # the fixture itself loads
+    PROBE_DAMAGE[damage](probe_dir)
+    with pytest.raises(RagsieveError) as info:
+        load_head(probe_dir)
+    message = one_line(info)
+    assert "probe_config.json" in message or "probe.safetensors" in message, message
+    assert "ragsieve probe train" in message
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    """A hybrid index over three passages with given (random) embeddings: no encoder is loaded."""
+    import numpy as np
+
+    from ragsieve.retrieve import build_index
+
+    folder = tmp_path_factory.mktemp("index") / "idx"
+    vecs = np.random.default_rng(0).normal(size=(len(TINY_PASSAGES), 8)).astype("float32")
+    build_index(_passages(), folder, kind="hybrid", embeddings=vecs)
+    return folder
+
+
+INDEX_DAMAGE = {
+    "truncated-bm25-npy": ("bm25/data.csc.index.npy", _truncate),
+    "truncated-bm25-indptr": ("bm25/indptr.csc.index.npy", _truncate),
+    "truncated-bm25-vocab": ("bm25/vocab.index.json", _truncate),
+    "truncated-faiss": ("dense/index.faiss", _truncate),
+    "truncated-embeddings": ("dense/embeddings.npy", _truncate),
+    "missing-faiss": ("dense/index.faiss", Path.unlink),
+    "missing-bm25-npy": ("bm25/data.csc.index.npy", Path.unlink),
+    "hybrid-json-garbage": ("hybrid.json", lambda f: f.write_text("rrf_k=60")),
+    "hybrid-json-missing-key": ("hybrid.json", lambda f: f.write_text('{"depth": 3}')),
+    "dense-json-latin1": ("dense/dense.json", lambda f: f.write_bytes(b'{"encoder": "caf\xe9"}')),
+    "manifest-truncated": ("manifest.json", _truncate),
+    "passages-latin1": ("passages.jsonl", lambda f: f.write_bytes(b'{"id": "p0", "text": "caf\xe9"}\n')),
+}
+
+
+@pytest.mark.parametrize("damage", INDEX_DAMAGE, ids=list(INDEX_DAMAGE))
+def test_damaged_index_is_one_line_naming_the_file(index_dir, tmp_path, damage):
+    import shutil
+
+    from ragsieve.retrieve import load_index
+
+    copy = tmp_path / "idx"
+    shutil.copytree(index_dir, copy)
+    name, spoil = INDEX_DAMAGE[damage]
+    spoil(copy / name)
+    with pytest.raises(RagsieveError) as info:
+        load_index(copy)
+    message = one_line(info)
+    # the damaged file, or for bm25s (which reads several files at once) its folder
+    assert str(copy / name) in message or str((copy / name).parent) in message, message
+    assert "ragsieve index" in message and "--overwrite" in message, message
+
+
+def test_truncated_cached_llm_says_delete_the_cache(tmp_path, monkeypatch):
+    from ragsieve.models.llm import _embedded_cache_dir, resolve_llm_path
+
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
+    cache = _embedded_cache_dir("smollm2-135m-instruct")
+    cache.mkdir(parents=True)
+    (cache / "config.json").write_text("{}")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}).encode()
+    (cache / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 100)
+    with pytest.raises(RagsieveError) as info:
+        resolve_llm_path("embedded:smollm2-135m-instruct")
+    message = one_line(info)
+    assert message.startswith(str(cache / "model.safetensors")) and "truncated" in message
+    assert f"delete {cache}" in message and "rebuilds it" in message
+
+
+GRADER_DAMAGE = {
+    "truncated": lambda f: _truncate(f, 0.9),
+    "empty": lambda f: f.write_bytes(b""),
+    "garbage-header": lambda f: f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}"),
+}
+
+
+@pytest.mark.parametrize("damage", GRADER_DAMAGE, ids=list(GRADER_DAMAGE))
+def test_damaged_grader_weights_are_one_line_before_the_base_loads(tmp_path, monkeypatch, damage):
+    import torch
+    from safetensors.torch import save_file
+
+    from ragsieve.grade import grader_class, load_grader
+    from ragsieve.grade.base import CONFIG_FILE, WEIGHTS_FILE, GraderConfig
+
+    folder = tmp_path / "grader"
+    folder.mkdir()
+    config = GraderConfig(kind="head", base="hf:/nonexistent/base", trained={"steps": 1})
+    (folder / CONFIG_FILE).write_text(config.model_dump_json())
+    save_file({"score.weight": torch.zeros(2, 16)}, str(folder / WEIGHTS_FILE))
+    GRADER_DAMAGE[damage](folder / WEIGHTS_FILE)
+
+    def no_base(cls, config):  # the base must not load for a file we can tell is broken
+        raise AssertionError("base model loaded before the weights were checked")
+
+    monkeypatch.setattr(grader_class("head"), "create", classmethod(no_base))
+    with pytest.raises(RagsieveError) as info:
+        load_grader(folder)
+    _assert_damaged(info, folder / WEIGHTS_FILE, "ragsieve grader train")
+
+
+def _store_with_pages(store_dir: Path) -> Path:
+    """An evolve store whose file spans many pages (so a damaged page is not the header)."""
+    from ragsieve.evolve.store import DB_FILE, EvolveStore
+
+    store = EvolveStore(store_dir, create=True)
+    with store.transaction() as conn:
+        conn.executemany(
+            "INSERT INTO examples (id, round, data) VALUES (?, ?, ?)",
+            [(f"x{i}", 1, json.dumps({"text": "padding " * 40})) for i in range(400)],
+        )
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    return store_dir / DB_FILE
+
+
+def _spoil_pages(db: Path) -> None:
+    data = bytearray(db.read_bytes())
+    data[4096 * 2 : 4096 * 6] = b"\xa5" * (4096 * 4)  # pages 3-6: b-tree pages turned to noise
+    db.write_bytes(bytes(data))
+
+
+STORE_DAMAGE = {
+    "not-a-database": lambda db: db.write_bytes(b"this is not an SQLite file, just text\n" * 50),
+    "garbage-pages": _spoil_pages,
+    "truncated": lambda db: _truncate(db, 0.3),
+}
+
+
+@pytest.mark.parametrize("damage", STORE_DAMAGE, ids=list(STORE_DAMAGE))
+@pytest.mark.parametrize("operation", ["step", "status"])
+def test_corrupt_evolve_store_is_one_line(tmp_path, damage, operation):
+    from ragsieve.evolve.store import run_step, store_status
+
+    db = _store_with_pages(tmp_path / "store")
+    STORE_DAMAGE[damage](db)
+    with pytest.raises(RagsieveError) as info:
+        (run_step if operation == "step" else store_status)(tmp_path / "store")
+    _assert_damaged(info, db, "ragsieve evolve init")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from ragsieve.artifacts import cache_rebuild, check_model_folder
 from ragsieve.atomic import atomic_directory
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.models.embedded import get_embedded
@@ -276,6 +277,8 @@ def _convert_gguf_to_cache(name: str) -> Path:
     embedded = get_embedded(name, kind="gguf-llm")
     target = _embedded_cache_dir(name)
     if (target / "config.json").exists():
+        # a truncated copy (full disk, a damaged backup) would fail deep inside transformers
+        check_model_folder(target, cache_rebuild(target) + " (about 20 s)")
         return target
     gguf_path = embedded.path()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -327,6 +330,8 @@ def load_local_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_llm_path(spec)
+    if Path(path).is_dir():
+        check_model_folder(path, f"re-save or re-download the model in {path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from ragsieve.artifacts import cache_rebuild, check_model_folder
 from ragsieve.atomic import atomic_directory
 from ragsieve.config import StrictConfig
 from ragsieve.errors import ModelNotAvailable
@@ -90,6 +91,7 @@ def ensure_base_reranker(config: BaseRerankerConfig | None = None, data_dir=None
     config = config or BaseRerankerConfig()
     target = base_reranker_dir(config)
     if (target / CARD_FILE).exists():
+        check_model_folder(target, cache_rebuild(target) + " (about 15 min of training)")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):

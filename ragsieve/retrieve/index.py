@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from ragsieve.artifacts import INDEX_REBUILD, read_json_artifact
 from ragsieve.atomic import atomic_directory
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
@@ -122,13 +123,8 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     manifest_path = path / MANIFEST_FILE
     if not manifest_path.is_file():
         why = "folder does not exist" if not path.exists() else f"no {MANIFEST_FILE}"
-        raise RagsieveError(f"{path}: not a ragsieve index ({why}); build one with build_index()")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RagsieveError(f"{manifest_path}: unreadable manifest ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise RagsieveError(f"{manifest_path}: manifest must be a JSON object")
+        raise RagsieveError(f"{path}: not a ragsieve index ({why}); build one with `ragsieve index --out {path}`")
+    manifest = read_json_artifact(manifest_path, INDEX_REBUILD)
     version = manifest.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RagsieveError(
@@ -151,6 +147,6 @@ def load_index(index_dir: str | Path) -> Retriever:
     passages = read_passages(path / PASSAGES_FILE)
     if manifest.get("n_passages") not in (None, len(passages)):
         raise RagsieveError(
-            f"{path}: manifest says {manifest['n_passages']} passages, {PASSAGES_FILE} has {len(passages)}; rebuild the index"
+            f"{path}: manifest says {manifest['n_passages']} passages, {PASSAGES_FILE} has {len(passages)}; {INDEX_REBUILD}"
         )
     return cls.load(_part_dir(path, cls), passages=passages)
