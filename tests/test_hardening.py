@@ -452,3 +452,167 @@ def test_corrupt_evolve_store_is_one_line(tmp_path, damage, operation):
     with pytest.raises(RagsieveError) as info:
         (run_step if operation == "step" else store_status)(tmp_path / "store")
     _assert_damaged(info, db, "ragsieve evolve init")
+
+
+# --------------------------------------------------------------------- 3. endpoint timeouts
+
+
+class _SilentServer:
+    """A loopback TCP server that accepts connections and then never answers (or trickles bytes)."""
+
+    def __init__(self, trickle: bool = False):
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.trickle = trickle
+        self.connections: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def spec(self) -> str:
+        return f"openai:http://127.0.0.1:{self.sock.getsockname()[1]}/v1#m"
+
+    def _serve(self) -> None:
+        import threading
+
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections.append(conn)
+            if self.trickle:
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn) -> None:
+        """Headers at once, then one body byte every 0.1 s: each read is quick, the answer endless."""
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stop.wait(0.1):
+                conn.sendall(b" ")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for conn in self.connections:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent_server():
+    server = _SilentServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def trickle_server():
+    server = _SilentServer(trickle=True)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("server", ["silent_server", "trickle_server"])
+def test_stalled_endpoint_fails_within_the_bound_with_a_warning_per_retry(request, server, caplog):
+    import logging
+    import time
+
+    from ragsieve.models.llm import OpenAIChatLLM
+
+    spec = request.getfixturevalue(server).spec
+    llm = OpenAIChatLLM(spec, timeout=0.6, retries=2, backoff=0.05)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="ragsieve.models.llm"):
+        with pytest.raises(RagsieveError) as info:
+            llm.generate(["hello"])
+    elapsed = time.monotonic() - start
+    assert elapsed <= llm.worst_case_seconds + 1.0, elapsed
+    message = one_line(info)
+    assert "after 3 tries" in message and "--timeout" in message
+    retries = [r for r in caplog.records if "retry" in r.getMessage()]
+    assert [r.levelno for r in retries] == [logging.WARNING, logging.WARNING]
+    assert "retry 1 of 2" in retries[0].getMessage()
+
+
+def test_default_settings_give_up_on_a_dead_endpoint_within_30_seconds(monkeypatch):
+    from ragsieve.models.llm import OpenAIChatLLM
+
+    monkeypatch.delenv("RAGSIEVE_LLM_TIMEOUT", raising=False)
+    monkeypatch.delenv("RAGSIEVE_LLM_RETRIES", raising=False)
+    llm = OpenAIChatLLM("openai:http://127.0.0.1:9/v1#m")
+    assert llm.retries >= 1 and llm.worst_case_seconds <= 30
+
+
+def test_endpoint_settings_come_from_arguments_then_environment(monkeypatch):
+    from ragsieve.models.llm import OpenAIChatLLM, endpoint_settings, load_llm
+
+    monkeypatch.setenv("RAGSIEVE_LLM_TIMEOUT", "2.5")
+    monkeypatch.setenv("RAGSIEVE_LLM_RETRIES", "0")
+    assert endpoint_settings() == (2.5, 0)
+    assert endpoint_settings(timeout=4, retries=1) == (4.0, 1)
+    llm = load_llm("openai:http://127.0.0.1:9/v1#m", timeout=3, retries=5)
+    assert isinstance(llm, OpenAIChatLLM) and (llm.timeout, llm.retries) == (3.0, 5)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "kwargs"),
+    [
+        ("RAGSIEVE_LLM_TIMEOUT", "soon", {}),
+        ("RAGSIEVE_LLM_TIMEOUT", "-1", {}),
+        ("RAGSIEVE_LLM_TIMEOUT", "0", {}),
+        ("RAGSIEVE_LLM_TIMEOUT", "nan", {}),
+        ("RAGSIEVE_LLM_RETRIES", "2.5", {}),
+        ("RAGSIEVE_LLM_RETRIES", "-1", {}),
+        (None, None, {"timeout": 0}),
+        (None, None, {"retries": -2}),
+    ],
+)
+def test_bad_endpoint_settings_are_one_line(monkeypatch, env, value, kwargs):
+    from ragsieve.models.llm import endpoint_settings
+
+    if env:
+        monkeypatch.setenv(env, value)
+    with pytest.raises(RagsieveError) as info:
+        endpoint_settings(**kwargs)
+    one_line(info)
+
+
+def test_endpoint_answering_html_is_one_line():
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"<html>\n<body>Bad gateway page</body>\n</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    from ragsieve.models.llm import OpenAIChatLLM
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        llm = OpenAIChatLLM(f"openai:http://127.0.0.1:{server.server_port}/v1#m", timeout=5, retries=0)
+        with pytest.raises(RagsieveError) as info:
+            llm.generate(["hi"])
+        assert "not JSON" in one_line(info)
+    finally:
+        server.shutdown()
+        server.server_close()

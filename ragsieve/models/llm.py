@@ -191,25 +191,78 @@ class LocalLLM:
         return [by_index[i] for i in range(len(prompts))], states
 
 
+#: Defaults that give up on a dead or stalled endpoint within 30 s (see ``worst_case_seconds``):
+#: 3 tries of at most 8 s each, with 1 s and 2 s pauses between them.
+DEFAULT_ENDPOINT_TIMEOUT = 8.0
+DEFAULT_ENDPOINT_RETRIES = 2
+TIMEOUT_ENV = "RAGSIEVE_LLM_TIMEOUT"
+RETRIES_ENV = "RAGSIEVE_LLM_RETRIES"
+
+
+def endpoint_settings(timeout: float | None = None, retries: int | None = None) -> tuple[float, int]:
+    """``(timeout, retries)`` for an endpoint: the arguments, else the environment, else the defaults.
+
+    ``timeout`` is the limit in seconds for one try (connect, send and the whole answer),
+    ``retries`` the extra tries after a failed one. Bad values are one-line errors, so the
+    CLI can call this to check ``--timeout`` / ``--retries`` before loading anything.
+    """
+    timeout = _setting(timeout, TIMEOUT_ENV, DEFAULT_ENDPOINT_TIMEOUT, float)
+    retries = _setting(retries, RETRIES_ENV, DEFAULT_ENDPOINT_RETRIES, int)
+    if not timeout > 0 or timeout == float("inf"):
+        raise RagsieveError(f"endpoint timeout must be a positive number of seconds, got {timeout!r}")
+    if retries < 0:
+        raise RagsieveError(f"endpoint retries must be 0 or more, got {retries!r}")
+    return float(timeout), int(retries)
+
+
+def _setting(value, env: str, default, kind: type):
+    """An explicit value wins; then ``$env``; then ``default``. Strings are parsed as ``kind``."""
+    source = "argument"
+    if value is None:
+        raw = os.environ.get(env, "").strip()
+        if not raw:
+            return default
+        value, source = raw, f"${env}"
+    if isinstance(value, bool):
+        raise RagsieveError(f"{source} {value!r} is not a {'whole ' if kind is int else ''}number")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        what = "a whole number" if kind is int else "a number of seconds"
+        raise RagsieveError(f"{source} {value!r} is not {what}") from None
+
+
 class OpenAIChatLLM:
     """Client for an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``spec`` is ``openai:<base_url>#<model>``, e.g. ``openai:http://localhost:8000/v1#meta-llama/Meta-Llama-3-8B-Instruct``.
-    The API key, if the server needs one, comes from ``OPENAI_API_KEY``. Requests are
-    retried with exponential backoff; a server that stays down raises one clear error.
+    The API key, if the server needs one, comes from ``OPENAI_API_KEY``. Each try is limited
+    to ``timeout`` seconds for the whole answer (a server that accepts the connection and
+    never answers, or trickles bytes, is cut off too); failed tries are retried
+    ``retries`` times with exponential backoff, logging a warning per retry, and a server
+    that stays down raises one clear error. ``timeout`` / ``retries`` default to
+    ``$RAGSIEVE_LLM_TIMEOUT`` / ``$RAGSIEVE_LLM_RETRIES``, else to values that give up
+    within 30 s.
     """
 
-    def __init__(self, spec: str, *, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0):
+    def __init__(
+        self, spec: str, *, timeout: float | None = None, retries: int | None = None, backoff: float = 1.0
+    ):
         parsed = ModelSpec.parse(spec)
         if parsed.scheme != "openai":
             raise ModelNotAvailable(f"'{spec}' is not an openai:<url>#<model> spec")
         self.spec = str(parsed)
         self.base_url = parsed.target
         self.model_name = parsed.model
-        self.timeout = timeout
-        self.retries = retries
+        self.timeout, self.retries = endpoint_settings(timeout, retries)
         self.backoff = backoff
         self.stats = GenerationStats()
+
+    @property
+    def worst_case_seconds(self) -> float:
+        """The longest a request can take before it fails: every try times out, plus the pauses."""
+        pauses = sum(self.backoff * 2**attempt for attempt in range(self.retries))
+        return (self.retries + 1) * self.timeout + pauses
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         import httpx
@@ -221,17 +274,42 @@ class OpenAIChatLLM:
         last_error = ""
         for attempt in range(self.retries + 1):
             try:
-                response = httpx.post(url, json=payload, headers=headers, timeout=self.timeout)
-                if response.status_code < 500 and response.status_code != 429:
-                    if response.status_code >= 400:
-                        raise RagsieveError(f"{url} answered {response.status_code}: {response.text[:200]}")
-                    return response.json()
-                last_error = f"HTTP {response.status_code}"
+                status, body = self._post_once(url, payload, headers)
+                if status < 500 and status != 429:
+                    if status >= 400:
+                        raise RagsieveError(f"{url} answered {status}: {_one_line(body.decode('utf-8', 'replace'))}")
+                    return _json_body(url, body)
+                last_error = f"HTTP {status}"
             except httpx.HTTPError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
+                last_error = f"{type(exc).__name__}: {_one_line(str(exc)) or 'no detail'}"
+            except _DeadlineExceeded:
+                last_error = f"no complete answer within {self.timeout:g} s"
             if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        raise RagsieveError(f"endpoint {url} unavailable after {self.retries + 1} tries ({last_error})")
+                pause = self.backoff * 2**attempt
+                # a line per retry, so a slow endpoint is visibly being waited for, not hung
+                log.warning("endpoint %s: %s; retry %d of %d in %.1f s", url, last_error, attempt + 1, self.retries, pause)
+                time.sleep(pause)
+        raise RagsieveError(
+            f"endpoint {url} unavailable after {self.retries + 1} tries ({last_error}); check the server, "
+            f"or allow more time with --timeout / ${TIMEOUT_ENV} and --retries / ${RETRIES_ENV}"
+        )
+
+    def _post_once(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+        """One try: ``(status, body)``, or :class:`_DeadlineExceeded` once ``timeout`` has passed.
+
+        httpx's timeouts bound each network wait, not the whole answer; the deadline check
+        between chunks bounds the whole try.
+        """
+        import httpx
+
+        deadline = time.monotonic() + self.timeout
+        chunks = []
+        with httpx.stream("POST", url, json=payload, headers=headers, timeout=httpx.Timeout(self.timeout)) as response:
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise _DeadlineExceeded
+        return response.status_code, b"".join(chunks)
 
     def generate(
         self,
@@ -256,6 +334,28 @@ class OpenAIChatLLM:
         self.stats.prompts += len(user_messages)
         self.stats.seconds += time.perf_counter() - start
         return answers
+
+
+class _DeadlineExceeded(Exception):
+    """A try of :class:`OpenAIChatLLM` ran past its timeout."""
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _json_body(url: str, body: bytes) -> dict[str, Any]:
+    """The JSON object of a 2xx answer; a proxy's HTML page or a cut answer is one line."""
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        start = _one_line(body.decode("utf-8", "replace"))[:80]
+        raise RagsieveError(f"{url} answered with something that is not JSON: {start!r}") from None
+    if not isinstance(data, dict):
+        raise RagsieveError(f"{url} answered with JSON that is not an object")
+    return data
 
 
 # -- loading -------------------------------------------------------------------
@@ -310,8 +410,17 @@ def resolve_llm_path(spec: str) -> str:
     raise ModelNotAvailable(f"'{spec}' is an endpoint, not a local model")
 
 
-def load_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str = "float32") -> LocalLLM | OpenAIChatLLM:
+def load_llm(
+    spec: str = DEFAULT_LLM,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    timeout: float | None = None,
+    retries: int | None = None,
+) -> LocalLLM | OpenAIChatLLM:
     """Load a generator from a spec (see :mod:`ragsieve.models.specs`).
+
+    ``timeout`` / ``retries`` apply to endpoints only (see :class:`OpenAIChatLLM`).
 
     Example::
 
@@ -320,7 +429,7 @@ def load_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str = "floa
     """
     parsed = ModelSpec.parse(spec)
     if parsed.scheme == "openai":
-        return OpenAIChatLLM(spec)
+        return OpenAIChatLLM(spec, timeout=timeout, retries=retries)
     return load_local_llm(spec, device=device, dtype=dtype)
 
 
