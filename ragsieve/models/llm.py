@@ -287,7 +287,9 @@ class OpenAIChatLLM:
             if attempt < self.retries:
                 pause = self.backoff * 2**attempt
                 # a line per retry, so a slow endpoint is visibly being waited for, not hung
-                log.warning("endpoint %s: %s; retry %d of %d in %.1f s", url, last_error, attempt + 1, self.retries, pause)
+                log.warning(
+                    "endpoint %s: %s; retry %d of %d in %.1f s", url, last_error, attempt + 1, self.retries, pause
+                )
                 time.sleep(pause)
         raise RagsieveError(
             f"endpoint {url} unavailable after {self.retries + 1} tries ({last_error}); check the server, "
