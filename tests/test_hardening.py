@@ -616,3 +616,51 @@ def test_endpoint_answering_html_is_one_line():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------- 5. property: readers raise only one-liners
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+#: rows a user might put in a jsonl file: mostly objects with the usual keys, sometimes anything
+_rows = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={k: _json_values for k in ("id", "text", "passage", "title", "question", "answers", "label")},
+    ),
+    _json_values,
+)
+_PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _only_one_line_errors(reader, path: Path) -> None:
+    try:
+        reader(path)
+    except RagsieveError as exc:
+        assert str(exc) and "\n" not in str(exc), repr(str(exc))
+
+
+@pytest.mark.parametrize(("name", "suffix", "reader"), READERS, ids=READER_IDS)
+@_PROPERTY
+@given(data=st.binary(max_size=300) | st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")))
+def test_random_bytes_raise_nothing_but_one_line_errors(tmp_path_factory, name, suffix, reader, data):
+    path = tmp_path_factory.mktemp("bytes") / f"input{suffix}"
+    path.write_bytes(data)
+    _only_one_line_errors(reader, path)
+
+
+@pytest.mark.parametrize(("name", "suffix", "reader"), READERS, ids=READER_IDS)
+@_PROPERTY
+@given(rows=st.lists(_rows, max_size=5), bom=st.booleans(), junk=st.sampled_from([b"", b"\n", b"{", b"\xff\xfe", b"\xe9"]))
+def test_random_jsonl_rows_raise_nothing_but_one_line_errors(tmp_path_factory, name, suffix, reader, rows, bom, junk):
+    text = "\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
+    data = (b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8", "surrogatepass") + junk
+    path = tmp_path_factory.mktemp("rows") / f"input{suffix}"
+    path.write_bytes(data)
+    _only_one_line_errors(reader, path)
