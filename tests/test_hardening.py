@@ -664,3 +664,85 @@ def test_random_jsonl_rows_raise_nothing_but_one_line_errors(tmp_path_factory, n
     path = tmp_path_factory.mktemp("rows") / f"input{suffix}"
     path.write_bytes(data)
     _only_one_line_errors(reader, path)
+
+
+# --------------------------------------------------------------------- option checks (before any model loads)
+
+
+@pytest.mark.parametrize(
+    ("check", "value"),
+    [
+        ("positive_int", 0),
+        ("positive_int", -3),
+        ("positive_int", 2.5),
+        ("positive_int", True),
+        ("non_negative_int", -3),
+        ("positive_number", 0.0),
+        ("positive_number", float("inf")),
+        ("positive_number", float("nan")),
+        ("unit_interval", 1.5),
+        ("unit_interval", -0.1),
+        ("unit_interval", float("nan")),
+    ],
+)
+def test_option_checks_refuse_bad_values_in_one_line(check, value):
+    from ragsieve import checks
+
+    with pytest.raises(RagsieveError) as info:
+        getattr(checks, check)(value, "--option")
+    assert one_line(info).startswith("--option must be")
+
+
+def test_option_checks_pass_good_values_and_none():
+    import numpy as np
+
+    from ragsieve.checks import non_negative_int, positive_int, positive_number, unit_interval
+
+    assert positive_int(3, "k") == 3 and positive_int(np.int64(2), "k") == 2 and positive_int(None, "k") is None
+    assert non_negative_int(0, "r") == 0 and positive_number(0.5, "t") == 0.5 and unit_interval(1, "b") == 1
+
+
+def test_output_and_input_folders_are_checked_without_creating_anything(tmp_path):
+    from ragsieve.checks import existing_dir, output_dir
+
+    assert output_dir(tmp_path / "new" / "out") == tmp_path / "new" / "out" and not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RagsieveError, match="already exists; use --overwrite"):
+        output_dir(tmp_path / "old")
+    assert output_dir(tmp_path / "old", overwrite=True) == tmp_path / "old"
+    with pytest.raises(RagsieveError, match="is a file"):
+        output_dir(tmp_path / "file", overwrite=True)
+    with pytest.raises(RagsieveError, match="is a file"):
+        existing_dir(tmp_path / "file", "probe")
+    with pytest.raises(RagsieveError, match="probe folder not found"):
+        existing_dir(tmp_path / "nope", "probe")
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, -1])
+def test_generation_length_below_one_is_one_line_before_any_request(max_new_tokens):
+    from ragsieve.models.llm import OpenAIChatLLM
+
+    llm = OpenAIChatLLM("openai:http://127.0.0.1:9/v1#m", retries=0)  # nothing listens: a request would fail
+    with pytest.raises(RagsieveError) as info:
+        llm.generate(["hi"], max_new_tokens=max_new_tokens)
+    assert one_line(info).startswith("max_new_tokens must be")
+
+
+def test_local_generation_length_below_one_is_one_line(tiny_llm_dir):
+    from ragsieve.models.llm import load_local_llm
+
+    llm = load_local_llm(str(tiny_llm_dir))
+    with pytest.raises(RagsieveError) as info:
+        llm.generate(["hi"], max_new_tokens=0)
+    assert one_line(info).startswith("max_new_tokens must be")
+
+
+def test_damaged_hidden_state_cache_says_delete_it(tmp_path):
+    from ragsieve.probe.cache import StateCache
+
+    path = tmp_path / "states.sqlite"
+    path.write_bytes(b"not a database " * 100)
+    with pytest.raises(RagsieveError) as info:
+        StateCache(path)
+    _assert_damaged(info, path, f"delete {path}")

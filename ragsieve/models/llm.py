@@ -148,6 +148,7 @@ class LocalLLM:
         import numpy as np
         import torch
 
+        _check_generation(max_new_tokens, batch_size)
         start = time.perf_counter()
         states = np.zeros((len(prompts), self.hidden_size), dtype=np.float32) if capture_layer else None
         captured: list["torch.Tensor"] = []
@@ -321,6 +322,7 @@ class OpenAIChatLLM:
         max_new_tokens: int = 32,
         batch_size: int = 8,  # requests go one at a time; kept for interface parity
     ) -> list[str]:
+        _check_generation(max_new_tokens, batch_size)
         start = time.perf_counter()
         answers = []
         for message in user_messages:
@@ -336,6 +338,14 @@ class OpenAIChatLLM:
         self.stats.prompts += len(user_messages)
         self.stats.seconds += time.perf_counter() - start
         return answers
+
+
+def _check_generation(max_new_tokens: int, batch_size: int) -> None:
+    """One line instead of transformers' traceback for ``max_new_tokens=0`` (or a zero batch)."""
+    from ragsieve.checks import positive_int
+
+    positive_int(max_new_tokens, "max_new_tokens")
+    positive_int(batch_size, "batch_size")
 
 
 class _DeadlineExceeded(Exception):
