@@ -303,7 +303,7 @@ PROBE_DAMAGE = {
     "config-latin1": lambda d: (d / "probe_config.json").write_bytes(b'{"llm_spec": "caf\xe9"}'),
     "truncated-weights": lambda d: _truncate(d / "probe.safetensors"),
     "empty-weights": lambda d: (d / "probe.safetensors").write_bytes(b""),
-    "garbage-weights": lambda d: (d / "probe.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"),
+    "garbage-weights": lambda d: (d / "probe.safetensors").write_bytes((16).to_bytes(8, "little") + b"not json at all!"),
 }
 
 
@@ -657,7 +657,11 @@ def test_random_bytes_raise_nothing_but_one_line_errors(tmp_path_factory, name, 
 
 @pytest.mark.parametrize(("name", "suffix", "reader"), READERS, ids=READER_IDS)
 @_PROPERTY
-@given(rows=st.lists(_rows, max_size=5), bom=st.booleans(), junk=st.sampled_from([b"", b"\n", b"{", b"\xff\xfe", b"\xe9"]))
+@given(
+    rows=st.lists(_rows, max_size=5),
+    bom=st.booleans(),
+    junk=st.sampled_from([b"", b"\n", b"{", b"\xff\xfe", b"\xe9"]),  # a cut last line, invalid UTF-8
+)
 def test_random_jsonl_rows_raise_nothing_but_one_line_errors(tmp_path_factory, name, suffix, reader, rows, bom, junk):
     text = "\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
     data = (b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8", "surrogatepass") + junk
