@@ -303,7 +303,7 @@ PROBE_DAMAGE = {
     "config-latin1": lambda d: (d / "probe_config.json").write_bytes(b'{"llm_spec": "caf\xe9"}'),
     "truncated-weights": lambda d: _truncate(d / "probe.safetensors"),
     "empty-weights": lambda d: (d / "probe.safetensors").write_bytes(b""),
-    "garbage-weights": lambda d: (d / "probe.safetensors").write_bytes((16).to_bytes(8, "little") + b"not json at all!"),
+    "garbage-weights": lambda d: (d / "probe.safetensors").write_bytes((16).to_bytes(8, "little") + b"not json at all"),
 }
 
 
