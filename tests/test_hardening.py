@@ -750,3 +750,47 @@ def test_damaged_hidden_state_cache_says_delete_it(tmp_path):
     with pytest.raises(RagsieveError) as info:
         StateCache(path)
     _assert_damaged(info, path, f"delete {path}")
+
+
+# --------------------------------------------------------------------- streamed results survive a kill
+
+
+def test_streamed_results_survive_a_kill_and_resume(tmp_path):
+    import subprocess
+    import sys
+
+    from ragsieve.data.resumable import ResumableJsonl
+
+    out = tmp_path / "graded.jsonl"
+    # a job killed after 3 of 10 items, in the middle of writing the 4th row
+    code = (
+        "import os, signal, sys\n"
+        "from ragsieve.data.resumable import ResumableJsonl\n"
+        "out = ResumableJsonl(sys.argv[1], key=('q', 'p'))\n"
+        "for i in out.pending(range(10), key=lambda i: ('q1', i)):\n"
+        "    if i == 3:\n"
+        "        open(sys.argv[1], 'a').write('{\"q\": \"q1\", \"p\": 3, \"sc')\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    out.write({'q': 'q1', 'p': i, 'score': i / 10})\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code, str(out)], env={**os.environ}).returncode == -9
+
+    resumed = ResumableJsonl(out, key=("q", "p"))
+    assert len(resumed) == 3 and resumed.skipped == 1 and ("q1", 2) in resumed
+    todo = resumed.pending(range(10), key=lambda i: ("q1", i))
+    assert todo == list(range(3, 10))
+    for i in todo:
+        resumed.write({"q": "q1", "p": i, "score": i / 10})
+    again = ResumableJsonl(out, key=("q", "p"))
+    assert [r["p"] for r in again.rows()] == list(range(10)) and again.pending(range(10), lambda i: ("q1", i)) == []
+    assert ResumableJsonl(out, key=("q", "p"), overwrite=True).rows() == []
+
+
+def test_resuming_on_another_commands_output_is_one_line(tmp_path):
+    from ragsieve.data.resumable import ResumableJsonl
+
+    out = tmp_path / "other.jsonl"
+    out.write_text('{"question": "who?"}\n')
+    with pytest.raises(DataError) as info:
+        ResumableJsonl(out, key="id")
+    assert "--overwrite" in one_line(info)
