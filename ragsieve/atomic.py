@@ -83,7 +83,7 @@ def _is_stale(entry: Path, target: Path) -> bool:
         # another host's pid means nothing here: leave its builds alone
         return host == _host() and not _pid_alive(pid)
     # mkdtemp/uuid names written by older ragsieve versions: no owner to ask, so go by age
-    legacy = re.fullmatch(r"[a-z0-9_]{8}(\.building)?|old-[0-9a-f]{8}|tmp", rest)
+    legacy = re.fullmatch(r"[a-z0-9_]{8}(\.building|\.tmp)?|old-[0-9a-f]{8}|tmp", rest)
     if legacy:
         try:
             return time.time() - entry.lstat().st_mtime > LEGACY_MAX_AGE_S

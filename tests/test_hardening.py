@@ -174,6 +174,7 @@ def test_killed_index_build_leftover_is_removed_by_the_next_build(tmp_path):
         ".idx.{dead}@{host}.0123abcd.old",  # an overwrite killed between its two renames
         ".idx.ab12cd34.building",  # older ragsieve (mkdtemp), a day old
         ".idx.old-0123abcd",  # older ragsieve's overwrite leftover, a day old
+        ".idx.k2_x9abc.tmp",  # older write_jsonl (mkstemp), a day old
     ],
 )
 def test_stale_siblings_are_removed(tmp_path, name):
