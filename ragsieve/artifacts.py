@@ -123,8 +123,8 @@ def read_json_artifact(file: str | os.PathLike[str], rebuild: str) -> dict[str, 
         raise RagsieveError(f"{file}: missing; {rebuild}")
     try:
         data = json.loads(read_text(file))
-    except DataError as exc:  # not UTF-8, or a folder
-        raise damaged(file, str(exc).split(": ", 1)[-1], rebuild) from None
+    except DataError as exc:  # not UTF-8, or a folder: keep the what, drop the file name and advice
+        raise damaged(file, str(exc).split(": ", 1)[-1].split("; ")[0], rebuild) from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise damaged(file, f"not valid JSON: {_reason(exc)}", rebuild) from None
     if not isinstance(data, dict):

@@ -795,3 +795,17 @@ def test_resuming_on_another_commands_output_is_one_line(tmp_path):
     with pytest.raises(DataError) as info:
         ResumableJsonl(out, key="id")
     assert "--overwrite" in one_line(info)
+
+
+@pytest.mark.parametrize("loader", ["grader", "store", "probe"])
+def test_a_file_given_for_a_folder_is_named_as_a_file(tmp_path, loader):
+    from ragsieve.evolve.store import store_status
+    from ragsieve.grade import load_grader
+    from ragsieve.probe.model import load_head
+
+    file = tmp_path / "model.bin"
+    file.write_bytes(b"x")
+    with pytest.raises(RagsieveError) as info:
+        {"grader": load_grader, "store": store_status, "probe": load_head}[loader](file)
+    message = one_line(info)
+    assert "is a file" in message or "not a saved probe" in message

@@ -107,10 +107,10 @@ class EvolveStore:
     def __init__(self, store_dir: str | Path, *, create: bool = False):
         self.dir = Path(store_dir)
         path = self.dir / DB_FILE
-        if not path.is_file() and not create:
-            raise RagsieveError(f"no evolve store at {self.dir} (run `ragsieve evolve init` first)")
         if self.dir.is_file():
             raise RagsieveError(f"{self.dir}: is a file; give the evolve store folder (the one holding {DB_FILE})")
+        if not path.is_file() and not create:
+            raise RagsieveError(f"no evolve store at {self.dir} (run `ragsieve evolve init` first)")
         self.dir.mkdir(parents=True, exist_ok=True)
         # autocommit mode; multi-statement writes use explicit transactions (see `transaction`)
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60)
