@@ -576,6 +576,7 @@ def test_endpoint_settings_come_from_arguments_then_environment(monkeypatch):
         ("RAGSIEVE_LLM_RETRIES", "-1", {}),
         (None, None, {"timeout": 0}),
         (None, None, {"retries": -2}),
+        (None, None, {"retries": 2.5}),
     ],
 )
 def test_bad_endpoint_settings_are_one_line(monkeypatch, env, value, kwargs):

@@ -200,37 +200,38 @@ TIMEOUT_ENV = "RAGSIEVE_LLM_TIMEOUT"
 RETRIES_ENV = "RAGSIEVE_LLM_RETRIES"
 
 
-def endpoint_settings(timeout: float | None = None, retries: int | None = None) -> tuple[float, int]:
+def endpoint_settings(
+    timeout: float | None = None, retries: int | None = None, *, names: tuple[str, str] = ("timeout", "retries")
+) -> tuple[float, int]:
     """``(timeout, retries)`` for an endpoint: the arguments, else the environment, else the defaults.
 
     ``timeout`` is the limit in seconds for one try (connect, send and the whole answer),
-    ``retries`` the extra tries after a failed one. Bad values are one-line errors, so the
-    CLI can call this to check ``--timeout`` / ``--retries`` before loading anything.
+    ``retries`` the extra tries after a failed one. Bad values are one-line errors naming
+    the argument (``names``, e.g. ``("--timeout", "--retries")`` for the CLI) or the
+    environment variable they came from, so a command can check them before loading anything.
     """
-    timeout = _setting(timeout, TIMEOUT_ENV, DEFAULT_ENDPOINT_TIMEOUT, float)
-    retries = _setting(retries, RETRIES_ENV, DEFAULT_ENDPOINT_RETRIES, int)
-    if not timeout > 0 or timeout == float("inf"):
-        raise RagsieveError(f"endpoint timeout must be a positive number of seconds, got {timeout!r}")
-    if retries < 0:
-        raise RagsieveError(f"endpoint retries must be 0 or more, got {retries!r}")
+    from ragsieve.checks import non_negative_int, positive_number
+
+    timeout_name, timeout = _from_env(timeout, names[0], TIMEOUT_ENV, DEFAULT_ENDPOINT_TIMEOUT)
+    retries_name, retries = _from_env(retries, names[1], RETRIES_ENV, DEFAULT_ENDPOINT_RETRIES)
+    positive_number(timeout, timeout_name)
+    non_negative_int(retries, retries_name)
     return float(timeout), int(retries)
 
 
-def _setting(value, env: str, default, kind: type):
-    """An explicit value wins; then ``$env``; then ``default``. Strings are parsed as ``kind``."""
-    source = "argument"
-    if value is None:
-        raw = os.environ.get(env, "").strip()
-        if not raw:
-            return default
-        value, source = raw, f"${env}"
-    if isinstance(value, bool):
-        raise RagsieveError(f"{source} {value!r} is not a {'whole ' if kind is int else ''}number")
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        what = "a whole number" if kind is int else "a number of seconds"
-        raise RagsieveError(f"{source} {value!r} is not {what}") from None
+def _from_env(value: Any, name: str, env: str, default: float) -> tuple[str, Any]:
+    """``(where it came from, value)``: the argument if given, else ``$env`` parsed as a number, else the default."""
+    if value is not None:
+        return name, value
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return name, default
+    for parse in (int, float):
+        try:
+            return f"${env}", parse(raw)
+        except ValueError:
+            pass
+    return f"${env}", raw  # not a number: the range check names it
 
 
 class OpenAIChatLLM:
