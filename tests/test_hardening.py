@@ -810,3 +810,16 @@ def test_a_file_given_for_a_folder_is_named_as_a_file(tmp_path, loader):
         {"grader": load_grader, "store": store_status, "probe": load_head}[loader](file)
     message = one_line(info)
     assert "is a file" in message or "not a saved probe" in message
+
+
+def test_truncated_cross_encoder_folder_is_one_line(tiny_cross_encoder_dir, tmp_path):
+    import shutil
+
+    from ragsieve.rerank import load_reranker
+
+    folder = tmp_path / "reranker"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    _truncate(folder / "model.safetensors")
+    with pytest.raises(RagsieveError) as info:
+        load_reranker(str(folder))
+    _assert_damaged(info, folder / "model.safetensors", "ragsieve rerank train")
