@@ -823,3 +823,19 @@ def test_truncated_cross_encoder_folder_is_one_line(tiny_cross_encoder_dir, tmp_
     with pytest.raises(RagsieveError) as info:
         load_reranker(str(folder))
     _assert_damaged(info, folder / "model.safetensors", "ragsieve rerank train")
+
+
+def test_truncated_lora_adapter_is_one_line_before_the_merge(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from ragsieve.evolve.lora import merge_adapter
+
+    folder = tmp_path / "adapters" / "round-001"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    save_file({"lora_A": torch.zeros(64, 64)}, str(folder / "adapter_model.safetensors"))
+    _truncate(folder / "adapter_model.safetensors")
+    with pytest.raises(RagsieveError) as info:
+        merge_adapter(llm=None, path=folder)  # refused before the LLM is touched
+    _assert_damaged(info, folder / "adapter_model.safetensors", "ragsieve evolve init")

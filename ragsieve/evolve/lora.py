@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
+from ragsieve.artifacts import check_model_folder
 from ragsieve.atomic import atomic_directory
 from ragsieve.config import StrictConfig
 from ragsieve.errors import ModelNotAvailable
@@ -77,5 +78,7 @@ def merge_adapter(llm: "LocalLLM", path: str | Path) -> None:
     path = Path(path)
     if not (path / "adapter_config.json").is_file():
         raise ModelNotAvailable(f"no LoRA adapter at {path} (adapter_config.json missing)")
+    # a round's delta cannot be recomputed alone: later rounds were trained on top of it
+    check_model_folder(path, "restore the store from a backup, or start a new one (`ragsieve evolve init`)")
     merge_lora(llm)
     llm.model = PeftModel.from_pretrained(llm.model, str(path)).merge_and_unload().eval()
