@@ -14,8 +14,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ragsieve.artifacts import PROBE_REBUILD, check_safetensors, damaged, read_json_artifact, reading_artifact
-from ragsieve.artifacts import state_dict_mismatch
+from ragsieve.artifacts import (
+    PROBE_REBUILD,
+    check_safetensors,
+    damaged,
+    read_json_artifact,
+    reading_artifact,
+    state_dict_mismatch,
+)
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 
