@@ -116,7 +116,7 @@ def reading_artifact(file: str | os.PathLike[str], rebuild: str, reason: str | N
 
 def read_json_artifact(file: str | os.PathLike[str], rebuild: str) -> dict[str, Any]:
     """A JSON object written by ragsieve (configs, manifests); one line if it is not one."""
-    from ragsieve.data.text_files import read_text
+    from ragsieve.text_input import read_text
 
     file = Path(file)
     if not file.is_file() and not file.is_dir():

@@ -43,13 +43,13 @@ def build_config(cls: type[C], data: dict[str, Any], source: str = "config") -> 
 
 
 def read_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
-    """Read a YAML or JSON file that must hold a mapping (UTF-8, see :mod:`ragsieve.data.text_files`).
+    """Read a YAML or JSON file that must hold a mapping (UTF-8, see :mod:`ragsieve.text_input`).
 
     ``what`` names the file's role in error messages ("config", "prompt", ...).
     """
     import yaml
 
-    from ragsieve.data.text_files import read_text
+    from ragsieve.text_input import read_text
 
     path = Path(path)
     text = read_text(path, what)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ragsieve.atomic import atomic_file
-from ragsieve.data.text_files import check_input_file, decode_utf8
 from ragsieve.errors import DataError
+from ragsieve.text_input import check_input_file, decode_utf8
 
 __all__ = ["JsonlReader", "read_jsonl", "write_jsonl", "append_jsonl"]
 

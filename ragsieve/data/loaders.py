@@ -23,9 +23,9 @@ from typing import Any
 
 from ragsieve.data.jsonl import JsonlReader
 from ragsieve.data.records import Dataset, Judgment, LabeledPair, Passage, Question
-from ragsieve.data.text_files import read_text
 from ragsieve.errors import DataError
 from ragsieve.paths import REPO_DIR
+from ragsieve.text_input import read_text
 
 __all__ = [
     "DATASET_LICENCES",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from ragsieve.data.jsonl import read_jsonl
 from ragsieve.data.records import Passage
-from ragsieve.data.text_files import check_input_file, read_text
 from ragsieve.errors import DataError
+from ragsieve.text_input import check_input_file, read_text
 
 
 def read_passages_file(path: str | Path) -> list[Passage]:

@@ -7,6 +7,8 @@ line and the byte offset, so the user can find the byte (``xxd -s OFFSET``) and 
 the file. Decoding is strict on purpose: silently replacing bytes would put mojibake
 into passages that then get graded and reranked.
 
+It imports nothing of ragsieve but the errors, so every layer (configs included) can use it.
+
 Example::
 
     text = read_text("passages.txt", what="passages")
