@@ -120,6 +120,15 @@ def _remove(path: Path) -> None:
 
 
 @contextmanager
+def _writable(target: Path) -> Iterator[None]:
+    """A folder we may not create (permissions, a file in the way, a read-only disk) is one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise RagsieveError(f"{target}: cannot write here ({exc.strerror or exc})") from None
+
+
+@contextmanager
 def atomic_directory(
     target: str | os.PathLike[str], *, overwrite: bool = False, exists_hint: str = "pick another folder"
 ) -> Iterator[Path]:
@@ -133,10 +142,11 @@ def atomic_directory(
     target = Path(target)
     if target.exists() and not overwrite:
         raise RagsieveError(f"{target} already exists; {exists_hint}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_siblings(target)
     tmp = _temp_name(target, "building")
-    tmp.mkdir(mode=0o777)  # the kernel applies the umask, unlike tempfile.mkdtemp's 0700
+    with _writable(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_siblings(target)
+        tmp.mkdir(mode=0o777)  # the kernel applies the umask, unlike tempfile.mkdtemp's 0700
     try:
         yield tmp
         _move_into_place(tmp, target, overwrite)
@@ -170,8 +180,9 @@ def atomic_file(target: str | os.PathLike[str]) -> Iterator[Path]:
     file gets the mode a plain ``open()`` would give it under the current umask.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_siblings(target)
+    with _writable(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_siblings(target)
     tmp = _temp_name(target, "tmp")
     try:
         yield tmp

@@ -839,3 +839,17 @@ def test_truncated_lora_adapter_is_one_line_before_the_merge(tmp_path):
     with pytest.raises(RagsieveError) as info:
         merge_adapter(llm=None, path=folder)  # refused before the LLM is touched
     _assert_damaged(info, folder / "adapter_model.safetensors", "ragsieve evolve init")
+
+
+def test_unwritable_place_for_a_build_is_one_line(tmp_path):
+    from ragsieve.atomic import atomic_directory, atomic_file
+
+    (tmp_path / "file").write_text("x")  # a file where a folder should be: fails for root too
+    with pytest.raises(RagsieveError) as info:
+        with atomic_directory(tmp_path / "file" / "idx"):
+            pass
+    assert "cannot write here" in one_line(info)
+    with pytest.raises(RagsieveError) as info:
+        with atomic_file(tmp_path / "file" / "rows.jsonl"):
+            pass
+    assert "cannot write here" in one_line(info)
