@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import secrets
@@ -97,7 +98,7 @@ def remove_stale_siblings(target: str | os.PathLike[str]) -> list[Path]:
     target = Path(target)
     removed = []
     try:
-        entries = list(target.parent.glob(f".{glob_escape(target.name)}.*"))
+        entries = list(target.parent.glob(f".{glob.escape(target.name)}.*"))  # names may hold [ or *
     except OSError:
         return removed
     for entry in entries:
@@ -107,16 +108,15 @@ def remove_stale_siblings(target: str | os.PathLike[str]) -> list[Path]:
     return removed
 
 
-def glob_escape(name: str) -> str:
-    """``name`` with glob metacharacters escaped (index names may contain ``[``)."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
-
-
 def _remove(path: Path) -> None:
+    """Best effort: a leftover we may not delete (another user's) must not stop this build."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 @contextmanager
