@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ragsieve.cli.app import app, console, err_console
+from ragsieve.cli.app import RetriesOption, TimeoutOption, app, console, err_console
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.pipeline.config import DEFAULT_PROBE
@@ -31,6 +31,8 @@ def ask_cmd(
     grader: Optional[str] = typer.Option(
         None, "--grader", help="A saved grader folder or embedded:<name>: drop passages it grades irrelevant."
     ),
+    timeout: Optional[float] = TimeoutOption,
+    retries: Optional[int] = RetriesOption,
 ) -> None:
     """Answer a question with the LLM, with or without retrieved (and reranked, graded) passages."""
     from ragsieve.config import build_config
@@ -44,7 +46,7 @@ def ask_cmd(
     config = build_config(PipelineConfig, {
         "llm": llm, "index": None if no_retrieval else str(index), "top_k": top_k, "candidates": candidates,
         "reranker": None if no_retrieval else reranker, "grader": None if no_retrieval else grader,
-        "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens,
+        "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens, "timeout": timeout, "retries": retries,
     }, source="options")
     answer = RAGPipeline.from_config(config).answer(question, retrieve=not no_retrieval)
     if answer.confidence is not None:

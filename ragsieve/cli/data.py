@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ragsieve.cli.app import DataDirOption, SkipBadOption, app, console, err_console, parse_ks
+from ragsieve.cli.app import DataDirOption, OverwriteOption, SkipBadOption, app, console, err_console, parse_ks
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 
@@ -39,17 +39,22 @@ def index_cmd(
     encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
     data_dir: Optional[Path] = DataDirOption,
     skip_bad: bool = SkipBadOption,
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Build a retrieval index over a dataset's passage pool."""
+    from ragsieve.checks import output_dir
     from ragsieve.data import load_dataset
     from ragsieve.retrieve import build_index
 
+    if kind not in ("bm25", "dense", "hybrid"):
+        raise RagsieveError(f"unknown index kind '{kind}'; known: bm25, dense, hybrid")
+    output_dir(out, overwrite=overwrite)  # refused before anything is read or encoded
     ds = load_dataset(dataset, data_dir=data_dir, skip_bad=skip_bad)
     if not ds.passages:
         raise RagsieveError(f"dataset '{dataset}' has no passage pool to index")
     if ds.skipped_lines:
         err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
-    build_index(ds.passages, out, kind=kind, encoder_spec=encoder)
+    build_index(ds.passages, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
     console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {out}")
 
 

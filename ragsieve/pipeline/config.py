@@ -37,6 +37,8 @@ class PipelineConfig(StrictConfig):
     max_prompt_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(16, ge=1)
     batch_size: int = Field(8, ge=1)
+    timeout: Optional[float] = Field(None, gt=0, description="endpoint LLMs: seconds per try")
+    retries: Optional[int] = Field(None, ge=0, description="endpoint LLMs: extra tries")
 
     @model_validator(mode="after")
     def _candidates_cover_top_k(self) -> "PipelineConfig":

@@ -74,7 +74,7 @@ class RAGPipeline:
             from ragsieve.retrieve import load_index
 
             retriever = load_index(config.index)
-        llm = llm if llm is not None else load_llm(config.llm)
+        llm = llm if llm is not None else load_llm(config.llm, timeout=config.timeout, retries=config.retries)
         gate = None
         if config.cbdr_beta is not None:
             from ragsieve.gate import CBDRGate
