@@ -57,7 +57,7 @@ def check_passages(passages: Iterable[Passage]) -> list[Passage]:
 
 
 def write_passages(passages: Iterable[Passage], path: str | Path) -> None:
-    """Write passages as JSON lines ``{"id", "text", "title"}``.
+    """Write passages as JSON lines ``{"id", "text", "title"}`` (+ ``"meta"`` when a passage has any).
 
     Example::
 
@@ -65,7 +65,10 @@ def write_passages(passages: Iterable[Passage], path: str | Path) -> None:
     """
     with open(path, "w", encoding="utf-8") as fh:
         for p in passages:
-            fh.write(json.dumps({"id": p.id, "text": p.text, "title": p.title}, ensure_ascii=False) + "\n")
+            row = {"id": p.id, "text": p.text, "title": p.title}
+            if p.meta:
+                row["meta"] = p.meta
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def read_passages(path: str | Path) -> list[Passage]:
@@ -87,7 +90,8 @@ def read_passages(path: str | Path) -> list[Passage]:
             text, title = row.get("text"), row.get("title", "")
             if "id" not in row or not isinstance(text, str) or not isinstance(title, str):
                 raise DataError(f"{path}:{lineno}: bad passage line (needs 'id' and a 'text' string)")
-            out.append(Passage(id=str(row["id"]), text=text, title=title))
+            meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+            out.append(Passage(id=str(row["id"]), text=text, title=title, meta=meta))
     except DataError as exc:
         raise DataError(f"{exc}; {INDEX_REBUILD}") from None
     return out

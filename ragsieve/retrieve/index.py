@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
 from ragsieve.artifacts import INDEX_REBUILD, read_json_artifact
 from ragsieve.atomic import atomic_directory
 from ragsieve.data.records import Passage
@@ -110,6 +112,42 @@ def build_index(
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return retriever
+
+
+#: build options a later ``add_to_index`` must repeat to get the same index
+_KEPT_OPTIONS = ("exact", "m", "ef_construction", "ef_search", "k1", "b", "rrf_k", "depth")
+
+
+def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_progress: bool = False) -> Retriever:
+    """Append ``passages`` to an existing index: only the new passages are encoded.
+
+    BM25 statistics are recomputed over the whole pool (cheap); dense vectors of the
+    existing passages are reused from ``embeddings.npy`` and the vector index is rebuilt
+    around them. The folder is replaced atomically, so a kill leaves the old index.
+
+    Example::
+
+        add_to_index("index/mine", read_corpus(["new_docs/"]))
+    """
+    path = Path(index_dir)
+    manifest = read_manifest(path)
+    old = load_index(path)
+    new = check_passages(passages)
+    clash = sorted({p.id for p in old.passages} & {p.id for p in new})
+    if clash:
+        raise RagsieveError(f"{path}: {len(clash)} passage id(s) already in the index, e.g. '{clash[0]}'")
+    kind = manifest["kind"]
+    cls = _retriever_class(kind)
+    options = {k: v for k, v in (manifest.get("options") or {}).items() if k in _KEPT_OPTIONS}
+    if cls.uses_encoder:
+        from ragsieve.models.encoder import load_encoder
+        from ragsieve.retrieve.dense import embed_texts
+
+        dense = old if kind == "dense" else old.dense
+        encoder = load_encoder(manifest["encoder"])
+        vecs = embed_texts(encoder, [p.full_text for p in new], show_progress=show_progress)
+        options.update(embeddings=np.concatenate([dense.embeddings, vecs]), encoder_spec=manifest["encoder"])
+    return build_index([*old.passages, *new], path, kind=kind, overwrite=True, **options)
 
 
 def read_manifest(index_dir: str | Path) -> dict[str, Any]:
