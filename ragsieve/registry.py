@@ -136,6 +136,8 @@ def load_grader(spec: str | Path, base: str | None = None) -> Grader:
     weights = path / WEIGHTS_FILE
     if weights.is_file():  # a truncated file is caught from its header before the base model loads
         check_safetensors(weights, GRADER_REBUILD)
+    if issubclass(cls, RankerGrader) and (path / config.base).exists():  # a ranker shipped beside the grader
+        config = config.model_copy(update={"base": str((path / config.base).resolve())})
     grader = _build(cls, config)
     with reading_artifact(weights, GRADER_REBUILD):
         grader._load_weights(path)
