@@ -175,3 +175,20 @@ def test_states_captured_during_generation_match_extractor(tiny_llm, tmp_path):
     assert len(stored) == 1
     np.testing.assert_allclose(next(iter(stored.values())), HiddenStateExtractor(tiny_llm, 2).extract([prompt])[0],
                                atol=1e-5)
+
+
+def test_extract_layers_equals_one_layer_at_a_time(tiny_llm, tmp_path):
+    """The layer sweep's one-forward capture gives each layer's early-exit state, cached per layer."""
+    from ragsieve.probe.cache import StateCache
+    from ragsieve.probe.hidden import HiddenStateExtractor, extract_layers, full_forward_state
+
+    prompts = [tiny_llm.format_prompt(q) for q in ("Who wrote Hamlet?", "What is the capital of France, please?")]
+    cache = StateCache(tmp_path / "states.sqlite")
+    by_layer = extract_layers(HiddenStateExtractor(tiny_llm, 1, batch_size=2, cache=cache), prompts, [1, 3])
+    assert set(by_layer) == {1, 3}
+    for layer, states in by_layer.items():
+        np.testing.assert_allclose(states, HiddenStateExtractor(tiny_llm, layer).extract(prompts), atol=1e-5)
+        np.testing.assert_allclose(states[0], full_forward_state(tiny_llm, prompts[0], layer), atol=1e-4)
+    cached = HiddenStateExtractor(tiny_llm, 3, cache=cache)
+    cached._forward_batch = None  # everything must come from the cache now
+    np.testing.assert_allclose(cached.extract(prompts), by_layer[3])

@@ -157,21 +157,20 @@ class Fit:
         self.plain = {g.question_id: g.correct for g in gens if g.variant == f"top{k}"}
 
     # -- 4. probe ---------------------------------------------------------------------------------
-    def _states(self, layer: int, questions: list[Question], with_context: bool) -> np.ndarray:
+    def _probe_data(self, layers: list[int], split: str) -> tuple[dict[int, np.ndarray], np.ndarray]:
+        """States of every candidate layer (one early-exit forward per prompt) and correctness labels:
+        the closed-book prompts, then the top-k prompts of the split's questions."""
         from ragsieve.probe.cache import StateCache
-        from ragsieve.probe.hidden import HiddenStateExtractor
+        from ragsieve.probe.hidden import HiddenStateExtractor, extract_layers
 
-        extractor = HiddenStateExtractor(self.llm, layer, batch_size=self.config.batch_size,
-                                         cache=StateCache(self.work / "states.sqlite"))
-        k = self.config.top_k
-        prompts = [self.builder.chat_prompt(q.text, self.candidates[q.id][:k] if with_context else []) for q in questions]
-        return extractor.extract(prompts)
-
-    def _probe_data(self, layer: int, split: str) -> tuple[np.ndarray, np.ndarray]:
         qs = self.splits[split]
-        x = np.concatenate([self._states(layer, qs, False), self._states(layer, qs, True)])
+        k = self.config.top_k
+        prompts = [self.builder.chat_prompt(q.text) for q in qs]
+        prompts += [self.builder.chat_prompt(q.text, self.candidates[q.id][:k]) for q in qs]
+        extractor = HiddenStateExtractor(self.llm, layers[0], batch_size=self.config.batch_size,
+                                         cache=StateCache(self.work / "states.sqlite"))
         y = np.array([self.closed[q.id] for q in qs] + [self.plain[q.id] for q in qs], dtype=np.int64)
-        return x, y
+        return extract_layers(extractor, prompts, layers), y
 
     def phase_probe(self) -> None:
         from sklearn.metrics import roc_auc_score
@@ -185,9 +184,10 @@ class Fit:
             layers = sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
             by_layer: dict[int, float] = {}
             heads = {}
+            train_states, y_tr = self._probe_data(layers, "train")
+            dev_states, y_dev = self._probe_data(layers, "dev")
             for i, layer in enumerate(layers):
-                x_tr, y_tr = self._probe_data(layer, "train")
-                x_dev, y_dev = self._probe_data(layer, "dev")
+                x_tr, x_dev = train_states[layer], dev_states[layer]
                 if len(set(y_tr.tolist())) < 2 or len(set(y_dev.tolist())) < 2:
                     raise RagsieveError(
                         "the LLM answered every train or dev prompt the same way (all right or all wrong), so a "
@@ -362,8 +362,9 @@ class Fit:
         try:
             from sklearn.metrics import roc_auc_score
 
-            x, y = self._probe_data(self.probe.config.layer, "test")
-            est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(x))
+            layer = self.probe.config.layer
+            states, y = self._probe_data([layer], "test")
+            est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(states[layer]))
             metrics["probe_test_auroc"] = {"auroc": est, "ci95": [lo, hi], "n": len(y)}
         except ValueError:
             metrics["probe_test_auroc"] = None  # one class only in the test split

@@ -90,7 +90,8 @@ class HiddenStateExtractor:
     def dim(self) -> int:
         return self.llm.hidden_size
 
-    def _forward_batch(self, prompts: Sequence[str]) -> np.ndarray:
+    def _forward_batch(self, prompts: Sequence[str], layers: Sequence[int] | None = None) -> np.ndarray | dict[int, np.ndarray]:
+        """States of ``self.layer`` (or of each of ``layers``: one forward, stopped after the deepest)."""
         import torch
 
         tok = self.llm.tokenizer
@@ -102,13 +103,18 @@ class HiddenStateExtractor:
             )
         mask = enc["attention_mask"]
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate() uses with left padding
-        captured: dict[str, torch.Tensor] = {}
+        wanted = sorted(set(layers)) if layers is not None else [self.layer]
+        captured: dict[int, torch.Tensor] = {}
 
-        def hook(_module, _inputs, output):
-            captured["h"] = last_position(output)
-            raise _StopForward
+        def hook_for(layer: int):
+            def hook(_module, _inputs, output):
+                captured[layer] = last_position(output)
+                if layer == wanted[-1]:  # nothing deeper is read: stop the forward here
+                    raise _StopForward
 
-        handle = self.layers[self.layer - 1].register_forward_hook(hook)
+            return hook
+
+        handles = [self.layers[layer - 1].register_forward_hook(hook_for(layer)) for layer in wanted]
         try:
             with torch.inference_mode():
                 self.llm.model(
@@ -120,10 +126,14 @@ class HiddenStateExtractor:
         except _StopForward:
             pass
         finally:
-            handle.remove()
-        if "h" not in captured:
-            raise RagsieveError(f"layer {self.layer} did not run; is the model's layer list {type(self.layers)}?")
-        return captured["h"].numpy()
+            for handle in handles:
+                handle.remove()
+        missing = [layer for layer in wanted if layer not in captured]
+        if missing:
+            raise RagsieveError(f"layer(s) {missing} did not run; is the model's layer list {type(self.layers)}?")
+        if layers is None:
+            return captured[self.layer].numpy()
+        return {layer: captured[layer].numpy() for layer in wanted}
 
     def extract(self, prompts: Sequence[str]) -> np.ndarray:
         """States for already formatted prompts, shape ``(len(prompts), hidden_size)``, float32."""
@@ -148,6 +158,41 @@ class HiddenStateExtractor:
             if self.cache is not None:
                 self.cache.put_many({keys[i]: states[j] for j, i in enumerate(idx)})
         return out
+
+
+def extract_layers(
+    extractor: HiddenStateExtractor, prompts: Sequence[str], layers: Sequence[int | float]
+) -> dict[int, np.ndarray]:
+    """States of several layers from one early-exit forward per batch (the layer sweep's input).
+
+    Cached states (same LLM, layer, prompt) are reused; a batch is recomputed only for
+    prompts missing some layer. Equals :meth:`HiddenStateExtractor.extract` per layer (tested).
+
+    Example::
+
+        by_layer = extract_layers(HiddenStateExtractor(llm), prompts, [0.25, 0.5, 0.75])
+    """
+    wanted = sorted({resolve_layer(x, extractor.llm.num_layers) for x in layers})
+    out = {layer: np.zeros((len(prompts), extractor.dim), dtype=np.float32) for layer in wanted}
+    cache = extractor.cache
+    keys = {layer: [prompt_key(extractor.llm.spec, layer, p) for p in prompts] for layer in wanted} if cache is not None else {}
+    todo = set(range(len(prompts)))
+    if cache is not None:
+        found = {layer: cache.get_many(keys[layer]) for layer in wanted}
+        todo = {i for i in range(len(prompts)) if any(keys[layer][i] not in found[layer] for layer in wanted)}
+        for layer in wanted:
+            for i, key in enumerate(keys[layer]):
+                if i not in todo:
+                    out[layer][i] = found[layer][key]
+    order = sorted(todo, key=lambda i: len(prompts[i]))
+    for lo in range(0, len(order), extractor.batch_size):
+        idx = order[lo : lo + extractor.batch_size]
+        states = extractor._forward_batch([prompts[i] for i in idx], wanted)
+        for layer in wanted:
+            out[layer][idx] = states[layer]
+            if cache is not None:
+                cache.put_many({keys[layer][i]: states[layer][j] for j, i in enumerate(idx)})
+    return out
 
 
 def full_forward_state(llm: "LocalLLM", prompt: str, layer: int) -> np.ndarray:
