@@ -276,7 +276,9 @@ def test_cautious_labels_gate_vote_skip_ties_and_ablations():
     # ex002: votes 0, 0 + model 1 → 0; ex003: votes 1 (+ abstain) + model 0 → tie, skipped
     assert got == {"ex000": (1, "self"), "ex001": (0, "self"), "ex002": (0, "jury")}
     assert out.stats["ties_skipped"] == 1 and out.stats["accuracy"] == pytest.approx(1 / 3)
-    assert out.stats["self"] == {"n": 2, "accuracy": 0.0} and out.stats["jury"] == {"n": 1, "accuracy": 1.0}
+    assert out.stats["self"] == {"n": 2, "accuracy": 0.0, "accepted_true": 1, "gold_true": 1}
+    assert out.stats["jury"] == {"n": 1, "accuracy": 1.0, "accepted_true": 0, "gold_true": 0}
+    assert (out.stats["accepted_true"], out.stats["gold_true"]) == (1, 1)  # the verdict mix of the accepted labels
     no_jury = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, jury=False), judges).label(items, verdicts, 1, {})
     assert {pr.example.id for pr in no_jury.pairs} == {"ex000", "ex001"}
     no_gate = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, gating=False), judges).label(items, verdicts, 1, {})
