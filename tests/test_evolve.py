@@ -504,8 +504,32 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
         "m0_train": {"lr": 1e-2, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
     }
     metrics = experiments.run_experiment_file(cfg, overrides=overrides)
-    for key in ("by_dataset", "alpha_sweep", "ablation", "pseudo_label_accuracy", "downstream", "targets"):
+    for key in ("by_dataset", "alpha_sweep", "tau_sweep", "ablation", "pseudo_label_accuracy", "pseudo_labels",
+                "downstream", "targets", "test_curves", "forgetting", "m0_test", "paired", "scale_targets"):
         assert key in metrics
+    # the fixed test set: M0 once, then M_t after every round, same examples for every cell
+    m0 = json.loads((out / "cells" / "pubmedqa" / "_m0.json").read_text())
+    assert len(m0["test_ids"]) == 8 and len(m0["test"]["correct"]) == 8
+    for name in ("sft", "replay-dpo", "cautious-dpo"):
+        cell = json.loads((out / "cells" / "pubmedqa" / f"{name}.json").read_text())
+        assert cell["test_ids"] == m0["test_ids"]
+        assert [len(r["test"]["correct"]) for r in cell["rounds"]] == [8, 8]
+        assert all(set(r["test"]["correct"]) <= {"0", "1"} for r in cell["rounds"])
+        assert [sorted(r["forgetting"]["splits"]) for r in cell["rounds"]] == [["0", "1"], ["0", "1", "2"]]
+    test_curve = metrics["test_curves"]["pubmedqa"]["dpo"]
+    assert [r["round"] for r in test_curve] == [0, 1, 2] and all(r["n"] == 8 and r["ci95"] for r in test_curve)
+    for name in ("replay-dpo vs dpo", "cautious-dpo vs sft-only"):
+        paired = metrics["paired"]["pubmedqa"][name]
+        assert paired["n"] == 8 and 0 <= paired["p_value"] <= 1 and paired["verdict"]
+        assert paired["a_only"] + paired["b_only"] <= 8
+    targets = metrics["scale_targets"]
+    assert set(targets) == {"m0_above_chance_plus_10pp", "replay_ge_dpo_last_round", "cautious_gt_sft_only"}
+    assert "p_value" in targets["replay_ge_dpo_last_round"]["per_dataset"]["pubmedqa"]
+    assert "p_value_vs_chance" in metrics["m0_test"]["pubmedqa"]
+    labels = metrics["pseudo_labels"]["pubmedqa"]["cautious-dpo"]
+    assert [r["round"] for r in labels] == [1, 2] and all("accepted_true" in r and "self" in r for r in labels)
+    assert set(metrics["tau_sweep"]["pubmedqa"]) == {"0.8", "0.9"}
+    assert not (out / "cells" / "pubmedqa" / "dpo").exists()  # per-round files dropped once the cell is done
     curve = metrics["by_dataset"]["pubmedqa"]["replay-dpo"]
     assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
     assert all(lo <= r["accuracy"] <= hi for r in curve for lo, hi in [r["accuracy_ci95"]])
