@@ -138,6 +138,21 @@ def test_rounds_are_balanced_sequential_and_seeded():
     assert not {x.query_id for x in held.initial + held.rounds[0]} & set(held.held_out_query_ids)
 
 
+def test_test_set_takes_whole_queries_balanced_and_disjoint_from_every_split():
+    # 30 queries with 3 examples each (labels 1, 0, 0): a query must never straddle test and training
+    items = [
+        LabeledPair(f"q{q:02d}:{j}", f"q{q:02d}", "q", "p", int(j == 0), {"question": "q", "context": "p"})
+        for q in range(30) for j in range(3)
+    ]
+    task = build_task_rounds("pubmedqa", initial_size=6, round_size=4, rounds=2, test_size=10, examples=items)
+    assert len(task.test) == 10 and sum(x.label for x in task.test) == 5
+    test_queries = {x.query_id for x in task.test}
+    assert not test_queries & {x.query_id for split in task.splits() for x in split}
+    assert task.sizes()["test"] == {"n": 10, "positives": 5}
+    with pytest.raises(DataError, match="test set of 80 needs more"):
+        build_task_rounds("pubmedqa", initial_size=2, round_size=2, rounds=1, test_size=80, examples=items)
+
+
 @requires_data
 def test_real_tasks_have_the_issue_binary_labels():
     bio = build_task_rounds("bioasq", initial_size=8, round_size=8, rounds=4)
@@ -545,3 +560,97 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))
     again = experiments.run_experiment_file(cfg, overrides=overrides)
     assert again["by_dataset"] == metrics["by_dataset"]
+
+
+_CELL_KILL_SCRIPT = """
+import sys, time
+from ragsieve.studies import evolve as ev
+from ragsieve.studies import runner
+write = ev.write_json
+def write_then_hang(path, data, indent=1):
+    write(path, data, indent)
+    if path.name == "round-2.json":  # round 2 checkpointed, round 3 not started
+        print("CHECKPOINTED", flush=True)
+        time.sleep(600)
+ev.write_json = write_then_hang
+runner.run_experiment_file(sys.argv[1], overrides={"llm": sys.argv[2]})
+"""
+
+
+@requires_data
+def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, tmp_path, monkeypatch):
+    """kill -9 inside a cell: the rerun rebuilds M_2 from M0 + saved deltas and trains round 3 only,
+    ending where an uninterrupted run ends."""
+    from ragsieve.evolve import methods
+    from ragsieve.studies import runner
+
+    def config(out):
+        path = tmp_path / f"{out.name}.yaml"
+        path.write_text(
+            f"experiment: evolve\nout_dir: {out}\nparams:\n  datasets: [pubmedqa]\n  methods: [dpo]\n  rounds: 3\n"
+            "  sizes: {initial: 8, per_round: 4}\n  test_size: 8\n  forgetting_per_split: 2\n"
+            "  max_prompt_tokens: 300\n  m0_train: {lr: 1.0e-2, batch_size: 8}\n  train: {lr: 1.0e-2, batch_size: 4}\n"
+            "  downstream: {enabled: false}\n  threads: 1\n"
+        )
+        return path
+
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CELL_KILL_SCRIPT, str(config(killed)), str(tiny_llm_dir)], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:
+            if line.startswith("CHECKPOINTED") or time.monotonic() > deadline:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    part = killed / "cells" / "pubmedqa" / "dpo"
+    assert sorted(p.name for p in part.iterdir()) == ["round-1.json", "round-2.json"]
+    assert (killed / "work" / "pubmedqa" / "dpo" / "round-2" / "adapter_config.json").exists()
+    assert not (killed / "cells" / "pubmedqa" / "dpo.json").exists()
+
+    calls = []
+    real_round = methods.evolve_round
+    monkeypatch.setattr(methods, "evolve_round", lambda *a, **k: calls.append(k["round_id"]) or real_round(*a, **k))
+    resumed = runner.run_experiment_file(config(killed), overrides={"llm": str(tiny_llm_dir)})
+    assert calls == [3]  # rounds 1 and 2 came from their checkpoints
+    calls.clear()
+    fresh = runner.run_experiment_file(config(reference), overrides={"llm": str(tiny_llm_dir)})
+    assert calls == [1, 2, 3]
+    cell = lambda out: json.loads((out / "cells" / "pubmedqa" / "dpo.json").read_text())  # noqa: E731
+    a, b = cell(killed), cell(reference)
+    assert [r["test"]["correct"] for r in a["rounds"]] == [r["test"]["correct"] for r in b["rounds"]]
+    assert [r["pairs"] for r in a["rounds"]] == [r["pairs"] for r in b["rounds"]]
+    assert resumed["test_curves"] == fresh["test_curves"]
+    assert not part.exists() and not (killed / "work" / "pubmedqa" / "dpo").exists()
+
+
+@requires_data
+def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_llm_dir, tmp_path):
+    from ragsieve.config import build_config
+    from rich.console import Console
+
+    from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
+
+    cfg = build_config(EvolveExperimentConfig, {
+        "llm": str(tiny_llm_dir), "datasets": ["pubmedqa", "hotpotqa-distractor"], "methods": ["sft-only"],
+        "rounds": 1, "sizes": {"initial": 6, "per_round": 4}, "test_size": 6, "m0": "mixed", "max_prompt_tokens": 300,
+        "m0_train": {"lr": 1e-2, "batch_size": 4}, "downstream": {"enabled": False}, "threads": 1,
+    })
+    metrics = EvolveExperiment().run(cfg, tmp_path, Console(quiet=True))
+    info = json.loads((tmp_path / "work" / "_mixed" / "m0.json").read_text())
+    assert info["m0"] == "mixed" and info["train"]["examples"] == 12  # both SFT sets, each in its own template
+    assert not (tmp_path / "work" / "pubmedqa" / "m0").exists()
+    assert set(metrics["m0_test"]) == {"pubmedqa", "hotpotqa-distractor"}
+    assert all(json.loads((tmp_path / "cells" / ds / "_m0.json").read_text())["m0"] == "mixed" for ds in cfg.datasets)
+    bad = build_config(EvolveExperimentConfig, {"datasets": ["fever"], "tau_sweep": [0.8], "tau_sweep_datasets": ["anli"]})
+    with pytest.raises(RagsieveError, match="tau_sweep_datasets"):
+        plan_cells(bad)
+    with pytest.raises(RagsieveError, match="m0: mixed"):
+        plan_cells(build_config(EvolveExperimentConfig, {"m0": "mixed"}))
