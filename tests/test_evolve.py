@@ -504,6 +504,32 @@ def test_full_experiment_config_validates_and_plans_every_cell():
     assert ("bioasq", "replay-dpo@0.5") in names and ("bioasq", "cautious-dpo:no-jury") in names
 
 
+
+def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
+    """Stage 0 (M0s) → stage 1 (3 datasets) → full matrix reuse each other's cells, so their settings must agree."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
+
+    plans, params = {}, {}
+    for name in ("evolve_scale_m0", "evolve_scale_stage1", "evolve_scale"):
+        spec = read_mapping(REPO / "experiments" / f"{name}.yaml")
+        assert spec["out_dir"] == "results/evolve_scale"
+        cfg = build_config(EvolveExperimentConfig, spec["params"])
+        plans[name], params[name] = {(c.dataset, c.name) for c in plan_cells(cfg)}, cfg
+        assert cfg.train.dpo_backend == "fast" and cfg.test_size >= 300 and cfg.rounds == 4
+        assert all(cfg.sizes_for(ds).initial >= 500 and cfg.sizes_for(ds).per_round >= 200
+                   for ds in cfg.datasets if ds != "pubmedqa")  # PubMedQA has 890 examples in all
+    assert plans["evolve_scale_m0"] <= plans["evolve_scale_stage1"] | {(d, "sft-only") for d in params["evolve_scale"].datasets}
+    assert plans["evolve_scale_stage1"] < plans["evolve_scale"]
+    assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 41
+    assert ("bioasq", "cautious-dpo@tau=0.8") in plans["evolve_scale_stage1"]
+    shared = ("sizes", "size_overrides", "test_size", "forgetting_per_split", "m0", "m0_train", "train", "llm", "seed",
+              "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha")
+    for key in shared:
+        assert len({repr(getattr(c, key)) for c in params.values()}) == 1, key
+    assert len({c.downstream.held_out_questions for c in params.values()}) == 1  # the same HotpotQA splits
+
+
 @requires_data
 def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
     """experiments/evolve_smoke.yaml with the tiny LLM: every output key, plots, per-cell resume."""
@@ -513,7 +539,8 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     cfg = tmp_path / "evolve_smoke.yaml"
     raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()
     cfg.write_text(raw.replace("out_dir: /tmp/ragsieve-evolve-smoke", f"out_dir: {out}"))
-    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2, "max_prompt_tokens": 400}
+    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2, "max_prompt_tokens": 400,
+                  "base_reranker": "bm25"}
     overrides = {
         "llm": str(tiny_llm_dir), "judges": [f"llm:{tiny_llm_dir}", "reranker:bm25"], "downstream": downstream,
         "m0_train": {"lr": 1e-2, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
@@ -545,6 +572,9 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     assert [r["round"] for r in labels] == [1, 2] and all("accepted_true" in r and "self" in r for r in labels)
     assert set(metrics["tau_sweep"]["pubmedqa"]) == {"0.8", "0.9"}
     assert not (out / "cells" / "pubmedqa" / "dpo").exists()  # per-round files dropped once the cell is done
+    qa = metrics["downstream_stats"]
+    assert qa["vs"] == "base-reranker" and {"em", "f1", "containment", "n"} <= set(qa["intervals"]["replay-dpo"])
+    assert qa["paired"]["replay-dpo"]["f1"]["n"] == 2 and "verdict" in qa["paired"]["replay-dpo"]["em"]
     curve = metrics["by_dataset"]["pubmedqa"]["replay-dpo"]
     assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
     assert all(lo <= r["accuracy"] <= hi for r in curve for lo, hi in [r["accuracy_ci95"]])

@@ -73,6 +73,11 @@ class RoundSizes(StrictConfig):
 class DownstreamConfig(StrictConfig):
     enabled: bool = True
     held_out_questions: int = 20  # HotpotQA questions kept out of every round
+    # Cells whose final reranker answers the held-out questions (None = every HotpotQA cell).
+    # Each costs ≈ 40 sentence verdicts + one generation per question, so sweeps skip it at scale.
+    methods: Union[list[str], None] = None
+    # The reference reranker of the same pipeline ("" = none): the project's base cross-encoder.
+    base_reranker: str = ""
     top_k: int = 3
     generator: str = DEFAULT_LLM
     max_new_tokens: int = 16
@@ -286,6 +291,7 @@ class EvolveExperiment:
         m0_info: dict[str, Any] = {}
         self._generator = None
         for ds, task in tasks.items():
+            self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
             pending = [c for c in cells if c.dataset == ds and not self._cell_path(out_dir, c).exists()]
             console.print(f"[bold]{ds}[/]: {len(pending)} cell(s) to run, sizes {task.sizes()}")
             judges = None
@@ -323,8 +329,10 @@ class EvolveExperiment:
 
     # -- pieces -------------------------------------------------------------------
     @staticmethod
-    def _downstream(cfg: EvolveExperimentConfig, ds: str) -> bool:
-        return cfg.downstream.enabled and ds == DOWNSTREAM_DATASET
+    def _downstream(cfg: EvolveExperimentConfig, ds: str, cell: str | None = None) -> bool:
+        """Whether ``ds`` holds out downstream questions (and, given a cell, whether that cell answers them)."""
+        d = cfg.downstream
+        return d.enabled and ds == DOWNSTREAM_DATASET and (cell is None or d.methods is None or cell in d.methods)
 
     @staticmethod
     def _cell_path(out_dir: Path, cell: Cell) -> Path:
@@ -358,8 +366,12 @@ class EvolveExperiment:
         from ragsieve.evolve.train import train_round
 
         m0_dir, info_path = self._m0_paths(cfg, ds, work)
+        fingerprint = self._m0_fingerprint(cfg, tasks if cfg.m0 == "mixed" else {ds: tasks[ds]})
         if info_path.exists() and (m0_dir / "adapter_config.json").exists():
-            return M0(m0_dir, json.loads(info_path.read_text()))
+            info = json.loads(info_path.read_text())
+            if info.get("fingerprint", fingerprint) != fingerprint:
+                raise RagsieveError(f"{m0_dir} was trained under other settings or data; use another out_dir")
+            return M0(m0_dir, info)
         config = cfg.m0_train.model_copy(update={"seed": cfg.seed})
         if cfg.m0 == "mixed":
             # One adapter for every dataset, each example in its own template. The label
@@ -382,7 +394,7 @@ class EvolveExperiment:
             result = train_round(ranker.llm, ranker.tokens, "sft", prompts, [x.label for x in task.initial], config,
                                  save_dir=m0_dir)
             truncated = ranker.prompter.truncated
-        info = {"m0": cfg.m0, "train": result.summary(), "truncated_prompts": truncated}
+        info = {"m0": cfg.m0, "fingerprint": fingerprint, "train": result.summary(), "truncated_prompts": truncated}
         write_json(info_path, info)
         return M0(m0_dir, info)
 
@@ -392,14 +404,17 @@ class EvolveExperiment:
         cache = out_dir / "work" / task.dataset / "m0_d1.json"  # M0's verdicts on D_1 (round 1's input)
         if path.exists() and cache.exists():
             base = json.loads(path.read_text())
-            if base.get("m0") != cfg.m0:
-                raise RagsieveError(f"{path} was made with m0: {base.get('m0')}; use another out_dir for m0: {cfg.m0}")
+            same = base.get("m0") == cfg.m0 and base.get("m0_fingerprint", m0.info.get("fingerprint")) == m0.info.get(
+                "fingerprint") and base.get("test_ids") == [x.id for x in task.test]
+            if not same:
+                raise RagsieveError(f"{path} was made with another M0 or test set; delete it or use another out_dir")
             return {**base, "d1": json.loads(cache.read_text())}
         start = time.perf_counter()
         ranker = self._ranker(cfg, task.dataset, adapters=[m0.dir])
         d1 = ranker.predict(task.rounds[0])
         write_json(cache, {"logp_true": d1.logp_true.tolist(), "logp_false": d1.logp_false.tolist()}, indent=None)
-        base = {"dataset": task.dataset, "m0": cfg.m0, "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
+        base = {"dataset": task.dataset, "m0": cfg.m0, "m0_fingerprint": m0.info.get("fingerprint"),
+                "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
                 "test": score_examples(ranker, task.test)}
         samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
         if samples:
@@ -425,6 +440,15 @@ class EvolveExperiment:
         return out_dir / "cells" / cell.dataset / cell.name, out_dir / "work" / cell.dataset / cell.name
 
     @staticmethod
+    def _m0_fingerprint(cfg, tasks: dict) -> str:
+        """What M0 depends on: a reused adapter must come from the same SFT set(s) and settings."""
+        import hashlib
+
+        key = {"m0": cfg.m0, "m0_train": cfg.m0_train.model_dump(), "llm": cfg.llm, "seed": cfg.seed,
+               "max_prompt_tokens": cfg.max_prompt_tokens, "initial": {ds: [x.id for x in t.initial] for ds, t in tasks.items()}}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @staticmethod
     def _fingerprint(cfg, cell: Cell, task) -> str:
         """What a finished round depends on; a partial round made under other settings is redone."""
         import hashlib
@@ -436,6 +460,16 @@ class EvolveExperiment:
             "judges": [j.model_dump() for j in cfg.judges] if cell.method.kind == "cautious-dpo" else [],
         }
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _check_finished(self, cfg, cells: list[Cell], task, out_dir: Path) -> None:
+        """A finished cell is skipped, so it must have been made under these settings (stage 1 → full
+        matrix share an out_dir on purpose; a changed size or lr must not silently mix in)."""
+        for cell in cells:
+            path = self._cell_path(out_dir, cell)
+            if path.exists():
+                made = json.loads(path.read_text()).get("fingerprint")  # the small study's cells have none
+                if made and made != self._fingerprint(cfg, cell, task):
+                    raise RagsieveError(f"{path} was made under other settings; delete it or use another out_dir")
 
     def _finished_rounds(self, out_dir: Path, cell: Cell, fingerprint: str, rounds: int) -> list[dict]:
         """The longest prefix of rounds with a matching record and (if it trained) its adapter."""
@@ -528,7 +562,7 @@ class EvolveExperiment:
         }
         if cfg.test_size:
             result["test_ids"] = [x.id for x in task.test]
-        if self._downstream(cfg, cell.dataset):
+        if self._downstream(cfg, cell.dataset, cell.name):
             result["downstream"] = self._downstream_qa(cfg, task, console, ranker=ranker)
         return result
 
@@ -567,6 +601,7 @@ class EvolveExperiment:
         answers = [first_line(t) for t in texts]
         out = qa_metrics(answers, [q.answers for q in questions])
         out["answers"] = {q.id: a for q, a in zip(questions, answers)}
+        out.update(per_question_scores(answers, [q.answers for q in questions], [q.id for q in questions]))
         return out
 
     def _downstream_qa(self, cfg, task, console: Console, ranker) -> dict:
@@ -581,6 +616,7 @@ class EvolveExperiment:
             recall.append(sum(cands[r.index][1] for r in top) / gold if gold else 0.0)
         out = self._answer(cfg, questions, contexts)
         out.update(top_k=k, support_recall=sum(recall) / max(len(recall), 1))
+        out["per_question"]["support_recall"] = [round(r, 4) for r in recall]
         console.print(f"  downstream QA: EM {out['em']:.3f} F1 {out['f1']:.3f} support recall@{k} {out['support_recall']:.3f}")
         return out
 
@@ -589,6 +625,10 @@ class EvolveExperiment:
         questions, sentences = self._held_out(cfg, task)
         gold = [[p for p, lab in sentences.get(q.id, []) if lab] for q in questions]
         out = {"gold-support": self._answer(cfg, questions, gold), "closed-book": self._answer(cfg, questions, [[]] * len(questions))}
+        if cfg.downstream.base_reranker:
+            from ragsieve.registry import load_reranker
+
+            out["base-reranker"] = self._downstream_qa(cfg, task, console, ranker=load_reranker(cfg.downstream.base_reranker))
         for name, m in out.items():
             console.print(f"  downstream {name}: EM {m['em']:.3f} F1 {m['f1']:.3f}")
         return out
@@ -668,6 +708,13 @@ class EvolveExperiment:
         }
         if cfg.test_size:
             metrics.update(self._scale_metrics(cfg, results, base))
+        per_question = {name: r["downstream"]["per_question"] for (ds, name), r in results.items()
+                        if "per_question" in r.get("downstream", {})}
+        if base_path.exists():
+            per_question.update({name: m["per_question"] for name, m in json.loads(base_path.read_text()).items()
+                                 if "per_question" in m})
+        if per_question:
+            metrics["downstream_stats"] = downstream_stats(per_question)
         return metrics
 
     @staticmethod
@@ -710,6 +757,42 @@ class EvolveExperiment:
                 if r:
                     console.print(f"  {ds}: {name}: {r['a']:.3f} vs {r['b']:.3f}, McNemar {r['a_only']}/{r['b_only']} "
                                   f"p={r['p_value']:.3g} ({r['verdict']})")
+
+
+QA_METRICS = ("em", "f1", "containment")
+
+
+def per_question_scores(answers, golds, ids) -> dict[str, Any]:
+    """EM / F1 / containment per question, kept so methods compare paired on the same questions."""
+    from ragsieve.eval.qa import contains_answer, exact_match, token_f1
+
+    return {"per_question": {
+        "ids": list(ids),
+        "em": [int(exact_match(a, g)) for a, g in zip(answers, golds)],
+        "f1": [round(token_f1(a, g), 4) for a, g in zip(answers, golds)],
+        "containment": [int(contains_answer(a, g)) for a, g in zip(answers, golds)],
+    }}
+
+
+def downstream_stats(per_question: dict[str, dict]) -> dict[str, Any]:
+    """Bootstrap intervals of EM / F1 / containment per context source, and paired differences
+    of every source against the base reranker (else the frozen M0, ``sft-only``)."""
+    from ragsieve.eval.stats import bootstrap_ci, paired_bootstrap
+
+    out: dict[str, Any] = {"intervals": {}, "vs": None, "paired": {}}
+    for name, pq in per_question.items():
+        out["intervals"][name] = {
+            m: dict(zip(("mean", "low", "high"), (round(x, 4) for x in bootstrap_ci(pq[m])))) for m in QA_METRICS
+        } | {"n": len(pq["ids"])}
+    ref = next((r for r in ("base-reranker", "sft-only") if r in per_question), None)
+    if ref is None:
+        return out
+    out["vs"] = ref
+    for name, pq in per_question.items():
+        if name == ref or pq["ids"] != per_question[ref]["ids"]:
+            continue
+        out["paired"][name] = {m: paired_bootstrap(pq[m], per_question[ref][m]).to_dict() for m in QA_METRICS}
+    return out
 
 
 def targets(by_dataset: dict) -> dict:
