@@ -289,7 +289,7 @@ class EvolveExperiment:
             for ds, t in tasks.items()
         }
         m0_info: dict[str, Any] = {}
-        self._generator = None
+        self._generator = self._hotpot = None
         for ds, task in tasks.items():
             self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
             pending = [c for c in cells if c.dataset == ds and not self._cell_path(out_dir, c).exists()]
@@ -573,7 +573,9 @@ class EvolveExperiment:
 
         keep = set(task.held_out_query_ids)
         sentences: dict[str, list[tuple[Passage, int]]] = {}
-        every = hotpot_questions(cfg.data_dir, cfg.hotpot_source)["questions"]
+        if getattr(self, "_hotpot", None) is None:  # parsed once per run: every HotpotQA cell asks
+            self._hotpot = hotpot_questions(cfg.data_dir, cfg.hotpot_source)["questions"]
+        every = self._hotpot
         questions = {q: every[q] for q in keep if q in every}
         for p in task.held_out:  # the held-out questions' sentence pairs, as the task cut them
             if p.query_id in keep and p.passage.strip():
