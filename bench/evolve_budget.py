@@ -62,7 +62,8 @@ def dataset_counts(cfg, ds: str, cells) -> dict[str, float]:
     d = cfg.downstream
     on = d.enabled and ds == "hotpotqa-distractor"
     qa = [c for c in cells if on and (d.methods is None or c.name in d.methods)]
-    rankers = len(qa) + (1 if on and d.base_reranker else 0)  # the base reranker's cost taken as an LLM's: an upper bound
+    # the base reranker's cost is taken as an LLM's: an upper bound
+    rankers = len(qa) + (1 if on and d.base_reranker else 0)
     out["qa_evals"] = rankers * d.held_out_questions * DOWNSTREAM_SENTENCES
     # + the gold-support and closed-book baselines, computed once
     out["qa_generations"] = (rankers + 2) * d.held_out_questions if on else 0

@@ -519,7 +519,8 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
         assert cfg.train.dpo_backend == "fast" and cfg.test_size >= 300 and cfg.rounds == 4
         assert all(cfg.sizes_for(ds).initial >= 500 and cfg.sizes_for(ds).per_round >= 200
                    for ds in cfg.datasets if ds != "pubmedqa")  # PubMedQA has 890 examples in all
-    assert plans["evolve_scale_m0"] <= plans["evolve_scale_stage1"] | {(d, "sft-only") for d in params["evolve_scale"].datasets}
+    sft_only = {(d, "sft-only") for d in params["evolve_scale"].datasets}
+    assert plans["evolve_scale_m0"] <= plans["evolve_scale_stage1"] | sft_only
     assert plans["evolve_scale_stage1"] < plans["evolve_scale"]
     assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 41
     assert ("bioasq", "cautious-dpo@tau=0.8") in plans["evolve_scale_stage1"]
@@ -539,8 +540,8 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     cfg = tmp_path / "evolve_smoke.yaml"
     raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()
     cfg.write_text(raw.replace("out_dir: /tmp/ragsieve-evolve-smoke", f"out_dir: {out}"))
-    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2, "max_prompt_tokens": 400,
-                  "base_reranker": "bm25"}
+    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2,
+                  "max_prompt_tokens": 400, "base_reranker": "bm25"}
     overrides = {
         "llm": str(tiny_llm_dir), "judges": [f"llm:{tiny_llm_dir}", "reranker:bm25"], "downstream": downstream,
         "m0_train": {"lr": 1e-2, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
@@ -679,7 +680,8 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
     assert not (tmp_path / "work" / "pubmedqa" / "m0").exists()
     assert set(metrics["m0_test"]) == {"pubmedqa", "hotpotqa-distractor"}
     assert all(json.loads((tmp_path / "cells" / ds / "_m0.json").read_text())["m0"] == "mixed" for ds in cfg.datasets)
-    bad = build_config(EvolveExperimentConfig, {"datasets": ["fever"], "tau_sweep": [0.8], "tau_sweep_datasets": ["anli"]})
+    bad = build_config(EvolveExperimentConfig,
+                       {"datasets": ["fever"], "tau_sweep": [0.8], "tau_sweep_datasets": ["anli"]})
     with pytest.raises(RagsieveError, match="tau_sweep_datasets"):
         plan_cells(bad)
     with pytest.raises(RagsieveError, match="m0: mixed"):

@@ -282,7 +282,9 @@ def select_test(
                 got[key].append(x)
     short = {k: (len(got[k]), n) for k, n in want.items() if len(got[k]) < n}
     if short:
-        raise DataError(f"{dataset}: test set of {size} needs more examples than the data has ({short}); lower test_size")
+        raise DataError(
+            f"{dataset}: test set of {size} needs more examples than the data has ({short}); lower test_size"
+        )
     test = [x for k in want for x in got[k]]
     return _ordered(test, seed), {x.query_id for x in test}
 

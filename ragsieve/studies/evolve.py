@@ -344,7 +344,8 @@ class EvolveExperiment:
         size = cfg.sizes_for(ds)
         return build_task_rounds(
             ds, initial_size=size.initial, round_size=size.per_round, rounds=cfg.rounds, seed=cfg.seed,
-            balanced=cfg.balanced_for(ds), held_out_queries=cfg.downstream.held_out_questions if self._downstream(cfg, ds) else 0,
+            balanced=cfg.balanced_for(ds),
+            held_out_queries=cfg.downstream.held_out_questions if self._downstream(cfg, ds) else 0,
             test_size=cfg.test_size, balanced_test=cfg.balanced_test, hotpot_source=cfg.hotpot_source,
             data_dir=cfg.data_dir,
         )
@@ -353,7 +354,8 @@ class EvolveExperiment:
         from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
         return PointwiseLLMReranker(
-            ds, llm or cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.eval_batch_size
+            ds, llm or cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens,
+            batch_size=cfg.eval_batch_size,
         )
 
     @staticmethod
@@ -445,7 +447,8 @@ class EvolveExperiment:
         import hashlib
 
         key = {"m0": cfg.m0, "m0_train": cfg.m0_train.model_dump(), "llm": cfg.llm, "seed": cfg.seed,
-               "max_prompt_tokens": cfg.max_prompt_tokens, "initial": {ds: [x.id for x in t.initial] for ds, t in tasks.items()}}
+               "max_prompt_tokens": cfg.max_prompt_tokens,
+               "initial": {ds: [x.id for x in t.initial] for ds, t in tasks.items()}}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @staticmethod
@@ -515,7 +518,7 @@ class EvolveExperiment:
         for r in done:
             history += [Pair(by_id[i], lab, src, r["round"]) for i, lab, src in r["pairs"]]
         if done:
-            console.print(f"  {cell.dataset} / {cell.name}: resuming after round {len(done)} (rebuilt from its adapters)")
+            console.print(f"  {cell.dataset} / {cell.name}: resuming after round {len(done)} (M_t from adapters)")
         train_last = cfg.train_last_round
         if train_last == "auto":  # M_R is scored on the test set, or ranks the downstream QA
             train_last = bool(cfg.test_size) or self._downstream(cfg, cell.dataset)
@@ -630,7 +633,8 @@ class EvolveExperiment:
         if cfg.downstream.base_reranker:
             from ragsieve.registry import load_reranker
 
-            out["base-reranker"] = self._downstream_qa(cfg, task, console, ranker=load_reranker(cfg.downstream.base_reranker))
+            base = load_reranker(cfg.downstream.base_reranker)
+            out["base-reranker"] = self._downstream_qa(cfg, task, console, ranker=base)
         for name, m in out.items():
             console.print(f"  downstream {name}: EM {m['em']:.3f} F1 {m['f1']:.3f}")
         return out
@@ -667,10 +671,12 @@ class EvolveExperiment:
             return {label: shown(ds, results[(ds, cell)]) for label, cell in named
                     if (ds, cell) in results and (not cfg.test_size or ds in base)}
 
-        by_dataset = {ds: {m: curve(results[(ds, m)]) for m in cfg.methods if (ds, m) in results} for ds in cfg.datasets}
+        by_dataset = {ds: {m: curve(results[(ds, m)]) for m in cfg.methods if (ds, m) in results}
+                      for ds in cfg.datasets}
         alpha_sweep = {ds: curves(ds, [(f"{a:g}", _alpha_cell(cfg, a)) for a in cfg.alpha_sweep])
                        for ds in cfg.alpha_sweep_datasets}
-        tau_sweep = {ds: curves(ds, [(f"{t:g}", _tau_cell(cfg, t)) for t in cfg.tau_sweep]) for ds in cfg.tau_sweep_datasets}
+        tau_sweep = {ds: curves(ds, [(f"{t:g}", _tau_cell(cfg, t)) for t in cfg.tau_sweep])
+                     for ds in cfg.tau_sweep_datasets}
         ablation = {ds: curves(ds, [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in ABLATIONS])
                     for ds in cfg.ablation_datasets}
         pseudo, pseudo_labels = {}, {}
@@ -681,11 +687,11 @@ class EvolveExperiment:
         downstream = {}
         for (ds, name), result in results.items():
             if "downstream" in result:
-                downstream[name] = {k: v for k, v in result["downstream"].items() if k not in ("answers", "per_question")}
+                downstream[name] = {k: v for k, v in result["downstream"].items() if k not in BULKY}
         base_path = out_dir / "cells" / DOWNSTREAM_DATASET / "_baselines.json"
         if base_path.exists():
             for name, m in json.loads(base_path.read_text()).items():
-                downstream[name] = {k: v for k, v in m.items() if k not in ("answers", "per_question")}
+                downstream[name] = {k: v for k, v in m.items() if k not in BULKY}
         steps = [
             (r["train"]["seconds"], r["train"]["steps"])
             for (ds, name), res in results.items() if res["method"]["kind"] in ("dpo", "replay-dpo", "cautious-dpo")
@@ -726,14 +732,16 @@ class EvolveExperiment:
 
         test_curves = {ds: {m: st.test_curve(results[(ds, m)], base[ds]) for m in cfg.methods if (ds, m) in results}
                        for ds in base}
-        forgetting = {ds: {m: st.forgetting_curve(results[(ds, m)], base[ds]) for m in cfg.methods if (ds, m) in results}
+        forgetting = {ds: {m: st.forgetting_curve(results[(ds, m)], base[ds])
+                           for m in cfg.methods if (ds, m) in results}
                       for ds in base}
         m0_stats = {ds: st.m0_vs_chance(b) for ds, b in base.items()}
         paired: dict[str, dict] = {}
         for ds in base:
             for a, b in PAIRED_TESTS:
                 if (ds, a) in results and (ds, b) in results:
-                    paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(results[(ds, a)], results[(ds, b)], base[ds])
+                    paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(
+                        results[(ds, a)], results[(ds, b)], base[ds])
         return {
             "test_curves": test_curves, "forgetting": forgetting, "m0_test": m0_stats, "paired": paired,
             "scale_targets": st.scale_targets(m0_stats, paired),
@@ -751,7 +759,7 @@ class EvolveExperiment:
         for m in methods:
             table.add_column(m)
         for ds, by_method in shown.items():
-            m0 = [f"{metrics['m0_test'][ds]['accuracy']:.3f}"] if scale and ds in metrics["m0_test"] else ([] if not scale else ["-"])
+            m0 = [] if not scale else [f"{metrics['m0_test'][ds]['accuracy']:.3f}" if ds in metrics["m0_test"] else "-"]
             table.add_row(ds, *m0, *[f"{by_method[m][-1]['accuracy']:.3f}" if m in by_method else "-" for m in methods])
         console.print(table)
         for ds, tests in metrics.get("paired", {}).items():
@@ -762,6 +770,7 @@ class EvolveExperiment:
 
 
 QA_METRICS = ("em", "f1", "containment")
+BULKY = ("answers", "per_question")  # kept in the cell JSONs, left out of metrics.json
 
 
 def per_question_scores(answers, golds, ids) -> dict[str, Any]:
