@@ -404,17 +404,20 @@ class EvolveExperiment:
         """M0 on the test set, the SFT-set sample and D_1: once per dataset, shared by every cell."""
         path = out_dir / "cells" / task.dataset / "_m0.json"
         cache = out_dir / "work" / task.dataset / "m0_d1.json"  # M0's verdicts on D_1 (round 1's input)
-        if path.exists() and cache.exists():
-            base = json.loads(path.read_text())
+        ranker = None
+        if not cache.exists():
+            ranker = self._ranker(cfg, task.dataset, adapters=[m0.dir])
+            d1 = ranker.predict(task.rounds[0])
+            write_json(cache, {"logp_true": d1.logp_true.tolist(), "logp_false": d1.logp_false.tolist()}, indent=None)
+        if path.exists():  # committed with the finished cells: keep it (a retrained M0 on another machine
+            base = json.loads(path.read_text())  # may differ in the last digits, the cells were scored against this)
             same = base.get("m0") == cfg.m0 and base.get("m0_fingerprint", m0.info.get("fingerprint")) == m0.info.get(
                 "fingerprint") and base.get("test_ids") == [x.id for x in task.test]
             if not same:
                 raise RagsieveError(f"{path} was made with another M0 or test set; delete it or use another out_dir")
             return {**base, "d1": json.loads(cache.read_text())}
         start = time.perf_counter()
-        ranker = self._ranker(cfg, task.dataset, adapters=[m0.dir])
-        d1 = ranker.predict(task.rounds[0])
-        write_json(cache, {"logp_true": d1.logp_true.tolist(), "logp_false": d1.logp_false.tolist()}, indent=None)
+        ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
         base = {"dataset": task.dataset, "m0": cfg.m0, "m0_fingerprint": m0.info.get("fingerprint"),
                 "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
                 "test": score_examples(ranker, task.test)}
