@@ -227,8 +227,9 @@ def test_verdict_dpo_loss_formula_and_doc_example():
     from ragsieve.evolve import verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
     from ragsieve.models import training, verdict
+    from ragsieve.studies import evolve_stats
 
-    for module in (verdict_dpo, verdict, training):
+    for module in (verdict_dpo, verdict, training, evolve_stats):
         assert doctest.testmod(module).failed == 0
     out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                            torch.tensor([-1.5, -2.0]), beta=0.5)
