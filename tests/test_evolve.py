@@ -138,6 +138,21 @@ def test_rounds_are_balanced_sequential_and_seeded():
     assert not {x.query_id for x in held.initial + held.rounds[0]} & set(held.held_out_query_ids)
 
 
+def test_test_set_takes_whole_queries_balanced_and_disjoint_from_every_split():
+    # 30 queries with 3 examples each (labels 1, 0, 0): a query must never straddle test and training
+    items = [
+        LabeledPair(f"q{q:02d}:{j}", f"q{q:02d}", "q", "p", int(j == 0), {"question": "q", "context": "p"})
+        for q in range(30) for j in range(3)
+    ]
+    task = build_task_rounds("pubmedqa", initial_size=6, round_size=4, rounds=2, test_size=10, examples=items)
+    assert len(task.test) == 10 and sum(x.label for x in task.test) == 5
+    test_queries = {x.query_id for x in task.test}
+    assert not test_queries & {x.query_id for split in task.splits() for x in split}
+    assert task.sizes()["test"] == {"n": 10, "positives": 5}
+    with pytest.raises(DataError, match="test set of 80 needs more"):
+        build_task_rounds("pubmedqa", initial_size=2, round_size=2, rounds=1, test_size=80, examples=items)
+
+
 @requires_data
 def test_real_tasks_have_the_issue_binary_labels():
     bio = build_task_rounds("bioasq", initial_size=8, round_size=8, rounds=4)
@@ -212,8 +227,9 @@ def test_verdict_dpo_loss_formula_and_doc_example():
     from ragsieve.evolve import verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
     from ragsieve.models import training, verdict
+    from ragsieve.studies import evolve_stats
 
-    for module in (verdict_dpo, verdict, training):
+    for module in (verdict_dpo, verdict, training, evolve_stats):
         assert doctest.testmod(module).failed == 0
     out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                            torch.tensor([-1.5, -2.0]), beta=0.5)
@@ -276,7 +292,9 @@ def test_cautious_labels_gate_vote_skip_ties_and_ablations():
     # ex002: votes 0, 0 + model 1 → 0; ex003: votes 1 (+ abstain) + model 0 → tie, skipped
     assert got == {"ex000": (1, "self"), "ex001": (0, "self"), "ex002": (0, "jury")}
     assert out.stats["ties_skipped"] == 1 and out.stats["accuracy"] == pytest.approx(1 / 3)
-    assert out.stats["self"] == {"n": 2, "accuracy": 0.0} and out.stats["jury"] == {"n": 1, "accuracy": 1.0}
+    assert out.stats["self"] == {"n": 2, "accuracy": 0.0, "accepted_true": 1, "gold_true": 1}
+    assert out.stats["jury"] == {"n": 1, "accuracy": 1.0, "accepted_true": 0, "gold_true": 0}
+    assert (out.stats["accepted_true"], out.stats["gold_true"]) == (1, 1)  # the verdict mix of the accepted labels
     no_jury = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, jury=False), judges).label(items, verdicts, 1, {})
     assert {pr.example.id for pr in no_jury.pairs} == {"ex000", "ex001"}
     no_gate = build_method(MethodConfig(kind="cautious-dpo", tau=0.9, gating=False), judges).label(items, verdicts, 1, {})
@@ -487,6 +505,33 @@ def test_full_experiment_config_validates_and_plans_every_cell():
     assert ("bioasq", "replay-dpo@0.5") in names and ("bioasq", "cautious-dpo:no-jury") in names
 
 
+
+def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
+    """Stage 0 (M0s) → stage 1 (3 datasets) → full matrix reuse each other's cells, so their settings must agree."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
+
+    plans, params = {}, {}
+    for name in ("evolve_scale_m0", "evolve_scale_stage1", "evolve_scale"):
+        spec = read_mapping(REPO / "experiments" / f"{name}.yaml")
+        assert spec["out_dir"] == "results/evolve_scale"
+        cfg = build_config(EvolveExperimentConfig, spec["params"])
+        plans[name], params[name] = {(c.dataset, c.name) for c in plan_cells(cfg)}, cfg
+        assert cfg.train.dpo_backend == "fast" and cfg.test_size >= 300 and cfg.rounds == 4
+        assert all(cfg.sizes_for(ds).initial >= 500 and cfg.sizes_for(ds).per_round >= 200
+                   for ds in cfg.datasets if ds != "pubmedqa")  # PubMedQA has 890 examples in all
+    sft_only = {(d, "sft-only") for d in params["evolve_scale"].datasets}
+    assert plans["evolve_scale_m0"] <= plans["evolve_scale_stage1"] | sft_only
+    assert plans["evolve_scale_stage1"] < plans["evolve_scale"]
+    assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 41
+    assert ("bioasq", "cautious-dpo@tau=0.8") in plans["evolve_scale_stage1"]
+    shared = ("sizes", "size_overrides", "test_size", "forgetting_per_split", "m0", "m0_train", "train", "llm", "seed",
+              "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha")
+    for key in shared:
+        assert len({repr(getattr(c, key)) for c in params.values()}) == 1, key
+    assert len({c.downstream.held_out_questions for c in params.values()}) == 1  # the same HotpotQA splits
+
+
 @requires_data
 def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
     """experiments/evolve_smoke.yaml with the tiny LLM: every output key, plots, per-cell resume."""
@@ -496,14 +541,42 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     cfg = tmp_path / "evolve_smoke.yaml"
     raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()
     cfg.write_text(raw.replace("out_dir: /tmp/ragsieve-evolve-smoke", f"out_dir: {out}"))
-    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2, "max_prompt_tokens": 400}
+    downstream = {"held_out_questions": 2, "generator": str(tiny_llm_dir), "max_new_tokens": 2,
+                  "max_prompt_tokens": 400, "base_reranker": "bm25"}
     overrides = {
         "llm": str(tiny_llm_dir), "judges": [f"llm:{tiny_llm_dir}", "reranker:bm25"], "downstream": downstream,
         "m0_train": {"lr": 1e-2, "batch_size": 8}, "train": {"lr": 1e-2, "batch_size": 8},
     }
     metrics = experiments.run_experiment_file(cfg, overrides=overrides)
-    for key in ("by_dataset", "alpha_sweep", "ablation", "pseudo_label_accuracy", "downstream", "targets"):
+    for key in ("by_dataset", "alpha_sweep", "tau_sweep", "ablation", "pseudo_label_accuracy", "pseudo_labels",
+                "downstream", "targets", "test_curves", "forgetting", "m0_test", "paired", "scale_targets"):
         assert key in metrics
+    # the fixed test set: M0 once, then M_t after every round, same examples for every cell
+    m0 = json.loads((out / "cells" / "pubmedqa" / "_m0.json").read_text())
+    assert len(m0["test_ids"]) == 8 and len(m0["test"]["correct"]) == 8
+    for name in ("sft", "replay-dpo", "cautious-dpo"):
+        cell = json.loads((out / "cells" / "pubmedqa" / f"{name}.json").read_text())
+        assert cell["test_ids"] == m0["test_ids"]
+        assert [len(r["test"]["correct"]) for r in cell["rounds"]] == [8, 8]
+        assert all(set(r["test"]["correct"]) <= {"0", "1"} for r in cell["rounds"])
+        assert [sorted(r["forgetting"]["splits"]) for r in cell["rounds"]] == [["0", "1"], ["0", "1", "2"]]
+    test_curve = metrics["test_curves"]["pubmedqa"]["dpo"]
+    assert [r["round"] for r in test_curve] == [0, 1, 2] and all(r["n"] == 8 and r["ci95"] for r in test_curve)
+    for name in ("replay-dpo vs dpo", "cautious-dpo vs sft-only"):
+        paired = metrics["paired"]["pubmedqa"][name]
+        assert paired["n"] == 8 and 0 <= paired["p_value"] <= 1 and paired["verdict"]
+        assert paired["a_only"] + paired["b_only"] <= 8
+    targets = metrics["scale_targets"]
+    assert set(targets) == {"m0_above_chance_plus_10pp", "replay_ge_dpo_last_round", "cautious_gt_sft_only"}
+    assert "p_value" in targets["replay_ge_dpo_last_round"]["per_dataset"]["pubmedqa"]
+    assert "p_value_vs_chance" in metrics["m0_test"]["pubmedqa"]
+    labels = metrics["pseudo_labels"]["pubmedqa"]["cautious-dpo"]
+    assert [r["round"] for r in labels] == [1, 2] and all("accepted_true" in r and "self" in r for r in labels)
+    assert set(metrics["tau_sweep"]["pubmedqa"]) == {"0.8", "0.9"}
+    assert not (out / "cells" / "pubmedqa" / "dpo").exists()  # per-round files dropped once the cell is done
+    qa = metrics["downstream_stats"]
+    assert qa["vs"] == "base-reranker" and {"em", "f1", "containment", "n"} <= set(qa["intervals"]["replay-dpo"])
+    assert qa["paired"]["replay-dpo"]["f1"]["n"] == 2 and "verdict" in qa["paired"]["replay-dpo"]["em"]
     curve = metrics["by_dataset"]["pubmedqa"]["replay-dpo"]
     assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
     assert all(lo <= r["accuracy"] <= hi for r in curve for lo, hi in [r["accuracy_ci95"]])
@@ -519,3 +592,98 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))
     again = experiments.run_experiment_file(cfg, overrides=overrides)
     assert again["by_dataset"] == metrics["by_dataset"]
+
+
+_CELL_KILL_SCRIPT = """
+import sys, time
+from ragsieve.studies import evolve as ev
+from ragsieve.studies import runner
+write = ev.write_json
+def write_then_hang(path, data, indent=1):
+    write(path, data, indent)
+    if path.name == "round-2.json":  # round 2 checkpointed, round 3 not started
+        print("CHECKPOINTED", flush=True)
+        time.sleep(600)
+ev.write_json = write_then_hang
+runner.run_experiment_file(sys.argv[1], overrides={"llm": sys.argv[2]})
+"""
+
+
+@requires_data
+def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, tmp_path, monkeypatch):
+    """kill -9 inside a cell: the rerun rebuilds M_2 from M0 + saved deltas and trains round 3 only,
+    ending where an uninterrupted run ends."""
+    from ragsieve.evolve import methods
+    from ragsieve.studies import runner
+
+    def config(out):
+        path = tmp_path / f"{out.name}.yaml"
+        path.write_text(
+            f"experiment: evolve\nout_dir: {out}\nparams:\n  datasets: [pubmedqa]\n  methods: [dpo]\n  rounds: 3\n"
+            "  sizes: {initial: 8, per_round: 4}\n  test_size: 8\n  forgetting_per_split: 2\n"
+            "  max_prompt_tokens: 300\n  m0_train: {lr: 1.0e-2, batch_size: 8}\n  train: {lr: 1.0e-2, batch_size: 4}\n"
+            "  downstream: {enabled: false}\n  threads: 1\n"
+        )
+        return path
+
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CELL_KILL_SCRIPT, str(config(killed)), str(tiny_llm_dir)], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:
+            if line.startswith("CHECKPOINTED") or time.monotonic() > deadline:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    part = killed / "cells" / "pubmedqa" / "dpo"
+    assert sorted(p.name for p in part.iterdir()) == ["round-1.json", "round-2.json"]
+    assert (killed / "work" / "pubmedqa" / "dpo" / "round-2" / "adapter_config.json").exists()
+    assert not (killed / "cells" / "pubmedqa" / "dpo.json").exists()
+
+    calls = []
+    real_round = methods.evolve_round
+    monkeypatch.setattr(methods, "evolve_round", lambda *a, **k: calls.append(k["round_id"]) or real_round(*a, **k))
+    resumed = runner.run_experiment_file(config(killed), overrides={"llm": str(tiny_llm_dir)})
+    assert calls == [3]  # rounds 1 and 2 came from their checkpoints
+    calls.clear()
+    fresh = runner.run_experiment_file(config(reference), overrides={"llm": str(tiny_llm_dir)})
+    assert calls == [1, 2, 3]
+    cell = lambda out: json.loads((out / "cells" / "pubmedqa" / "dpo.json").read_text())  # noqa: E731
+    a, b = cell(killed), cell(reference)
+    assert [r["test"]["correct"] for r in a["rounds"]] == [r["test"]["correct"] for r in b["rounds"]]
+    assert [r["pairs"] for r in a["rounds"]] == [r["pairs"] for r in b["rounds"]]
+    assert resumed["test_curves"] == fresh["test_curves"]
+    assert not part.exists() and not (killed / "work" / "pubmedqa" / "dpo").exists()
+
+
+@requires_data
+def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_llm_dir, tmp_path):
+    from ragsieve.config import build_config
+    from rich.console import Console
+
+    from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
+
+    cfg = build_config(EvolveExperimentConfig, {
+        "llm": str(tiny_llm_dir), "datasets": ["pubmedqa", "hotpotqa-distractor"], "methods": ["sft-only"],
+        "rounds": 1, "sizes": {"initial": 6, "per_round": 4}, "test_size": 6, "m0": "mixed", "max_prompt_tokens": 300,
+        "m0_train": {"lr": 1e-2, "batch_size": 4}, "downstream": {"enabled": False}, "threads": 1,
+    })
+    metrics = EvolveExperiment().run(cfg, tmp_path, Console(quiet=True))
+    info = json.loads((tmp_path / "work" / "_mixed" / "m0.json").read_text())
+    assert info["m0"] == "mixed" and info["train"]["examples"] == 12  # both SFT sets, each in its own template
+    assert not (tmp_path / "work" / "pubmedqa" / "m0").exists()
+    assert set(metrics["m0_test"]) == {"pubmedqa", "hotpotqa-distractor"}
+    assert all(json.loads((tmp_path / "cells" / ds / "_m0.json").read_text())["m0"] == "mixed" for ds in cfg.datasets)
+    bad = build_config(EvolveExperimentConfig,
+                       {"datasets": ["fever"], "tau_sweep": [0.8], "tau_sweep_datasets": ["anli"]})
+    with pytest.raises(RagsieveError, match="tau_sweep_datasets"):
+        plan_cells(bad)
+    with pytest.raises(RagsieveError, match="m0: mixed"):
+        plan_cells(build_config(EvolveExperimentConfig, {"m0": "mixed"}))

@@ -200,7 +200,12 @@ def balanced_acceptance(
 
 
 def pseudo_label_stats(examples: Sequence[LabeledPair], decided: Mapping[int, tuple[int, str]], ties: int) -> dict:
-    """Accepted labels vs the hidden gold (where known), overall and per source."""
+    """Accepted labels vs the hidden gold (where known), overall and per source.
+
+    ``accepted_true`` (per source too) is the verdict mix: how many accepted labels say
+    "true". A collapse shows as a mix of all-true or all-false with accuracy at the gold
+    prior, so it is measured from the record rather than inferred from the model's outputs.
+    """
     stats: dict[str, Any] = {"n": len(examples), "accepted": len(decided), "ties_skipped": ties}
     stats["coverage"] = len(decided) / len(examples) if examples else 0.0
     for source in (None, *SOURCES):
@@ -210,8 +215,12 @@ def pseudo_label_stats(examples: Sequence[LabeledPair], decided: Mapping[int, tu
         stats[key] = {
             "n": len(rows),
             "accuracy": (sum(g == lab for g, lab in known) / len(known)) if known else None,
+            "accepted_true": sum(lab for _, lab in rows),
+            "gold_true": sum(g == 1 for g, _ in known),
         }
-    stats["accuracy"] = stats.pop("all")["accuracy"]
+    overall = stats.pop("all")
+    stats["accuracy"] = overall["accuracy"]
+    stats["accepted_true"], stats["gold_true"] = overall["accepted_true"], overall["gold_true"]
     return stats
 
 
@@ -286,17 +295,20 @@ def evolve_round(
     train: bool = True,
     save_dir: str | Path | None = None,
     seed: int = 0,
+    verdicts: VerdictScores | None = None,
 ) -> tuple[RoundRecord, list[Pair]]:
     """Evaluate M_{t-1} on D_t, label, and (if ``train``) turn ``ranker`` into M_t.
 
     ``labels`` are the labels the method may use (gold in the experiment, feedback in a
     deployment); ``examples[i].label`` is only read for evaluation (-1 = unknown).
+    ``verdicts``: M_{t-1}'s verdicts on ``examples`` if the caller has them (e.g. M0 on D_1,
+    the same for every method), so they are not recomputed.
     Returns the round's record and the new pairs (for the history / replay buffer).
     """
     from ragsieve.evolve.train import nan_scores, train_round
 
     t0 = time.perf_counter()
-    verdicts = ranker.predict(examples)
+    verdicts = ranker.predict(examples) if verdicts is None else verdicts
     t_eval = time.perf_counter() - t0
     outcome = method.label(examples, verdicts, round_id, labels, history)
     t_label = time.perf_counter() - t0 - t_eval

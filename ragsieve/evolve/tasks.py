@@ -17,6 +17,16 @@ Rounds: BioASQ keeps its natural batches (7B = the SFT set, then 8B, 9B, 10B, 11
 With ``balanced=True`` every split takes half positives, half negatives (HotpotQA has
 ~6 % positives, so unbalanced rounds would reward "always False").
 
+Test set (``test_size``): whole queries, in seeded query-id order, are moved out of the pool
+before anything else is cut, until each label has its quota (half each when
+``balanced_test``); so the test set shares no query id with the SFT set or any round (a
+BioASQ question's positive and negative snippet, or a MultiRC passage's other answers, never
+straddle the split). BioASQ's test queries come from all its batches.
+
+HotpotQA has two sources (``hotpot_source``): ``sample100`` (the 100-question file, 249
+supporting sentences: too few for rounds of 200) and ``all``, which adds the 1,517-question
+dev distractor file (25 questions shared, kept once; 3,728 supporting facts).
+
 Example::
 
     task = build_task_rounds("pubmedqa", initial_size=128, round_size=64)
@@ -45,12 +55,21 @@ class TaskRounds:
     rounds: list[list[LabeledPair]]
     held_out_query_ids: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    test: list[LabeledPair] = field(default_factory=list)  # fixed, query-disjoint from every split
+    held_out: list[LabeledPair] = field(default_factory=list)  # the examples of held_out_query_ids
 
     def sizes(self) -> dict[str, Any]:
         def count(xs: Sequence[LabeledPair]) -> dict[str, int]:
             return {"n": len(xs), "positives": sum(x.label for x in xs)}
 
-        return {"initial": count(self.initial), "rounds": [count(r) for r in self.rounds]}
+        out = {"initial": count(self.initial), "rounds": [count(r) for r in self.rounds]}
+        if self.test:
+            out["test"] = count(self.test)
+        return out
+
+    def splits(self) -> list[list[LabeledPair]]:
+        """Split s = 0 (the SFT set), 1..R (the rounds): what M_t has been trained on for s <= t."""
+        return [self.initial, *self.rounds]
 
 
 # --------------------------------------------------------------------------- per-dataset examples
@@ -79,6 +98,54 @@ def _pubmedqa(ds: Dataset) -> list[LabeledPair]:
 def _hotpotqa(ds: Dataset) -> list[LabeledPair]:
     out = _from_pairs(ds, lambda p: {"question": p.fields["question"], "sentence": p.fields["sentence"]})
     return [x for x in out if x.fields["sentence"].strip()]
+
+
+HOTPOT_1517 = "hotpotqa/hotpot_dev_distractor_1517.jsonl.gz"
+HOTPOT_SOURCES = ("sample100", "all")
+
+
+def _hotpot_1517_rows(data_dir: str | None) -> list[dict[str, Any]]:
+    """The 1,517-question file's rows (original HotpotQA structure: ``_id``, ``context[[title, sents]]``)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from ragsieve.data.loaders import default_data_dir
+
+    path = Path(data_dir) if data_dir else default_data_dir()
+    path = path / HOTPOT_1517
+    if not path.is_file():
+        raise DataError(f"{path} not found (the 1,517-question HotpotQA file); use hotpot_source: sample100")
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def hotpot_questions(data_dir: str | None = None, source: str = "sample100") -> dict[str, Any]:
+    """HotpotQA distractor questions by id (answers, ``meta["candidate_ids"]`` = paragraph titles)
+    and their sentence pairs, from the configured source (see the module doc)."""
+    from ragsieve.data import load_dataset
+    from ragsieve.data.records import Question
+
+    if source not in HOTPOT_SOURCES:
+        raise DataError(f"hotpot_source must be one of {', '.join(HOTPOT_SOURCES)}, got '{source}'")
+    ds = load_dataset("hotpotqa-distractor", data_dir=data_dir)
+    questions = {q.id: q for q in ds.questions}
+    pairs = _hotpotqa(ds)
+    if source == "all":
+        for row in _hotpot_1517_rows(data_dir):
+            qid = str(row["_id"])
+            if qid in questions:  # 25 questions are in both files: keep the sample100 copy
+                continue
+            titles = [title for title, _ in row["context"]]
+            support = {(title, int(i)) for title, i in row["supporting_facts"]}
+            questions[qid] = Question(qid, row["question"], (str(row["answer"]),), meta={"candidate_ids": titles})
+            for pi, (title, sents) in enumerate(row["context"]):
+                for si, sent in enumerate(sents):
+                    if sent.strip():
+                        fields = {"question": row["question"], "sentence": sent.strip()}
+                        pairs.append(LabeledPair(f"{qid}:{pi}:{si}", qid, row["question"], sent.strip(),
+                                                 int((title, si) in support), fields, dataset=ds.name))
+    return {"questions": questions, "pairs": pairs}
 
 
 def _multirc(ds: Dataset) -> list[LabeledPair]:
@@ -134,7 +201,7 @@ TASKS: dict[str, Callable[[Dataset], list[LabeledPair]]] = {
 NATURAL_ROUNDS: dict[str, tuple[str, ...]] = {"bioasq": ("7", "8", "9", "10", "11")}
 
 
-def task_examples(dataset: str, data_dir: str | None = None) -> list[LabeledPair]:
+def task_examples(dataset: str, data_dir: str | None = None, hotpot_source: str = "sample100") -> list[LabeledPair]:
     """Every example of ``dataset``'s binary task."""
     from ragsieve.data import load_dataset
 
@@ -142,6 +209,8 @@ def task_examples(dataset: str, data_dir: str | None = None) -> list[LabeledPair
         builder = TASKS[dataset]
     except KeyError:
         raise DataError(f"no verdict task for dataset '{dataset}'; known: {', '.join(sorted(TASKS))}") from None
+    if dataset == "hotpotqa-distractor" and hotpot_source != "sample100":
+        return hotpot_questions(data_dir, hotpot_source)["pairs"]
     return builder(load_dataset(dataset, data_dir=data_dir))
 
 
@@ -187,6 +256,39 @@ class _Cutter:
         return _ordered(out, self.seed)
 
 
+def select_test(
+    items: Sequence[LabeledPair], size: int, seed: int, balanced: bool, dataset: str
+) -> tuple[list[LabeledPair], set[str]]:
+    """A test set of whole queries (seeded query order) and every query id it used up.
+
+    Queries are taken until each label has its quota (``size // 2`` positives and the rest
+    negatives when ``balanced``, else ``size`` examples). The other examples of a query with
+    a test example are dropped rather than left in the pool, so no query straddles the split;
+    a query none of whose examples made it in (its label's quota was full) goes back.
+    """
+    by_query: dict[str, list[LabeledPair]] = {}
+    for x in items:
+        by_query.setdefault(x.query_id, []).append(x)
+    # a different salt than the held-out questions' order, so the two never coincide
+    order = sorted(by_query, key=lambda q: (id_unit(f"test:{q}", seed), q))
+    want = {1: size // 2, 0: size - size // 2} if balanced else {-1: size}
+    got: dict[int, list[LabeledPair]] = {k: [] for k in want}
+    for q in order:
+        if all(len(got[k]) >= n for k, n in want.items()):
+            break
+        for x in _ordered(by_query[q], seed):
+            key = int(x.label) if balanced else -1
+            if key in got and len(got[key]) < want[key]:
+                got[key].append(x)
+    short = {k: (len(got[k]), n) for k, n in want.items() if len(got[k]) < n}
+    if short:
+        raise DataError(
+            f"{dataset}: test set of {size} needs more examples than the data has ({short}); lower test_size"
+        )
+    test = [x for k in want for x in got[k]]
+    return _ordered(test, seed), {x.query_id for x in test}
+
+
 def build_task_rounds(
     dataset: str,
     *,
@@ -196,6 +298,9 @@ def build_task_rounds(
     seed: int = 0,
     balanced: bool = True,
     held_out_queries: int = 0,
+    test_size: int = 0,
+    balanced_test: bool = True,
+    hotpot_source: str = "sample100",
     data_dir: str | None = None,
     examples: Sequence[LabeledPair] | None = None,
 ) -> TaskRounds:
@@ -203,16 +308,23 @@ def build_task_rounds(
 
     ``held_out_queries`` removes the first N query ids (seeded order) from every split and
     returns them, e.g. HotpotQA questions kept for the downstream QA evaluation.
+    ``test_size`` carves a fixed query-disjoint test set first (``TaskRounds.test``).
     ``examples`` skips loading (tests pass their own).
     """
     if initial_size < 2 or round_size < 2 or rounds < 1:
         raise DataError(f"need initial_size >= 2, round_size >= 2 and rounds >= 1 (got {initial_size}, {round_size}, {rounds})")
-    items = list(examples) if examples is not None else task_examples(dataset, data_dir)
+    items = list(examples) if examples is not None else task_examples(dataset, data_dir, hotpot_source)
     query_ids = sorted({x.query_id for x in items}, key=lambda q: (id_unit(q, seed), q))
     held_out = query_ids[:held_out_queries] if held_out_queries else []
+    held_out_examples: list[LabeledPair] = []
     if held_out:
         skip = set(held_out)
+        held_out_examples = [x for x in items if x.query_id in skip]
         items = [x for x in items if x.query_id not in skip]
+    test: list[LabeledPair] = []
+    if test_size:
+        test, used = select_test(items, test_size, seed, balanced_test, dataset)
+        items = [x for x in items if x.query_id not in used]
 
     groups = NATURAL_ROUNDS.get(dataset)
     if groups is not None and examples is None:
@@ -230,6 +342,9 @@ def build_task_rounds(
         initial = cutter.take(initial_size, "SFT set")
         cut = [cutter.take(round_size, f"round {i}") for i in range(1, rounds + 1)]
         how = f"seeded id order (seed {seed})"
-    task = TaskRounds(dataset, initial, cut, held_out, {"split": how, "balanced": balanced, "available": len(items)})
+    task = TaskRounds(
+        dataset, initial, cut, held_out, {"split": how, "balanced": balanced, "available": len(items)},
+        test=test, held_out=held_out_examples,
+    )
     task.meta["sizes"] = task.sizes()
     return task

@@ -16,6 +16,23 @@ lets the generator LLM answer (EM / F1 by :mod:`ragsieve.eval.qa`).
 Outputs: ``metrics.json`` (``by_dataset``, ``alpha_sweep``, ``ablation``,
 ``pseudo_label_accuracy``, ``downstream``, ``targets``, sizes and timings) and
 ``accuracy_<dataset>.png`` (accuracy by round, one line per method).
+
+At scale (``test_size`` > 0, issue #16; ``experiments/evolve_scale*.yaml``):
+
+* a fixed test set per dataset, query-disjoint from M0's data and every round
+  (:func:`~ragsieve.evolve.tasks.select_test`), is scored by M0 once
+  (``cells/<dataset>/_m0.json``) and by M_t after every round of every cell; each stores
+  its right/wrong per example (``correct``, aligned with the cell's ``test_ids``), so any
+  two cells compare by exact McNemar (``paired``, ``targets`` in ``metrics.json``;
+  :mod:`ragsieve.studies.evolve_stats`). Samples of the splits already trained on
+  (``forgetting_per_split`` each) show forgetting.
+* ``m0: mixed`` trains one M0 on the SFT sets of all datasets (each in its own template).
+* Cells resume mid-cell: each finished round writes ``cells/<dataset>/<cell>/round-<t>.json``
+  (small, committable: metrics, pseudo-labels, the round's pairs) after its adapter is
+  saved to ``work/<dataset>/<cell>/round-<t>`` (git-ignored). A rerun rebuilds M_t from M0
+  and those adapters and continues at round t + 1; a round whose adapter is missing (a
+  fresh clone) is redone, with every round after it.
+* ``tau_sweep`` adds CautiousDPO cells with other confidence gates, like ``alpha_sweep``.
 """
 
 from __future__ import annotations
@@ -30,6 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ragsieve.config import StrictConfig
+from ragsieve.errors import RagsieveError
 from ragsieve.evolve.judges import JudgeSpec
 from ragsieve.evolve.methods import MethodConfig
 from ragsieve.evolve.train import VerdictTrainConfig
@@ -38,6 +56,10 @@ from ragsieve.studies.common import write_json
 
 DOWNSTREAM_DATASET = "hotpotqa-distractor"
 MAIN_METHODS = ("sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo")
+# The issue's paired comparisons (A vs B, exact McNemar on the last round's test outcomes),
+# plus the SFT-vs-DPO and replay-vs-SFT contrasts that explain them.
+PAIRED_TESTS = (("replay-dpo", "dpo"), ("cautious-dpo", "sft-only"), ("dpo", "sft"), ("sft", "sft-only"),
+                ("replay-dpo", "sft-only"))
 # CautiousDPO variants run on `ablation_datasets`: two ablations and the collapse guard.
 ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanced": {"balance": True}}
 
@@ -45,11 +67,17 @@ ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanc
 class RoundSizes(StrictConfig):
     initial: int = 128  # labelled SFT set → M0
     per_round: int = 64  # D_t, t = 1..rounds
+    balanced: Union[bool, None] = None  # None: the experiment's `balanced` (PubMedQA lacks "no"s)
 
 
 class DownstreamConfig(StrictConfig):
     enabled: bool = True
     held_out_questions: int = 20  # HotpotQA questions kept out of every round
+    # Cells whose final reranker answers the held-out questions (None = every HotpotQA cell).
+    # Each costs ≈ 40 sentence verdicts + one generation per question, so sweeps skip it at scale.
+    methods: Union[list[str], None] = None
+    # The reference reranker of the same pipeline ("" = none): the project's base cross-encoder.
+    base_reranker: str = ""
     top_k: int = 3
     generator: str = DEFAULT_LLM
     max_new_tokens: int = 16
@@ -78,7 +106,19 @@ class EvolveExperimentConfig(StrictConfig):
     ]
     alpha_sweep: list[float] = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     alpha_sweep_datasets: list[str] = []
+    tau_sweep: list[float] = []  # CautiousDPO gates; tau = `tau` reuses the cautious-dpo cell
+    tau_sweep_datasets: list[str] = []
     ablation_datasets: list[str] = []
+    # Scale (issue #16): a fixed balanced test set per dataset scored after M0 and every round
+    # (0 = off: the small study's per-round evaluation only).
+    test_size: int = 0
+    balanced_test: bool = True
+    forgetting_per_split: int = 0  # per split already trained on (SFT set, D_1..D_t), after every round
+    m0: Literal["per-dataset", "mixed"] = "per-dataset"
+    hotpot_source: Literal["sample100", "all"] = "sample100"
+    # Per-round adapters (≈ 20 MB each for SmolLM2 r16) are needed only to resume a cell
+    # mid-way; once its JSON is written they are dropped unless kept.
+    keep_adapters: bool = False
     # "auto": train M_R (after the last evaluation) only where the downstream QA uses it.
     train_last_round: Union[bool, Literal["auto"]] = "auto"
     downstream: DownstreamConfig = DownstreamConfig()
@@ -91,6 +131,81 @@ class EvolveExperimentConfig(StrictConfig):
     def sizes_for(self, dataset: str) -> RoundSizes:
         return self.size_overrides.get(dataset, self.sizes)
 
+    def balanced_for(self, dataset: str) -> bool:
+        size = self.sizes_for(dataset)
+        return self.balanced if size.balanced is None else size.balanced
+
+    def check(self) -> None:
+        """One-line errors for settings that would only fail hours into a run."""
+        for name in ("alpha_sweep_datasets", "tau_sweep_datasets", "ablation_datasets"):
+            stray = [d for d in getattr(self, name) if d not in self.datasets]
+            if stray:
+                raise RagsieveError(f"{name} {stray} are not in datasets {self.datasets}")
+        if self.test_size and self.test_size < 2:
+            raise RagsieveError(f"test_size must be 0 (off) or >= 2, got {self.test_size}")
+        if self.forgetting_per_split and not self.test_size:
+            raise RagsieveError("forgetting_per_split needs the test-set evaluation (test_size > 0)")
+        if self.m0 == "mixed" and not self.test_size:
+            raise RagsieveError("m0: mixed is measured on the test sets; set test_size > 0")
+        if not all(0.5 <= t <= 1.0 for t in self.tau_sweep):
+            raise RagsieveError(f"tau_sweep values must lie in [0.5, 1] (a confidence), got {self.tau_sweep}")
+
+
+@dataclass(frozen=True)
+class M0:
+    dir: Path  # the SFT adapter every cell of a dataset starts from
+    info: dict
+
+
+class IdentityTargets:
+    """Stands in for :class:`~ragsieve.models.verdict.VerdictTokens` when each SFT label is
+    already the target token id (the mixed M0: every template has its own label words)."""
+
+    @staticmethod
+    def id_for(label: int) -> int:
+        return int(label)
+
+
+def score_examples(ranker, examples) -> dict[str, Any]:
+    """Right/wrong of ``ranker``'s verdicts per example (0/1 strings, in ``examples`` order) and the summary."""
+    from ragsieve.studies.evolve_stats import score_summary
+
+    verdicts = ranker.predict(examples)
+    pred = [int(p) for p in verdicts.predictions]
+    correct = [int(p == x.label) for p, x in zip(pred, examples)]
+    return {**score_summary(correct, pred), "correct": "".join(map(str, correct)), "pred": "".join(map(str, pred))}
+
+
+def forgetting_samples(task, per_split: int, seed: int) -> list[list]:
+    """A fixed seeded sample of each split (0 = the SFT set, t = D_t), the same for every cell."""
+    import random
+
+    if not per_split:
+        return []
+    out = []
+    for s, split in enumerate(task.splits()):
+        ordered = sorted(split, key=lambda x: x.id)
+        out.append(random.Random(f"{seed}:forgetting:{s}").sample(ordered, min(per_split, len(ordered))))
+    return out
+
+
+def forgetting_eval(ranker, samples: list[list], upto: int, cache: dict, version: int) -> dict[str, Any]:
+    """M_t on the samples of splits 0..t; ``cache`` keeps outcomes per (model version, split)."""
+    from ragsieve.studies.evolve_stats import score_summary
+
+    todo = [s for s in range(upto + 1) if (version, s) not in cache]
+    if todo:
+        flat = [x for s in todo for x in samples[s]]
+        correct = score_examples(ranker, flat)["correct"] if flat else ""
+        pos = 0
+        for s in todo:
+            cache[(version, s)] = [int(c) for c in correct[pos : pos + len(samples[s])]]
+            pos += len(samples[s])
+    splits = {str(s): score_summary(cache[(version, s)]) for s in range(upto + 1)}
+    seen = [c for s in range(upto + 1) for c in cache[(version, s)]]
+    earlier = [c for s in range(upto) for c in cache[(version, s)]]  # what M_t was trained on before this round
+    return {"seen": score_summary(seen), "earlier": score_summary(earlier), "splits": splits}
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -102,11 +217,11 @@ class Cell:
 def plan_cells(cfg: EvolveExperimentConfig) -> list[Cell]:
     """Every (dataset, method) cell of the matrix, each once, in run order."""
     from ragsieve.evolve.methods import METHODS
-    from ragsieve.errors import RagsieveError
 
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise RagsieveError(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    cfg.check()
 
     def main(name: str) -> MethodConfig:
         extra = {"replay-dpo": {"alpha": cfg.alpha}, "cautious-dpo": {"alpha": cfg.cautious_alpha, "tau": cfg.tau}}
@@ -121,12 +236,20 @@ def plan_cells(cfg: EvolveExperimentConfig) -> list[Cell]:
                 name = _alpha_cell(cfg, alpha)
                 method = main("dpo") if name == "dpo" else MethodConfig(kind="replay-dpo", alpha=alpha)
                 cells.setdefault((ds, name), Cell(ds, name, method))
+        if ds in cfg.tau_sweep_datasets:
+            for tau in cfg.tau_sweep:
+                name = _tau_cell(cfg, tau)
+                cells.setdefault((ds, name), Cell(ds, name, main("cautious-dpo").model_copy(update={"tau": tau})))
         if ds in cfg.ablation_datasets:
             cells.setdefault((ds, "cautious-dpo"), Cell(ds, "cautious-dpo", main("cautious-dpo")))
             for variant, change in ABLATIONS.items():
                 name = f"cautious-dpo:{variant}"
                 cells[(ds, name)] = Cell(ds, name, main("cautious-dpo").model_copy(update=change))
     return list(cells.values())
+
+
+def _tau_cell(cfg: EvolveExperimentConfig, tau: float) -> str:
+    return "cautious-dpo" if abs(tau - cfg.tau) < 1e-9 else f"cautious-dpo@tau={tau:g}"
 
 
 def _alpha_cell(cfg: EvolveExperimentConfig, alpha: float) -> str:
@@ -149,9 +272,8 @@ class EvolveExperiment:
     Config = EvolveExperimentConfig
 
     def run(self, cfg: EvolveExperimentConfig, out_dir: Path, console: Console) -> dict:
-        from ragsieve.evolve.tasks import build_task_rounds
-
         t0 = time.perf_counter()
+        cells = plan_cells(cfg)  # validates the config before any work
         if cfg.threads:
             import torch
 
@@ -159,78 +281,154 @@ class EvolveExperiment:
         work = out_dir / "work"
         work.mkdir(parents=True, exist_ok=True)
         (work / ".gitignore").write_text("*\n")  # adapters are large and rebuilt on demand
-        cells = plan_cells(cfg)
-        sizes: dict[str, Any] = {}
+        # Built up front: a mixed M0 trains on every dataset's SFT set.
+        tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
+        sizes = {
+            ds: {**t.sizes(), "split": t.meta["split"], "balanced": t.meta["balanced"],
+                 "held_out_questions": len(t.held_out_query_ids)}
+            for ds, t in tasks.items()
+        }
         m0_info: dict[str, Any] = {}
-        self._generator = None
-        for ds in cfg.datasets:
-            size = cfg.sizes_for(ds)
-            held_out = cfg.downstream.held_out_questions if self._downstream(cfg, ds) else 0
-            task = build_task_rounds(
-                ds, initial_size=size.initial, round_size=size.per_round, rounds=cfg.rounds, seed=cfg.seed,
-                balanced=cfg.balanced, held_out_queries=held_out, data_dir=cfg.data_dir,
-            )
-            sizes[ds] = {**task.sizes(), "split": task.meta["split"], "held_out_questions": len(task.held_out_query_ids)}
+        self._generator = self._hotpot = None
+        for ds, task in tasks.items():
+            self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
             pending = [c for c in cells if c.dataset == ds and not self._cell_path(out_dir, c).exists()]
             console.print(f"[bold]{ds}[/]: {len(pending)} cell(s) to run, sizes {task.sizes()}")
             judges = None
             for cell in pending:
-                m0_dir, m0_info[ds] = self._ensure_m0(cfg, task, work, console)
+                m0 = self._ensure_m0(cfg, tasks, ds, work, console)
+                m0_info[ds] = m0.info
+                base = self._m0_eval(cfg, task, m0, out_dir, console) if cfg.test_size else None
                 if cell.method.kind == "cautious-dpo" and judges is None:
                     judges = self._judges(cfg, task, console)
-                result = self._run_cell(cfg, cell, task, m0_dir, judges or [], console)
+                result = self._run_cell(cfg, cell, task, m0, base, judges or [], out_dir, console)
                 write_json(self._cell_path(out_dir, cell), result)
-            if ds not in m0_info and (work / ds / "m0.json").exists():
-                m0_info[ds] = json.loads((work / ds / "m0.json").read_text())
+                self._drop_partial(cfg, out_dir, cell)
+            info = self._m0_paths(cfg, ds, work)[1]
+            if ds not in m0_info and info.exists():
+                m0_info[ds] = json.loads(info.read_text())
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
                 write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
         metrics = self._aggregate(cfg, cells, out_dir, sizes, m0_info)
         metrics["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)
         write_json(out_dir / "metrics.json", metrics)
+        curves = metrics["test_curves"] if cfg.test_size else metrics["by_dataset"]
         for ds in cfg.datasets:
-            plot_accuracy_by_round(metrics["by_dataset"].get(ds, {}), out_dir / f"accuracy_{ds}.png", ds)
-        for ds, curves in metrics["alpha_sweep"].items():
-            plot_accuracy_by_round({f"α = {a}": c for a, c in curves.items()}, out_dir / f"alpha_sweep_{ds}.png",
+            plot_accuracy_by_round(curves.get(ds, {}), out_dir / f"accuracy_{ds}.png", ds)
+        for ds, by_alpha in metrics["alpha_sweep"].items():
+            plot_accuracy_by_round({f"α = {a}": c for a, c in by_alpha.items()}, out_dir / f"alpha_sweep_{ds}.png",
                                    f"{ds}: ReplayDPO, share α of new pairs")
-        for ds, curves in metrics["ablation"].items():
-            plot_accuracy_by_round(curves, out_dir / f"ablation_{ds}.png", f"{ds}: CautiousDPO variants")
+        for ds, by_tau in metrics.get("tau_sweep", {}).items():
+            plot_accuracy_by_round({f"τ = {t}": c for t, c in by_tau.items()}, out_dir / f"tau_sweep_{ds}.png",
+                                   f"{ds}: CautiousDPO, confidence gate τ")
+        for ds, by_variant in metrics["ablation"].items():
+            plot_accuracy_by_round(by_variant, out_dir / f"ablation_{ds}.png", f"{ds}: CautiousDPO variants")
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
         return metrics
 
     # -- pieces -------------------------------------------------------------------
     @staticmethod
-    def _downstream(cfg: EvolveExperimentConfig, ds: str) -> bool:
-        return cfg.downstream.enabled and ds == DOWNSTREAM_DATASET
+    def _downstream(cfg: EvolveExperimentConfig, ds: str, cell: str | None = None) -> bool:
+        """Whether ``ds`` holds out downstream questions (and, given a cell, whether that cell answers them)."""
+        d = cfg.downstream
+        return d.enabled and ds == DOWNSTREAM_DATASET and (cell is None or d.methods is None or cell in d.methods)
 
     @staticmethod
     def _cell_path(out_dir: Path, cell: Cell) -> Path:
         return out_dir / "cells" / cell.dataset / f"{cell.name}.json"
 
-    def _ranker(self, cfg: EvolveExperimentConfig, ds: str, adapters=()):
+    def _task(self, cfg: EvolveExperimentConfig, ds: str):
+        from ragsieve.evolve.tasks import build_task_rounds
+
+        size = cfg.sizes_for(ds)
+        return build_task_rounds(
+            ds, initial_size=size.initial, round_size=size.per_round, rounds=cfg.rounds, seed=cfg.seed,
+            balanced=cfg.balanced_for(ds),
+            held_out_queries=cfg.downstream.held_out_questions if self._downstream(cfg, ds) else 0,
+            test_size=cfg.test_size, balanced_test=cfg.balanced_test, hotpot_source=cfg.hotpot_source,
+            data_dir=cfg.data_dir,
+        )
+
+    def _ranker(self, cfg: EvolveExperimentConfig, ds: str, adapters=(), llm=None):
         from ragsieve.rerank.pointwise import PointwiseLLMReranker
 
         return PointwiseLLMReranker(
-            ds, cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.eval_batch_size
+            ds, llm or cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens,
+            batch_size=cfg.eval_batch_size,
         )
 
-    def _ensure_m0(self, cfg, task, work: Path, console: Console) -> tuple[Path, dict]:
-        """M0 = SFT on the labelled set, trained once per dataset (atomic adapter folder)."""
+    @staticmethod
+    def _m0_paths(cfg: EvolveExperimentConfig, ds: str, work: Path) -> tuple[Path, Path]:
+        folder = work / ("_mixed" if cfg.m0 == "mixed" else ds)
+        return folder / "m0", folder / "m0.json"
+
+    def _ensure_m0(self, cfg, tasks: dict, ds: str, work: Path, console: Console) -> "M0":
+        """M0 = SFT on the labelled set(s), trained once (atomic adapter folder) and reused."""
         from ragsieve.evolve.train import train_round
 
-        m0_dir, info_path = work / task.dataset / "m0", work / task.dataset / "m0.json"
+        m0_dir, info_path = self._m0_paths(cfg, ds, work)
+        fingerprint = self._m0_fingerprint(cfg, tasks if cfg.m0 == "mixed" else {ds: tasks[ds]})
         if info_path.exists() and (m0_dir / "adapter_config.json").exists():
-            return m0_dir, json.loads(info_path.read_text())
-        console.print(f"  training M0 on {len(task.initial)} labelled examples")
-        ranker = self._ranker(cfg, task.dataset)
-        prompts = ranker.prompts(task.initial)
-        result = train_round(
-            ranker.llm, ranker.tokens, "sft", prompts, [x.label for x in task.initial],
-            cfg.m0_train.model_copy(update={"seed": cfg.seed}), save_dir=m0_dir,
-        )
-        info = {"train": result.summary(), "truncated_prompts": ranker.prompter.truncated}
+            info = json.loads(info_path.read_text())
+            if info.get("fingerprint", fingerprint) != fingerprint:
+                raise RagsieveError(f"{m0_dir} was trained under other settings or data; use another out_dir")
+            return M0(m0_dir, info)
+        config = cfg.m0_train.model_copy(update={"seed": cfg.seed})
+        if cfg.m0 == "mixed":
+            # One adapter for every dataset, each example in its own template. The label
+            # words differ by template (SUPPORTS / yes / True ...), so the SFT target is
+            # passed as the token id itself (IdentityTargets).
+            llm, prompts, targets, truncated = None, [], [], {}
+            for name, task in tasks.items():
+                ranker = self._ranker(cfg, name, llm=llm)
+                llm = ranker.llm
+                prompts += ranker.prompts(task.initial)
+                targets += [ranker.tokens.id_for(x.label) for x in task.initial]
+                truncated[name] = ranker.prompter.truncated
+            console.print(f"  training the mixed M0 on {len(prompts)} labelled examples of {len(tasks)} datasets")
+            result = train_round(llm, IdentityTargets(), "sft", prompts, targets, config, save_dir=m0_dir)
+        else:
+            task = tasks[ds]
+            console.print(f"  training M0 on {len(task.initial)} labelled examples")
+            ranker = self._ranker(cfg, ds)
+            prompts = ranker.prompts(task.initial)
+            result = train_round(ranker.llm, ranker.tokens, "sft", prompts, [x.label for x in task.initial], config,
+                                 save_dir=m0_dir)
+            truncated = ranker.prompter.truncated
+        info = {"m0": cfg.m0, "fingerprint": fingerprint, "train": result.summary(), "truncated_prompts": truncated}
         write_json(info_path, info)
-        return m0_dir, info
+        return M0(m0_dir, info)
+
+    def _m0_eval(self, cfg, task, m0: "M0", out_dir: Path, console: Console) -> dict:
+        """M0 on the test set, the SFT-set sample and D_1: once per dataset, shared by every cell."""
+        path = out_dir / "cells" / task.dataset / "_m0.json"
+        cache = out_dir / "work" / task.dataset / "m0_d1.json"  # M0's verdicts on D_1 (round 1's input)
+        ranker = None
+        if not cache.exists():
+            ranker = self._ranker(cfg, task.dataset, adapters=[m0.dir])
+            d1 = ranker.predict(task.rounds[0])
+            write_json(cache, {"logp_true": d1.logp_true.tolist(), "logp_false": d1.logp_false.tolist()}, indent=None)
+        if path.exists():  # committed with the finished cells: keep it (a retrained M0 on another machine
+            base = json.loads(path.read_text())  # may differ in the last digits, the cells were scored against this)
+            same = base.get("m0") == cfg.m0 and base.get("m0_fingerprint", m0.info.get("fingerprint")) == m0.info.get(
+                "fingerprint") and base.get("test_ids") == [x.id for x in task.test]
+            if not same:
+                raise RagsieveError(f"{path} was made with another M0 or test set; delete it or use another out_dir")
+            return {**base, "d1": json.loads(cache.read_text())}
+        start = time.perf_counter()
+        ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
+        base = {"dataset": task.dataset, "m0": cfg.m0, "m0_fingerprint": m0.info.get("fingerprint"),
+                "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
+                "test": score_examples(ranker, task.test)}
+        samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
+        if samples:
+            base["forgetting"] = forgetting_eval(ranker, samples, 0, {}, 0)
+        base["seconds"] = round(time.perf_counter() - start, 1)
+        write_json(path, base)
+        t = base["test"]
+        console.print(f"  M0 on the test set: accuracy {t['accuracy']:.3f} {t['ci95']} (n={t['n']})")
+        return {**base, "d1": json.loads(cache.read_text())}
 
     def _judges(self, cfg, task, console: Console):
         from ragsieve.evolve.judges import build_judges
@@ -241,46 +439,151 @@ class EvolveExperiment:
         console.print("  judges: " + ", ".join(f"{j.name} (threshold {j.threshold})" for j in judges))
         return judges
 
-    def _run_cell(self, cfg, cell: Cell, task, m0_dir: Path, judges, console: Console) -> dict:
-        from ragsieve.evolve.methods import Pair, build_method, evolve_round
+    @staticmethod
+    def _partial_dirs(out_dir: Path, cell: Cell) -> tuple[Path, Path]:
+        """(per-round JSONs, small and committable; per-round adapters, under the ignored work/)."""
+        return out_dir / "cells" / cell.dataset / cell.name, out_dir / "work" / cell.dataset / cell.name
 
-        start = time.perf_counter()
+    @staticmethod
+    def _m0_fingerprint(cfg, tasks: dict) -> str:
+        """What M0 depends on: a reused adapter must come from the same SFT set(s) and settings."""
+        import hashlib
+
+        key = {"m0": cfg.m0, "m0_train": cfg.m0_train.model_dump(), "llm": cfg.llm, "seed": cfg.seed,
+               "max_prompt_tokens": cfg.max_prompt_tokens,
+               "initial": {ds: [x.id for x in t.initial] for ds, t in tasks.items()}}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def _fingerprint(cfg, cell: Cell, task) -> str:
+        """What a finished round depends on; a partial round made under other settings is redone."""
+        import hashlib
+
+        key = {
+            "method": cell.method.model_dump(), "train": cfg.train.model_dump(), "m0_train": cfg.m0_train.model_dump(),
+            "m0": cfg.m0, "llm": cfg.llm, "seed": cfg.seed, "max_prompt_tokens": cfg.max_prompt_tokens,
+            "splits": [[x.id for x in split] for split in task.splits()], "test": [x.id for x in task.test],
+            "judges": [j.model_dump() for j in cfg.judges] if cell.method.kind == "cautious-dpo" else [],
+        }
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _check_finished(self, cfg, cells: list[Cell], task, out_dir: Path) -> None:
+        """A finished cell is skipped, so it must have been made under these settings (stage 1 → full
+        matrix share an out_dir on purpose; a changed size or lr must not silently mix in)."""
+        for cell in cells:
+            path = self._cell_path(out_dir, cell)
+            if path.exists():
+                made = json.loads(path.read_text()).get("fingerprint")  # the small study's cells have none
+                if made and made != self._fingerprint(cfg, cell, task):
+                    raise RagsieveError(f"{path} was made under other settings; delete it or use another out_dir")
+
+    def _finished_rounds(self, out_dir: Path, cell: Cell, fingerprint: str, rounds: int) -> list[dict]:
+        """The longest prefix of rounds with a matching record and (if it trained) its adapter."""
+        part, adapters = self._partial_dirs(out_dir, cell)
+        done = []
+        for t in range(1, rounds + 1):
+            path = part / f"round-{t}.json"
+            if not path.exists():
+                break
+            row = json.loads(path.read_text())
+            if row.get("fingerprint") != fingerprint:
+                break
+            if row.get("trained") and not (adapters / f"round-{t}" / "adapter_config.json").exists():
+                break  # e.g. a clone without work/: M_t cannot be rebuilt, so redo from here
+            done.append(row)
+        return done
+
+    def _drop_partial(self, cfg, out_dir: Path, cell: Cell) -> None:
+        """The finished cell JSON holds every round: drop the per-round files (and the adapters)."""
+        import shutil
+
+        part, adapters = self._partial_dirs(out_dir, cell)
+        shutil.rmtree(part, ignore_errors=True)
+        if not cfg.keep_adapters:
+            shutil.rmtree(adapters, ignore_errors=True)
+
+    def _run_cell(self, cfg, cell: Cell, task, m0: "M0", base: dict | None, judges, out_dir: Path,
+                  console: Console) -> dict:
+        """The rounds of one cell, resuming after the last checkpointed round (see the module doc)."""
+        from ragsieve.evolve.methods import Pair, build_method, evolve_round
+        from ragsieve.models.verdict import VerdictScores
+
+        import numpy as np
+
         method = build_method(cell.method, judges)
-        ranker = self._ranker(cfg, cell.dataset, adapters=[m0_dir])
+        fingerprint = self._fingerprint(cfg, cell, task)
+        part, adapter_dir = self._partial_dirs(out_dir, cell)
+        done = self._finished_rounds(out_dir, cell, fingerprint, len(task.rounds))
+        adapters = [m0.dir] + [adapter_dir / f"round-{r['round']}" for r in done if r["trained"]]
+        ranker = self._ranker(cfg, cell.dataset, adapters=adapters)
+        by_id = {x.id: x for split in task.splits() for x in split}
         history = [Pair(x, x.label, "gold", 0) for x in task.initial]
-        train_last = cfg.train_last_round if cfg.train_last_round != "auto" else self._downstream(cfg, cell.dataset)
-        rounds = []
-        for t, batch in enumerate(task.rounds, start=1):
+        for r in done:
+            history += [Pair(by_id[i], lab, src, r["round"]) for i, lab, src in r["pairs"]]
+        if done:
+            console.print(f"  {cell.dataset} / {cell.name}: resuming after round {len(done)} (M_t from adapters)")
+        train_last = cfg.train_last_round
+        if train_last == "auto":  # M_R is scored on the test set, or ranks the downstream QA
+            train_last = bool(cfg.test_size) or self._downstream(cfg, cell.dataset)
+        samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
+        version, cache = sum(bool(r["trained"]) for r in done), {}
+        last_test = (done[-1].get("test") if done else None) or (base["test"] if base else None)
+        rounds = list(done)
+        for t in range(len(done) + 1, len(task.rounds) + 1):
+            batch = task.rounds[t - 1]
             visible = {x.id: x.label for x in batch} if method.uses_gold else {}
+            known = None
+            if t == 1 and base and "d1" in base:  # M0 on D_1: the same for every cell, computed once
+                known = VerdictScores(np.array(base["d1"]["logp_true"]), np.array(base["d1"]["logp_false"]))
             record, new_pairs = evolve_round(
                 ranker, method, batch, history, round_id=t, labels=visible, train_config=cfg.train,
-                train=t < len(task.rounds) or bool(train_last), seed=cfg.seed,
+                train=t < len(task.rounds) or bool(train_last), seed=cfg.seed, save_dir=adapter_dir / f"round-{t}",
+                verdicts=known,
             )
+            trained = bool(record.train.get("steps"))
+            version += trained
+            row = {**record.to_json(), "trained": trained, "fingerprint": fingerprint,
+                   "pairs": [[p.example.id, p.label, p.source] for p in new_pairs]}
+            if cfg.test_size:
+                start = time.perf_counter()
+                if trained or last_test is None:  # an untouched model keeps its test outcomes
+                    last_test = score_examples(ranker, task.test)
+                row["test"] = last_test
+                if samples:
+                    row["forgetting"] = forgetting_eval(ranker, samples, t, cache, version)
+                row["seconds"]["test"] = round(time.perf_counter() - start, 2)
+            write_json(part / f"round-{t}.json", row)  # after the adapter: a kill before this redoes round t
             history += new_pairs
-            rounds.append(record.to_json())
+            rounds.append(row)
+            test_note = f", test {row['test']['accuracy']:.3f}" if "test" in row else ""
             console.print(
                 f"  {cell.dataset} / {cell.name} round {t}: accuracy {record.metrics['accuracy']:.3f} "
-                f"f1 {record.metrics['f1']:.3f}, {record.n_new_pairs}+{record.n_replayed} pairs, "
-                f"{record.seconds['total']:.0f}s"
+                f"f1 {record.metrics['f1']:.3f}{test_note}, {record.n_new_pairs}+{record.n_replayed} pairs, "
+                f"{record.seconds['total'] + row['seconds'].get('test', 0):.0f}s"
             )
         result: dict[str, Any] = {
             "dataset": cell.dataset, "cell": cell.name, "method": cell.method.model_dump(), "rounds": rounds,
-            "seconds": round(time.perf_counter() - start, 1),
+            "fingerprint": fingerprint,
+            "seconds": round(sum(r["seconds"]["total"] + r["seconds"].get("test", 0) for r in rounds), 1),
         }
-        if self._downstream(cfg, cell.dataset):
+        if cfg.test_size:
+            result["test_ids"] = [x.id for x in task.test]
+        if self._downstream(cfg, cell.dataset, cell.name):
             result["downstream"] = self._downstream_qa(cfg, task, console, ranker=ranker)
         return result
 
     # -- downstream QA on held-out HotpotQA questions ----------------------------------
     def _held_out(self, cfg, task):
-        from ragsieve.data import load_dataset
         from ragsieve.data.records import Passage
+        from ragsieve.evolve.tasks import hotpot_questions
 
-        ds = load_dataset(DOWNSTREAM_DATASET, data_dir=cfg.data_dir)
         keep = set(task.held_out_query_ids)
         sentences: dict[str, list[tuple[Passage, int]]] = {}
-        questions = {q.id: q for q in ds.questions if q.id in keep}
-        for p in ds.pairs:
+        if getattr(self, "_hotpot", None) is None:  # parsed once per run: every HotpotQA cell asks
+            self._hotpot = hotpot_questions(cfg.data_dir, cfg.hotpot_source)["questions"]
+        every = self._hotpot
+        questions = {q: every[q] for q in keep if q in every}
+        for p in task.held_out:  # the held-out questions' sentence pairs, as the task cut them
             if p.query_id in keep and p.passage.strip():
                 paragraph = int(p.id.split(":")[-2])
                 title = questions[p.query_id].meta["candidate_ids"][paragraph]
@@ -306,6 +609,7 @@ class EvolveExperiment:
         answers = [first_line(t) for t in texts]
         out = qa_metrics(answers, [q.answers for q in questions])
         out["answers"] = {q.id: a for q, a in zip(questions, answers)}
+        out.update(per_question_scores(answers, [q.answers for q in questions], [q.id for q in questions]))
         return out
 
     def _downstream_qa(self, cfg, task, console: Console, ranker) -> dict:
@@ -320,6 +624,7 @@ class EvolveExperiment:
             recall.append(sum(cands[r.index][1] for r in top) / gold if gold else 0.0)
         out = self._answer(cfg, questions, contexts)
         out.update(top_k=k, support_recall=sum(recall) / max(len(recall), 1))
+        out["per_question"]["support_recall"] = [round(r, 4) for r in recall]
         console.print(f"  downstream QA: EM {out['em']:.3f} F1 {out['f1']:.3f} support recall@{k} {out['support_recall']:.3f}")
         return out
 
@@ -328,6 +633,11 @@ class EvolveExperiment:
         questions, sentences = self._held_out(cfg, task)
         gold = [[p for p, lab in sentences.get(q.id, []) if lab] for q in questions]
         out = {"gold-support": self._answer(cfg, questions, gold), "closed-book": self._answer(cfg, questions, [[]] * len(questions))}
+        if cfg.downstream.base_reranker:
+            from ragsieve.registry import load_reranker
+
+            base = load_reranker(cfg.downstream.base_reranker)
+            out["base-reranker"] = self._downstream_qa(cfg, task, console, ranker=base)
         for name, m in out.items():
             console.print(f"  downstream {name}: EM {m['em']:.3f} F1 {m['f1']:.3f}")
         return out
@@ -335,6 +645,7 @@ class EvolveExperiment:
     # -- aggregation --------------------------------------------------------------
     def _aggregate(self, cfg, cells, out_dir: Path, sizes, m0_info) -> dict:
         from ragsieve.eval.classification import accuracy_interval
+        from ragsieve.studies import evolve_stats as st
 
         def curve(result: dict) -> list[dict]:
             # The 95 % interval says which round-to-round and method differences are noise.
@@ -351,46 +662,51 @@ class EvolveExperiment:
             path = self._cell_path(out_dir, cell)
             if path.exists():
                 results[(cell.dataset, cell.name)] = json.loads(path.read_text())
-        by_dataset = {
-            ds: {m: curve(results[(ds, m)]) for m in cfg.methods if (ds, m) in results} for ds in cfg.datasets
-        }
-        alpha_sweep = {
-            ds: {
-                f"{a:g}": curve(results[(ds, _alpha_cell(cfg, a))])
-                for a in cfg.alpha_sweep if (ds, _alpha_cell(cfg, a)) in results
-            }
-            for ds in cfg.alpha_sweep_datasets
-        }
-        ablation = {
-            ds: {
-                name: curve(results[(ds, cell)])
-                for name, cell in [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in ABLATIONS]
-                if (ds, cell) in results
-            }
-            for ds in cfg.ablation_datasets
-        }
-        pseudo = {}
+        base = {}
+        for ds in cfg.datasets:
+            path = out_dir / "cells" / ds / "_m0.json"
+            if cfg.test_size and path.exists():
+                base[ds] = json.loads(path.read_text())
+        # At scale every curve is M_t on the fixed test set (t = 0 is M0); otherwise M_{t-1} on D_t.
+        shown = (lambda ds, res: st.test_curve(res, base[ds])) if cfg.test_size else (lambda ds, res: curve(res))
+
+        def curves(ds: str, named: list[tuple[str, str]]) -> dict:
+            return {label: shown(ds, results[(ds, cell)]) for label, cell in named
+                    if (ds, cell) in results and (not cfg.test_size or ds in base)}
+
+        by_dataset = {ds: {m: curve(results[(ds, m)]) for m in cfg.methods if (ds, m) in results}
+                      for ds in cfg.datasets}
+        alpha_sweep = {ds: curves(ds, [(f"{a:g}", _alpha_cell(cfg, a)) for a in cfg.alpha_sweep])
+                       for ds in cfg.alpha_sweep_datasets}
+        tau_sweep = {ds: curves(ds, [(f"{t:g}", _tau_cell(cfg, t)) for t in cfg.tau_sweep])
+                     for ds in cfg.tau_sweep_datasets}
+        ablation = {ds: curves(ds, [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in ABLATIONS])
+                    for ds in cfg.ablation_datasets}
+        pseudo, pseudo_labels = {}, {}
         for (ds, name), result in results.items():
             if result["method"]["kind"] == "cautious-dpo":
                 pseudo.setdefault(ds, {})[name] = [{"round": r["round"], **r["labels"]} for r in result["rounds"]]
+                pseudo_labels.setdefault(ds, {})[name] = st.pseudo_label_rows(result)
         downstream = {}
         for (ds, name), result in results.items():
             if "downstream" in result:
-                downstream[name] = {k: v for k, v in result["downstream"].items() if k != "answers"}
+                downstream[name] = {k: v for k, v in result["downstream"].items() if k not in BULKY}
         base_path = out_dir / "cells" / DOWNSTREAM_DATASET / "_baselines.json"
         if base_path.exists():
             for name, m in json.loads(base_path.read_text()).items():
-                downstream[name] = {k: v for k, v in m.items() if k != "answers"}
+                downstream[name] = {k: v for k, v in m.items() if k not in BULKY}
         steps = [
             (r["train"]["seconds"], r["train"]["steps"])
             for (ds, name), res in results.items() if res["method"]["kind"] in ("dpo", "replay-dpo", "cautious-dpo")
             for r in res["rounds"] if r.get("train", {}).get("steps")
         ]
-        return {
+        metrics = {
             "by_dataset": by_dataset,
             "alpha_sweep": alpha_sweep,
+            "tau_sweep": tau_sweep,
             "ablation": ablation,
             "pseudo_label_accuracy": pseudo,
+            "pseudo_labels": pseudo_labels,
             "downstream": downstream,
             "targets": targets(by_dataset),
             "m0": m0_info,
@@ -401,16 +717,96 @@ class EvolveExperiment:
             },
             "config": cfg.model_dump(),
         }
+        if cfg.test_size:
+            metrics.update(self._scale_metrics(cfg, results, base))
+        per_question = {name: r["downstream"]["per_question"] for (ds, name), r in results.items()
+                        if "per_question" in r.get("downstream", {})}
+        if base_path.exists():
+            per_question.update({name: m["per_question"] for name, m in json.loads(base_path.read_text()).items()
+                                 if "per_question" in m})
+        if per_question:
+            metrics["downstream_stats"] = downstream_stats(per_question)
+        return metrics
+
+    @staticmethod
+    def _scale_metrics(cfg, results: dict, base: dict) -> dict:
+        """Test-set curves, forgetting, M0 vs chance, paired McNemar tests and the issue's targets."""
+        from ragsieve.studies import evolve_stats as st
+
+        test_curves = {ds: {m: st.test_curve(results[(ds, m)], base[ds]) for m in cfg.methods if (ds, m) in results}
+                       for ds in base}
+        forgetting = {ds: {m: st.forgetting_curve(results[(ds, m)], base[ds])
+                           for m in cfg.methods if (ds, m) in results}
+                      for ds in base}
+        m0_stats = {ds: st.m0_vs_chance(b) for ds, b in base.items()}
+        paired: dict[str, dict] = {}
+        for ds in base:
+            for a, b in PAIRED_TESTS:
+                if (ds, a) in results and (ds, b) in results:
+                    paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(
+                        results[(ds, a)], results[(ds, b)], base[ds])
+        return {
+            "test_curves": test_curves, "forgetting": forgetting, "m0_test": m0_stats, "paired": paired,
+            "scale_targets": st.scale_targets(m0_stats, paired),
+        }
 
     def _print(self, metrics: dict, console: Console) -> None:
-        table = Table(title="accuracy of M_{t-1} on round t (last round)")
-        methods = sorted({m for d in metrics["by_dataset"].values() for m in d}, key=lambda m: (m not in MAIN_METHODS, m))
+        scale = "test_curves" in metrics
+        shown = metrics["test_curves"] if scale else metrics["by_dataset"]
+        title = "test accuracy of M_R (last round)" if scale else "accuracy of M_{t-1} on round t (last round)"
+        table = Table(title=title)
+        methods = sorted({m for d in shown.values() for m in d}, key=lambda m: (m not in MAIN_METHODS, m))
         table.add_column("dataset")
+        if scale:
+            table.add_column("M0")
         for m in methods:
             table.add_column(m)
-        for ds, by_method in metrics["by_dataset"].items():
-            table.add_row(ds, *[f"{by_method[m][-1]['accuracy']:.3f}" if m in by_method else "-" for m in methods])
+        for ds, by_method in shown.items():
+            m0 = [] if not scale else [f"{metrics['m0_test'][ds]['accuracy']:.3f}" if ds in metrics["m0_test"] else "-"]
+            table.add_row(ds, *m0, *[f"{by_method[m][-1]['accuracy']:.3f}" if m in by_method else "-" for m in methods])
         console.print(table)
+        for ds, tests in metrics.get("paired", {}).items():
+            for name, r in tests.items():
+                if r:
+                    console.print(f"  {ds}: {name}: {r['a']:.3f} vs {r['b']:.3f}, McNemar {r['a_only']}/{r['b_only']} "
+                                  f"p={r['p_value']:.3g} ({r['verdict']})")
+
+
+QA_METRICS = ("em", "f1", "containment")
+BULKY = ("answers", "per_question")  # kept in the cell JSONs, left out of metrics.json
+
+
+def per_question_scores(answers, golds, ids) -> dict[str, Any]:
+    """EM / F1 / containment per question, kept so methods compare paired on the same questions."""
+    from ragsieve.eval.qa import contains_answer, exact_match, token_f1
+
+    return {"per_question": {
+        "ids": list(ids),
+        "em": [int(exact_match(a, g)) for a, g in zip(answers, golds)],
+        "f1": [round(token_f1(a, g), 4) for a, g in zip(answers, golds)],
+        "containment": [int(contains_answer(a, g)) for a, g in zip(answers, golds)],
+    }}
+
+
+def downstream_stats(per_question: dict[str, dict]) -> dict[str, Any]:
+    """Bootstrap intervals of EM / F1 / containment per context source, and paired differences
+    of every source against the base reranker (else the frozen M0, ``sft-only``)."""
+    from ragsieve.eval.stats import bootstrap_ci, paired_bootstrap
+
+    out: dict[str, Any] = {"intervals": {}, "vs": None, "paired": {}}
+    for name, pq in per_question.items():
+        out["intervals"][name] = {
+            m: dict(zip(("mean", "low", "high"), (round(x, 4) for x in bootstrap_ci(pq[m])))) for m in QA_METRICS
+        } | {"n": len(pq["ids"])}
+    ref = next((r for r in ("base-reranker", "sft-only") if r in per_question), None)
+    if ref is None:
+        return out
+    out["vs"] = ref
+    for name, pq in per_question.items():
+        if name == ref or pq["ids"] != per_question[ref]["ids"]:
+            continue
+        out["paired"][name] = {m: paired_bootstrap(pq[m], per_question[ref][m]).to_dict() for m in QA_METRICS}
+    return out
 
 
 def targets(by_dataset: dict) -> dict:
@@ -445,7 +841,13 @@ def plot_accuracy_by_round(by_method: dict, path: Path, title: str) -> Path | No
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for method, curve in by_method.items():
-        ax.plot([r["round"] for r in curve], [r["accuracy"] for r in curve], marker="o", label=method)
+        xs, ys = [r["round"] for r in curve], [r["accuracy"] for r in curve]
+        ci = [r.get("ci95") for r in curve]
+        if all(ci):  # test-set curves carry Wilson intervals: draw them
+            err = [[y - c[0] for y, c in zip(ys, ci)], [c[1] - y for y, c in zip(ys, ci)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=method)
+        else:
+            ax.plot(xs, ys, marker="o", label=method)
     # One grey band: the 95 % interval of a chance-level accuracy at this round size,
     # i.e. how far apart two methods must be before the gap means anything.
     n = min(r["n"] for c in by_method.values() for r in c)
@@ -454,7 +856,8 @@ def plot_accuracy_by_round(by_method: dict, path: Path, title: str) -> Path | No
 
         lo, hi = accuracy_interval(n // 2, n)
         ax.axhspan(lo, hi, color="grey", alpha=0.15, label=f"95 % CI of 50 % at n={n}")
-    ax.set_xlabel("round t (M_{t-1} evaluated on D_t)")
+    ax.set_xlabel("round t (M_t on the test set)" if any("ci95" in r for c in by_method.values() for r in c)
+                  else "round t (M_{t-1} evaluated on D_t)")
     ax.set_ylabel("accuracy")
     ax.set_xticks(sorted({r["round"] for c in by_method.values() for r in c}))
     ax.set_title(title)
