@@ -1,0 +1,15 @@
+"""``ragsieve serve``: a rerank / filter HTTP service that RAG clients already speak.
+
+Cohere/Jina ``/v1/rerank`` ``/v2/rerank``, TEI ``/rerank``, ragsieve's ``/v1/filter``;
+dynamic batching on a worker thread; limits answered 413/422 with the field named.
+
+Example::
+
+    from ragsieve.serve import ServeConfig, create_app
+    app = create_app(ServeConfig(reranker="bm25"))   # any ASGI server; `ragsieve serve` uses uvicorn
+"""
+
+from ragsieve.serve.app import create_app
+from ragsieve.serve.config import ServeConfig
+
+__all__ = ["ServeConfig", "create_app"]

@@ -1,0 +1,50 @@
+"""The models one server holds (ranker, optional grader) and their batchers, swappable as a unit.
+
+Example::
+
+    served = ServedModels.load(ServeConfig(reranker="bm25"))
+    await served.rank_batcher.score([("q", "text")])
+    served.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragsieve.rerank.base import BaseRanker
+from ragsieve.serve.batcher import PairBatcher
+from ragsieve.serve.config import ServeConfig
+
+
+@dataclass
+class ServedModels:
+    ranker: BaseRanker
+    rank_batcher: PairBatcher
+    grader: BaseRanker | None = None
+    grade_batcher: PairBatcher | None = None
+    grader_name: str | None = None
+
+    @property
+    def threshold(self) -> float | None:
+        """The cut for /v1/filter: the grader's, else the ranker's own if it is a calibrated grader."""
+        source = self.grader if self.grader is not None else self.ranker
+        value = getattr(source, "threshold", None)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @classmethod
+    def load(cls, config: ServeConfig) -> ServedModels:
+        from ragsieve.registry import load_grader, load_reranker
+
+        ranker = load_reranker(config.reranker)
+        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
+        served = cls(ranker, PairBatcher(ranker, name="ranker", **batch))
+        if config.grader:
+            served.grader = load_grader(config.grader)
+            served.grade_batcher = PairBatcher(served.grader, name="grader", **batch)
+            served.grader_name = config.grader
+        return served
+
+    def close(self) -> None:
+        self.rank_batcher.close()
+        if self.grade_batcher is not None:
+            self.grade_batcher.close()
