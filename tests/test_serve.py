@@ -279,3 +279,37 @@ def test_schemathesis_finds_no_server_error(ce_server):
                 continue
             checked += 1
     assert checked >= 8
+
+
+def test_cli_bad_spec_is_one_line_error(cli):
+    result = cli("serve", "--reranker", "nonsense")
+    assert result.code == 2 and "unknown reranker 'nonsense'" in result.err
+
+
+def test_cli_serve_answers_the_cohere_client_on_loopback(tmp_path):
+    """`ragsieve serve` in its own process: prints its URL, binds 127.0.0.1, needs the env API key."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max_documents: 3\n")
+    env = {**os.environ, "RAGSIEVE_API_KEY": "k3y"}
+    code = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "-r", "bm25", "--port", "0", "-c", str(cfg), "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ragsieve serve: http://127.0.0.1:") and "API key required" in line, line
+        url = line.split()[2]
+        cohere = pytest.importorskip("cohere")
+        result = cohere.ClientV2(base_url=url, api_key="k3y").rerank(model="m", query=QUERY, documents=DOCS[:3])
+        assert result.results[0].index == offline_order(QUERY, DOCS[:3])[0]
+        r = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, headers={"X-API-Key": "k3y"})
+        assert r.status_code == 413 and "max_documents is 3" in r.json()["error"]
+        assert httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS[:2]}).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
