@@ -21,12 +21,19 @@ from ragsieve.cli.app import app, err_console
 @app.command("serve")
 def serve_cmd(
     reranker: Optional[str] = typer.Option(None, "--reranker", "-r", help="Reranker spec (default embedded:base)."),
-    grader: Optional[str] = typer.Option(None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of ServeConfig fields (limits, batching, ...)."),
+    grader: Optional[str] = typer.Option(
+        None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="YAML/JSON of ServeConfig fields (limits, batching, ...)."
+    ),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; loopback unless you mean to expose it."),
     port: int = typer.Option(8080, help="Port (0 = any free port; the URL is printed)."),
     api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="RAGSIEVE_API_KEY", show_envvar=True,
+        None,
+        "--api-key",
+        envvar="RAGSIEVE_API_KEY",
+        show_envvar=True,
         help="Require this key (Authorization: Bearer / X-API-Key) on every endpoint but /health.",
     ),
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
