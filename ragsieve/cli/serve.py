@@ -24,6 +24,9 @@ def serve_cmd(
     grader: Optional[str] = typer.Option(
         None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."
     ),
+    feedback_store: Optional[Path] = typer.Option(
+        None, "--feedback-store", help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`)."
+    ),
     config: Optional[Path] = typer.Option(
         None, "--config", "-c", help="YAML/JSON of ServeConfig fields (limits, batching, ...)."
     ),
@@ -44,7 +47,18 @@ def serve_cmd(
     from ragsieve.serve.runner import bind, uvicorn_server
 
     values = read_mapping(config) if config else {}
-    values.update({k: v for k, v in {"reranker": reranker, "grader": grader, "api_key": api_key}.items() if v})
+    values.update(
+        {
+            k: v
+            for k, v in {
+                "reranker": reranker,
+                "grader": grader,
+                "api_key": api_key,
+                "feedback_store": str(feedback_store) if feedback_store else None,
+            }.items()
+            if v
+        }
+    )
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))
     logging.getLogger("ragsieve.serve").setLevel(log_level.upper())
     err_console.print(f"loading {cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))

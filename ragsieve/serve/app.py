@@ -23,6 +23,7 @@ from typing import Union
 import numpy as np
 from fastapi import Body, FastAPI, Request
 
+from ragsieve.evolve.live import FeedbackItem
 from ragsieve.serve.chunks import plan_chunks
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError, install_error_handlers, request_id
@@ -31,6 +32,7 @@ from ragsieve.serve.models import ServedModels
 from ragsieve.serve.schemas import (
     Document,
     ErrorBody,
+    FeedbackResponse,
     FilterRequest,
     FilterResponse,
     FilterResult,
@@ -122,6 +124,10 @@ def _texts(documents: Sequence[Document]) -> list[str]:
 
 def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastAPI:
     """The service for ``config`` (models load now, so a bad spec fails before the server binds)."""
+    if config.feedback_store:  # a wrong store path fails at start-up, not at the first feedback
+        from ragsieve.evolve.live import pending_feedback
+
+        pending_feedback(config.feedback_store)
     models = models or ServedModels.load(config)
     core = RerankCore(config, models)
     name = config.model_name or config.reranker
@@ -248,6 +254,31 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
             dropped=sum(1 for i in range(len(docs)) if not (docs[i].strip() and grades[i] >= threshold)),
             meta=meta,
         )
+
+    @app.post(
+        "/v1/feedback",
+        response_model=FeedbackResponse,
+        responses=ERRORS,
+        tags=["feedback"],
+        summary="Append relevance feedback to the evolve store",
+    )
+    async def feedback(request: Request, body: Union[FeedbackItem, list[FeedbackItem]] = Body(...)):
+        from ragsieve.evolve.live import append_feedback, pending_feedback
+
+        if not config.feedback_store:
+            raise ServeError(400, "no feedback store configured (start with --feedback-store)")
+        items = body if isinstance(body, list) else [body]
+        if len(items) > config.max_documents:
+            raise ServeError(413, f"body: {len(items)} feedback items, max_documents is {config.max_documents}")
+        for i, item in enumerate(items):
+            texts = [t for t in (item.query, item.document, item.chosen, item.rejected) if t is not None]
+            if any(len(t) > config.max_document_chars for t in texts):
+                raise ServeError(413, f"{i}: a text is longer than max_document_chars ({config.max_document_chars})")
+        # sqlite waits for other writers (WAL, busy timeout): never on the event loop
+        stored = await asyncio.to_thread(append_feedback, config.feedback_store, items)
+        pending = await asyncio.to_thread(pending_feedback, config.feedback_store)
+        log.info("rid=%s feedback: %d row(s) from %s", request_id(request), stored, sorted({x.source for x in items}))
+        return FeedbackResponse(stored=stored, pending=pending, request_id=request_id(request))
 
     @app.get("/health", response_model=Health, tags=["service"])
     async def health():

@@ -16,7 +16,7 @@ from ragsieve.config import StrictConfig
 class ServeConfig(StrictConfig):
     """Models (by registry spec) and request limits of the rerank / filter service."""
 
-    reranker: str = "embedded:base"  # any reranker spec of ragsieve.registry
+    reranker: str = "embedded:base"  # any reranker spec of ragsieve.registry, or evolve:<store> (its latest round)
     grader: str | None = None  # saved grader folder or embedded:<name>; None = /v1/filter uses the ranker's threshold
     model_name: str | None = None  # the id clients see in responses and /v1/models (default: the reranker spec)
     # /v1/gate and /v1/ask: a local LLM (+ probe) only when configured, so a plain rerank server stays light

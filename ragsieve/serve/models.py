@@ -16,6 +16,31 @@ from ragsieve.serve.batcher import PairBatcher
 from ragsieve.serve.config import ServeConfig
 
 
+EVOLVE_PREFIX = "evolve:"
+
+
+def load_ranker(spec: str) -> BaseRanker:
+    """A registry reranker spec, or ``evolve:<store>``: the evolving reranker after its last finished round.
+
+    ``POST /admin/reload`` after ``ragsieve evolve step`` serves the new round without a restart.
+    """
+    if not spec.startswith(EVOLVE_PREFIX):
+        from ragsieve.registry import load_reranker
+
+        return load_reranker(spec)
+    from ragsieve.evolve.store import EvolveStore
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
+
+    store = EvolveStore(spec[len(EVOLVE_PREFIX) :])
+    try:
+        cfg, adapters = store.config, store.adapters()
+    finally:
+        store.close()
+    return PointwiseLLMReranker(
+        cfg.template, cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.batch_size
+    )
+
+
 @dataclass
 class ServedModels:
     ranker: BaseRanker
@@ -33,9 +58,9 @@ class ServedModels:
 
     @classmethod
     def load(cls, config: ServeConfig) -> ServedModels:
-        from ragsieve.registry import load_grader, load_reranker
+        from ragsieve.registry import load_grader
 
-        ranker = load_reranker(config.reranker)
+        ranker = load_ranker(config.reranker)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
         served = cls(ranker, PairBatcher(ranker, name="ranker", **batch))
         if config.grader:

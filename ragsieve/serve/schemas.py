@@ -101,6 +101,12 @@ class FilterResponse(BaseModel):
     meta: Meta
 
 
+class FeedbackResponse(BaseModel):
+    stored: int  # rows written (a chosen/rejected pair is two)
+    pending: int  # rows waiting for the next `ragsieve evolve step`
+    request_id: str = ""
+
+
 class ErrorBody(BaseModel):
     error: str
     request_id: str = ""
