@@ -114,7 +114,8 @@ def test_eight_concurrent_writer_processes_lose_no_row(tmp_path):
         "import sys; from ragsieve.evolve.live import FeedbackItem, append_feedback\n"
         "w = sys.argv[1]\n"
         f"for i in range({per_process}):\n"
-        "    append_feedback(sys.argv[2], [FeedbackItem(query=f'q{w}-{i}', document='d', label=i % 2, source=f'w{w}')])\n"
+        "    item = FeedbackItem(query=f'q{w}-{i}', document='d', label=i % 2, source=f'w{w}')\n"
+        "    append_feedback(sys.argv[2], [item])\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(w), str(store)]) for w in range(8)]
     assert [p.wait(timeout=300) for p in procs] == [0] * 8

@@ -2,8 +2,8 @@
 
 Example::
 
-    ragsieve feedback add labels.jsonl --store state/fever     # rows {query, document, label} or {query, chosen, rejected}
-    ragsieve evolve step --store state/fever                   # trains it as a full-feedback round
+    ragsieve feedback add labels.jsonl --store state/fever   # {query, document, label} or {query, chosen, rejected}
+    ragsieve evolve step --store state/fever                 # trains it as a full-feedback round
 """
 
 from __future__ import annotations
