@@ -24,6 +24,10 @@ def serve_cmd(
     grader: Optional[str] = typer.Option(
         None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."
     ),
+    llm: Optional[str] = typer.Option(None, "--llm", help="LLM spec for /v1/ask and /v1/gate (none: not served)."),
+    probe: Optional[str] = typer.Option(None, "--probe", help="Probe for /v1/gate, e.g. embedded:smollm2-nq."),
+    cbdr_beta: Optional[float] = typer.Option(None, "--cbdr-beta", help="Retrieve when Conf(Q) <= beta."),
+    index: Optional[Path] = typer.Option(None, "--index", help="Index folder for /v1/ask (none: closed-book)."),
     feedback_store: Optional[Path] = typer.Option(
         None, "--feedback-store", help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`)."
     ),
@@ -47,18 +51,17 @@ def serve_cmd(
     from ragsieve.serve.runner import bind, uvicorn_server
 
     values = read_mapping(config) if config else {}
-    values.update(
-        {
-            k: v
-            for k, v in {
-                "reranker": reranker,
-                "grader": grader,
-                "api_key": api_key,
-                "feedback_store": str(feedback_store) if feedback_store else None,
-            }.items()
-            if v
-        }
-    )
+    options = {
+        "reranker": reranker,
+        "grader": grader,
+        "api_key": api_key,
+        "llm": llm,
+        "probe": probe,
+        "cbdr_beta": cbdr_beta,
+        "index": str(index) if index else None,
+        "feedback_store": str(feedback_store) if feedback_store else None,
+    }
+    values.update({k: v for k, v in options.items() if v is not None})  # options override the file
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))
     logging.getLogger("ragsieve.serve").setLevel(log_level.upper())
     err_console.print(f"loading {cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))

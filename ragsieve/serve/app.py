@@ -31,7 +31,12 @@ from ragsieve.serve.guard import Guard
 from ragsieve.serve.models import ServedModels
 from ragsieve.serve.schemas import (
     Document,
+    AskRequest,
+    AskResponse,
+    Context,
     ErrorBody,
+    GateRequest,
+    GateResponse,
     FeedbackResponse,
     FilterRequest,
     FilterResponse,
@@ -279,6 +284,48 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
         pending = await asyncio.to_thread(pending_feedback, config.feedback_store)
         log.info("rid=%s feedback: %d row(s) from %s", request_id(request), stored, sorted({x.source for x in items}))
         return FeedbackResponse(stored=stored, pending=pending, request_id=request_id(request))
+
+    def llm_stages():
+        stages = core.models.llm
+        if stages is None:
+            raise ServeError(400, "no LLM configured (start with --llm, and --probe for the gate)")
+        return stages
+
+    @app.post(
+        "/v1/gate",
+        response_model=GateResponse,
+        responses=ERRORS,
+        tags=["rag"],
+        summary="CBDR: Conf(Q) and whether to retrieve (Conf(Q) <= beta)",
+    )
+    async def gate(request: Request, body: GateRequest = Body(...)):
+        query, _ = core.check(body.query, [])
+        stages = llm_stages()
+        if stages.gate_batcher is None:
+            raise ServeError(400, "no probe configured (start with --probe)")
+        conf = float(finite(await stages.gate_batcher.score([(query, "")]))[0])
+        beta = body.beta if body.beta is not None else stages.beta
+        return GateResponse(confidence=conf, retrieve=conf <= beta, beta=beta)
+
+    @app.post(
+        "/v1/ask",
+        response_model=AskResponse,
+        responses=ERRORS,
+        tags=["rag"],
+        summary="Answer with the whole pipeline: gate → retrieve → rerank → grade → generate",
+    )
+    async def ask(request: Request, body: AskRequest = Body(...)):
+        query, _ = core.check(body.query, [])
+        stages = llm_stages()
+        result = await asyncio.to_thread(stages.answer, query)
+        return AskResponse(
+            answer=result.answer,
+            retrieved=result.retrieved,
+            confidence=result.confidence,
+            contexts=[Context(id=p.id, text=p.text, title=p.title) for p in result.contexts],
+            graded_out=result.graded_out,
+            seconds=result.seconds,
+        )
 
     @app.get("/health", response_model=Health, tags=["service"])
     async def health():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ragsieve.rerank.base import BaseRanker
 from ragsieve.serve.batcher import PairBatcher
 from ragsieve.serve.config import ServeConfig
+from ragsieve.serve.rag import LLMStages
 
 
 EVOLVE_PREFIX = "evolve:"
@@ -48,6 +49,7 @@ class ServedModels:
     grader: BaseRanker | None = None
     grade_batcher: PairBatcher | None = None
     grader_name: str | None = None
+    llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
 
     @property
     def threshold(self) -> float | None:
@@ -67,9 +69,12 @@ class ServedModels:
             served.grader = load_grader(config.grader)
             served.grade_batcher = PairBatcher(served.grader, name="grader", **batch)
             served.grader_name = config.grader
+        served.llm = LLMStages.load(config, ranker, served.grader)
         return served
 
     def close(self) -> None:
         self.rank_batcher.close()
         if self.grade_batcher is not None:
             self.grade_batcher.close()
+        if self.llm is not None:
+            self.llm.close()

@@ -51,6 +51,36 @@ class FilterRequest(RerankRequest):
     threshold: float | None = None
 
 
+class GateRequest(_Request):
+    query: str = Field(..., min_length=1)
+    beta: float | None = Field(None, ge=0.0, le=1.0)  # overrides the configured β
+
+
+class AskRequest(_Request):
+    query: str = Field(..., min_length=1)
+
+
+class GateResponse(BaseModel):
+    confidence: float  # Conf(Q): the probe's P(the LLM answers correctly closed-book)
+    retrieve: bool  # Conf(Q) <= beta
+    beta: float
+
+
+class Context(BaseModel):
+    id: str
+    text: str
+    title: str = ""
+
+
+class AskResponse(BaseModel):
+    answer: str
+    retrieved: bool
+    confidence: float | None = None
+    contexts: list[Context] = []
+    graded_out: int = 0
+    seconds: float
+
+
 class DocumentOut(BaseModel):
     text: str
 
