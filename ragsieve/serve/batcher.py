@@ -96,16 +96,16 @@ class PairBatcher:
             if first is None:
                 return
             jobs, stop = self._collect(first)
+            self.stats.batches += 1
+            self.stats.jobs += len(jobs)
+            self.stats.pairs += sum(len(job.pairs) for job in jobs)
+            self.stats.max_batch_jobs = max(self.stats.max_batch_jobs, len(jobs))
             self._score_jobs(jobs)
             if stop:
                 return
 
     def _score_jobs(self, jobs: list[_Job]) -> None:
         pairs = [p for job in jobs for p in job.pairs]
-        self.stats.batches += 1
-        self.stats.jobs += len(jobs)
-        self.stats.pairs += len(pairs)
-        self.stats.max_batch_jobs = max(self.stats.max_batch_jobs, len(jobs))
         try:
             scores = np.asarray(self.ranker.score_pairs([q for q, _ in pairs], [t for _, t in pairs]), dtype=float)
         except Exception as exc:  # noqa: BLE001 - delivered to the awaiting request(s)
