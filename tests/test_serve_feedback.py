@@ -127,15 +127,31 @@ def test_eight_concurrent_writer_processes_lose_no_row(tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-def test_serving_the_evolve_store_and_reloading(tmp_path, tiny_llm_dir):
+def test_feedback_loop_serve_feedback_step_reload(tmp_path, tiny_llm_dir, cli):
+    """The deployment loop: serve the store's model, collect feedback, `evolve step`, reload, serve the new round."""
     store = make_store(tmp_path / "store", llm=str(tiny_llm_dir), max_prompt_tokens=480)
-    with BackgroundServer(create_app(ServeConfig(reranker=f"evolve:{store}"))) as server:
-        docs = ["Paris is the capital of France.", "Hamlet is a tragedy."]
-        r = httpx.post(f"{server.url}/v1/rerank", json={"query": "Paris is in France.", "documents": docs}, timeout=120)
-        assert r.status_code == 200 and sorted(x["index"] for x in r.json()["results"]) == [0, 1], r.text
-        assert all(0.0 <= x["relevance_score"] <= 1.0 for x in r.json()["results"])  # P(true)
-        assert httpx.post(f"{server.url}/admin/reload", timeout=120).json()["status"] == "reloaded"
-        assert (
-            httpx.post(f"{server.url}/v1/rerank", json={"query": "q", "documents": docs}, timeout=120).status_code
-            == 200
-        )
+    config = ServeConfig(reranker=f"evolve:{store}", feedback_store=str(store))
+    docs = ["Paris is the capital of France.", "Hamlet is a tragedy.", "The fox jumps."]
+    body = {"query": "Paris is in France.", "documents": docs}
+    with BackgroundServer(create_app(config)) as server:
+        before = httpx.post(f"{server.url}/v1/rerank", json=body, timeout=120).json()["results"]
+        feedback = [
+            {"query": "Paris is in France.", "document": docs[0], "label": 1, "source": "ui"},
+            {"query": "Paris is in France.", "chosen": docs[0], "rejected": docs[2], "source": "ui"},
+        ]
+        assert httpx.post(f"{server.url}/v1/feedback", json=feedback).json()["stored"] == 3
+        first = cli("evolve", "step", "--store", store)
+        assert first.code == 0 and "live feedback queued as round 1" in first.out and "round 0 (sft)" in first.out
+        second = cli("evolve", "step", "--store", store)
+        assert second.code == 0 and "round 1 (feedback)" in second.out, second.out + second.err
+        assert httpx.post(f"{server.url}/admin/reload", timeout=120).status_code == 200
+        after = httpx.post(f"{server.url}/v1/rerank", json=body, timeout=120).json()["results"]
+    from ragsieve.evolve.store import EvolveStore
+
+    s = EvolveStore(store)
+    try:
+        assert len(s.adapters()) == 2  # rounds 0 and 1 trained: the reloaded server merges both
+        assert {p.source for p in s.pairs() if p.round == 1} == {"gold"}
+    finally:
+        s.close()
+    assert {r["index"]: r["relevance_score"] for r in after} != {r["index"]: r["relevance_score"] for r in before}
