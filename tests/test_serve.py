@@ -298,7 +298,10 @@ def test_cli_serve_answers_the_cohere_client_on_loopback(tmp_path):
     code = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "serve", "-r", "bm25", "--port", "0", "-c", str(cfg), "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
     )
     try:
         line = proc.stdout.readline()
@@ -313,3 +316,32 @@ def test_cli_serve_answers_the_cohere_client_on_loopback(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_request_ids_are_echoed_and_logged(bm25_server, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="ragsieve.serve"):
+        r = httpx.post(
+            f"{bm25_server.url}/v1/rerank",
+            json={"query": QUERY, "documents": DOCS},
+            headers={"x-request-id": "client-42"},
+        )
+        bad = httpx.post(f"{bm25_server.url}/v1/rerank", json={"query": QUERY})
+    assert r.headers["x-request-id"] == "client-42" and r.json()["meta"]["request_id"] == "client-42"
+    assert bad.json()["request_id"] == bad.headers["x-request-id"] != "client-42"
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert any("rid=client-42 POST /v1/rerank 200" in line for line in lines), lines
+    assert any(f"rid={bad.headers['x-request-id']} POST /v1/rerank 422" in line for line in lines), lines
+
+
+def test_a_closed_batcher_refuses_new_work_instead_of_hanging():
+    from ragsieve.registry import load_reranker
+    from ragsieve.serve.batcher import PairBatcher
+    from ragsieve.serve.errors import ServeError
+
+    batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=1)
+    assert len(asyncio.run(batcher.score([(QUERY, DOCS[1])]))) == 1
+    batcher.close()
+    with pytest.raises(ServeError, match="reloaded"):
+        asyncio.run(batcher.score([(QUERY, DOCS[1])]))

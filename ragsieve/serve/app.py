@@ -59,6 +59,7 @@ ERRORS = {
     401: {"model": ErrorBody, "description": "missing or wrong API key"},
     413: {"model": ErrorBody, "description": "over a configured limit (the error names the field)"},
     422: {"model": ErrorBody, "description": "malformed request (the error names the field)"},
+    503: {"model": ErrorBody, "description": "the model was reloaded while the request queued; retry"},
 }
 
 

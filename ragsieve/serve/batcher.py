@@ -57,6 +57,9 @@ class PairBatcher:
         self.max_batch_pairs = max_batch_pairs
         self.stats = BatchStats()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        # a job queued after the stop marker would never be answered: closing and queuing exclude each other
+        self._closed = False
+        self._gate = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"ragsieve-{name}", daemon=True)
         self._thread.start()
 
@@ -66,11 +69,19 @@ class PairBatcher:
             return np.zeros(0, dtype=float)
         loop = asyncio.get_running_loop()
         job = _Job(list(pairs), loop.create_future(), loop)
-        self._queue.put(job)
+        with self._gate:
+            if self._closed:
+                from ragsieve.serve.errors import ServeError
+
+                raise ServeError(503, "the model was just reloaded; retry the request")
+            self._queue.put(job)
         return await job.future
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Answer every job queued so far, then stop the worker."""
+        with self._gate:
+            self._closed = True
+            self._queue.put(None)
         self._thread.join(timeout=10)
 
     # -- worker thread ---------------------------------------------------------------

@@ -62,34 +62,37 @@ class Guard:
         rid = given if given and len(given) <= 64 and given.isprintable() else uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["request_id"] = rid
         start = time.perf_counter()
-        status = {"code": 0}
+        logged = False
+
+        def log_status(code: int) -> None:
+            # logged when the status is known, before the response leaves: a client that reads
+            # the response and then the log never misses the line
+            nonlocal logged
+            if not logged:
+                logged = True
+                ms = (time.perf_counter() - start) * 1000
+                log.info("rid=%s %s %s %s %.1fms", rid, scope["method"], scope["path"], code, ms)
 
         async def send_logged(message):
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                log_status(message["status"])
                 message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
             await send(message)
 
         try:
             if not self._authorised(scope):
-                status["code"] = 401
-                await send_error(
-                    send,
-                    401,
-                    "missing or wrong API key (Authorization: Bearer <key>)",
-                    rid,
-                    [(b"www-authenticate", b"Bearer")],
-                )
+                log_status(401)
+                await send_error(send, 401, "missing or wrong API key (Authorization: Bearer <key>)", rid,
+                                 [(b"www-authenticate", b"Bearer")])
                 return
             body = await self._read_body(scope, receive)
             if body is None:
-                status["code"] = 413
+                log_status(413)
                 await send_error(send, 413, f"body: larger than max_body_bytes ({self.max_body_bytes})", rid)
                 return
             await self.app(scope, _replay(body), send_logged)
         finally:
-            ms = (time.perf_counter() - start) * 1000
-            log.info("rid=%s %s %s %s %.1fms", rid, scope["method"], scope["path"], status["code"], ms)
+            log_status(0)  # no response was started (client gone, or a crash below us)
 
     async def _read_body(self, scope, receive) -> bytes | None:
         """The whole body, or None when it exceeds the cap (checked on the header first, then on the bytes)."""

@@ -36,7 +36,12 @@ class RerankRequest(_Request):
 
 
 class TEIRerankRequest(_Request):
-    """Text Embeddings Inference's ``/rerank`` body."""
+    """Text Embeddings Inference's ``/rerank`` body.
+
+    Scores are the ranker's own (a cross-encoder's are already sigmoid-activated), so
+    ``raw_scores`` and ``truncate`` are accepted for compatibility and change nothing:
+    long texts are chunked, never truncated.
+    """
 
     query: str = Field(..., min_length=1)
     texts: list[str]
