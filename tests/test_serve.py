@@ -345,3 +345,14 @@ def test_a_closed_batcher_refuses_new_work_instead_of_hanging():
     batcher.close()
     with pytest.raises(ServeError, match="reloaded"):
         asyncio.run(batcher.score([(QUERY, DOCS[1])]))
+
+
+def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_server, monkeypatch):
+    import ragsieve.serve.app as served_app
+
+    body = {"query": QUERY, "documents": [" ".join(["Hamlet by Shakespeare."] * 40), DOCS[0]]}
+    inline = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    monkeypatch.setattr(served_app, "INLINE_CHUNKING_CHARS", 0)
+    threaded = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    assert threaded["results"] == inline["results"]
+    assert threaded["meta"]["chunked_documents"] == inline["meta"]["chunked_documents"] == {"0": 3}

@@ -82,6 +82,9 @@ def finite(scores: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(scores) | np.isneginf(scores), lo - 1.0, np.where(np.isposinf(scores), hi + 1.0, scores))
 
 
+INLINE_CHUNKING_CHARS = 200_000
+
+
 class RerankCore:
     """Limits, chunking and batched scoring shared by every rerank-shaped route."""
 
@@ -107,7 +110,10 @@ class RerankCore:
     async def scores(self, query: str, docs: list[str], meta: Meta) -> np.ndarray:
         """One score per document (best chunk for long ones); ``meta`` records the chunking."""
         models = self.models  # one snapshot: a reload mid-request does not mix models
-        plan = plan_chunks(models.ranker, query, docs, self.config.max_chunks_per_doc)
+        args = (models.ranker, query, docs, self.config.max_chunks_per_doc)
+        # tokenising megabytes would stall every other request on the event loop; small requests stay inline
+        big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS
+        plan = await asyncio.to_thread(plan_chunks, *args) if big else plan_chunks(*args)
         raw = await models.rank_batcher.score([(query, t) for t in plan.texts])
         meta.chunked_documents = plan.chunked
         meta.truncated_documents = plan.truncated
