@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # tests make no outbound calls
 
 from ragsieve.serve import ServeConfig, create_app
 from ragsieve.serve.runner import BackgroundServer

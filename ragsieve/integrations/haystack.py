@@ -14,10 +14,15 @@ Example::
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any, Optional
 
-from haystack import Document, component
+# ragsieve makes no outbound call unless an endpoint is configured; Haystack's telemetry
+# (PostHog) would, on the first pipeline run. A user who wants it sets the variable to true.
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+
+from haystack import Document, component  # noqa: E402
 
 from ragsieve.integrations.remote import resolve_ranker, select
 

@@ -1,7 +1,9 @@
 """``ragsieve serve``: a rerank / filter HTTP service that RAG clients already speak.
 
 Cohere/Jina ``/v1/rerank`` ``/v2/rerank``, TEI ``/rerank``, ragsieve's ``/v1/filter``;
-dynamic batching on a worker thread; limits answered 413/422 with the field named.
+with an LLM ``/v1/gate`` and ``/v1/ask``; with an evolve store ``/v1/feedback``;
+``/health``, ``/v1/models``, ``/admin/reload``. Dynamic batching on a worker thread;
+limits answered 413/422 with the field named; API key on everything but ``/health``.
 
 Example::
 
