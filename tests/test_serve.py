@@ -356,3 +356,18 @@ def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_ser
     threaded = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
     assert threaded["results"] == inline["results"]
     assert threaded["meta"]["chunked_documents"] == inline["meta"]["chunked_documents"] == {"0": 3}
+
+
+def test_pickled_weights_are_refused(tmp_path, tiny_cross_encoder_dir, cli):
+    import shutil
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not even loaded")
+    result = cli("serve", "--reranker", f"cross-encoder:{folder}")
+    assert result.code == 2 and "safetensors only" in result.err
+    from ragsieve.serve.models import refuse_pickled_weights
+
+    refuse_pickled_weights(f"cross-encoder:{tiny_cross_encoder_dir}")  # the safetensors folder passes

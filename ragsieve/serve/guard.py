@@ -82,8 +82,13 @@ class Guard:
         try:
             if not self._authorised(scope):
                 log_status(401)
-                await send_error(send, 401, "missing or wrong API key (Authorization: Bearer <key>)", rid,
-                                 [(b"www-authenticate", b"Bearer")])
+                await send_error(
+                    send,
+                    401,
+                    "missing or wrong API key (Authorization: Bearer <key>)",
+                    rid,
+                    [(b"www-authenticate", b"Bearer")],
+                )
                 return
             body = await self._read_body(scope, receive)
             if body is None:

@@ -20,6 +20,21 @@ from ragsieve.serve.rag import LLMStages
 EVOLVE_PREFIX = "evolve:"
 
 
+def refuse_pickled_weights(spec: str) -> None:
+    """A served model folder must hold safetensors: a pickled ``.bin`` can run code when loaded."""
+    from pathlib import Path
+
+    from ragsieve.errors import ModelNotAvailable
+
+    name, _, arg = spec.partition(":")
+    folder = Path(arg if name == "cross-encoder" else spec)
+    if not folder.is_dir():
+        return  # a registry name (bm25, embedded:base, ...) or an HF id: nothing user-supplied on disk
+    pickled = any(folder.rglob("*.bin")) or any(folder.rglob("*.pt"))
+    if pickled and not any(folder.rglob("*.safetensors")):
+        raise ModelNotAvailable(f"{folder}: only pickled weights (.bin/.pt); serve safetensors only (save_pretrained)")
+
+
 def load_ranker(spec: str) -> BaseRanker:
     """A registry reranker spec, or ``evolve:<store>``: the evolving reranker after its last finished round.
 
@@ -28,6 +43,7 @@ def load_ranker(spec: str) -> BaseRanker:
     if not spec.startswith(EVOLVE_PREFIX):
         from ragsieve.registry import load_reranker
 
+        refuse_pickled_weights(spec)
         return load_reranker(spec)
     from ragsieve.evolve.store import EvolveStore
     from ragsieve.rerank.pointwise import PointwiseLLMReranker
