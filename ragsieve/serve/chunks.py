@@ -68,7 +68,9 @@ def plan_chunks(ranker: BaseRanker, query: str, docs: Sequence[str], max_chunks_
     if long_docs:
         q_tokens = len(tokenizer(query, add_special_tokens=False)["input_ids"])
         budget = max(limit - q_tokens - _SPECIAL_TOKENS, _MIN_CHUNK_TOKENS)
-        enc = tokenizer([docs[i] for i in long_docs], add_special_tokens=False, return_offsets_mapping=True)
+        enc = tokenizer(
+            [docs[i] for i in long_docs], add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
         for i, offsets in zip(long_docs, enc["offset_mapping"]):
             if len(offsets) <= budget:
                 continue
