@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ragsieve.gate import CBDRGate
     from ragsieve.grade import Grader, GradeResult
     from ragsieve.models import load_encoder, load_llm
-    from ragsieve.pipeline import PipelineConfig, RAGAnswer, RAGPipeline
+    from ragsieve.pipeline import PipelineConfig, RAGAnswer, RAGPipeline, Sieve
     from ragsieve.probe import ConfidenceProbe
     from ragsieve.registry import load_grader, load_probe, load_reranker, new_grader
     from ragsieve.rerank import BaseRanker, RankedResult, RankedResults
@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "PipelineConfig": "ragsieve.pipeline",
     "RAGAnswer": "ragsieve.pipeline",
     "RAGPipeline": "ragsieve.pipeline",
+    "Sieve": "ragsieve.pipeline",
     "ConfidenceProbe": "ragsieve.probe",
     "load_grader": "ragsieve.registry",
     "load_probe": "ragsieve.registry",

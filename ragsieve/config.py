@@ -42,24 +42,35 @@ def build_config(cls: type[C], data: dict[str, Any], source: str = "config") -> 
         raise RagsieveError(format_validation_error(exc, source)) from None
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON file that must hold a mapping."""
+def read_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """Read a YAML or JSON file that must hold a mapping (UTF-8, see :mod:`ragsieve.text_input`).
+
+    ``what`` names the file's role in error messages ("config", "prompt", ...).
+    """
     import yaml
 
+    from ragsieve.text_input import read_text
+
     path = Path(path)
-    if not path.is_file():
-        raise RagsieveError(f"config file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, what)
+    kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise RagsieveError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    # ValueError / OverflowError: PyYAML builds dates and numbers that look valid but are not
+    # (``2001-13-45``); RecursionError: deeply nested input
+    except (json.JSONDecodeError, yaml.YAMLError, ValueError, OverflowError, RecursionError) as exc:
+        raise RagsieveError(f"{path}: not valid {kind} ({_first_line(exc)})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise RagsieveError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def _first_line(exc: Exception) -> str:
+    """The first non-blank line of a parser's (often multi-line) message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def load_config(cls: type[C], path: str | Path, overrides: dict[str, Any] | None = None) -> C:

@@ -30,9 +30,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ragsieve.artifacts import GRADER_REBUILD, check_safetensors, reading_artifact
 from ragsieve.config import build_config
 from ragsieve.errors import RagsieveError
-from ragsieve.grade.base import Grader, GraderConfig, read_grader_config
+from ragsieve.grade.base import WEIGHTS_FILE, Grader, GraderConfig, read_grader_config
 from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, LoraGrader, PromptedGrader
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
 from ragsieve.paths import resolve_artifact
@@ -132,8 +133,14 @@ def load_grader(spec: str | Path, base: str | None = None) -> Grader:
             f"grader at {path} was trained on '{config.base}', not '{cls.normalize_base(base)}'; "
             "train one for that model"
         )
+    weights = path / WEIGHTS_FILE
+    if weights.is_file():  # a truncated file is caught from its header before the base model loads
+        check_safetensors(weights, GRADER_REBUILD)
+    if issubclass(cls, RankerGrader) and (path / config.base).exists():  # a ranker shipped beside the grader
+        config = config.model_copy(update={"base": str((path / config.base).resolve())})
     grader = _build(cls, config)
-    grader._load_weights(path)
+    with reading_artifact(weights, GRADER_REBUILD):
+        grader._load_weights(path)
     return grader
 
 

@@ -205,3 +205,40 @@ def test_ask_refuses_bad_options_before_loading_anything(stage_index, cli):
     assert result.code == 2 and "cbdr_beta" in result.err
     result = cli("ask", "q", "--index", stage_index, "--grader", "embedded:nope")
     assert result.code == 2 and "no grader named 'nope'" in result.err
+
+
+def test_grade_and_rerank_stream_to_out_and_resume(tmp_path, cli):
+    """--out keeps every finished row; a rerun computes only what is missing and prints the same."""
+    from ragsieve.registry import new_grader
+
+    passages = tmp_path / "p.txt"
+    passages.write_text("".join(f"{p.full_text}\n" for p in STAGE_CORPUS))
+    new_grader("cosine", threshold=0.25).save(tmp_path / "grader")
+    out = tmp_path / "graded.jsonl"
+    first = cli("grade", "who is the author of hamlet", "-p", passages, "-g", tmp_path / "grader", "--json", "--out", out)
+    assert first.code == 0, first.err
+    assert len(out.read_text().splitlines()) == 3
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:1]) + "\n" + lines[1][:10])  # as a kill mid-write leaves it
+    again = cli("grade", "who is the author of hamlet", "-p", passages, "-g", tmp_path / "grader", "--json", "--out", out)
+    assert again.code == 0 and again.out == first.out
+
+    ranked = tmp_path / "ranked.jsonl"
+    result = cli("rerank", "who is the author of hamlet", "-p", passages, "-r", "bm25", "--json", "--out", ranked)
+    assert result.code == 0, result.err
+    assert [json.loads(x)["index"] for x in result.out.splitlines()][-1] == 1  # BM25 puts the answer last
+    assert cli("rerank", "q", "-p", passages, "-r", "bm25", "-k", "-1").code == 2
+
+
+def test_index_overwrite_and_option_checks_come_first(tmp_path, cli, monkeypatch):
+    existing = tmp_path / "idx"
+    existing.mkdir()
+    result = cli("index", "--out", existing, "--dataset", "no-such-set")
+    assert result.code == 2 and "already exists; use --overwrite" in result.err  # before the dataset is read
+    assert "unknown index kind 'faiss'" in cli("index", "--out", tmp_path / "x", "--kind", "faiss").err
+    store = tmp_path / "store"
+    result = cli("evolve", "init", "--store", store, "--dataset", "pubmedqa", "--rounds", "-3")
+    assert result.code == 2 and "--rounds" in result.err and not store.exists()
+    monkeypatch.setenv("RAGSIEVE_LLM_TIMEOUT", "0")
+    result = cli("ask", "q", "--no-retrieval", "--llm", "openai:http://127.0.0.1:9/v1#m", "--timeout", "-1")
+    assert result.code == 2 and "timeout" in result.err

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ragsieve.cli.app import app, console, err_console
+from ragsieve.cli.app import RetriesOption, TimeoutOption, app, console, err_console
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.pipeline.config import DEFAULT_PROBE
@@ -31,6 +32,13 @@ def ask_cmd(
     grader: Optional[str] = typer.Option(
         None, "--grader", help="A saved grader folder or embedded:<name>: drop passages it grades irrelevant."
     ),
+    sieve: Optional[Path] = typer.Option(
+        None, "--sieve", help="A fitted sieve folder (`ragsieve fit`): its gate, reranker and grader."
+    ),
+    explain: bool = typer.Option(False, "--explain", help="Print each stage's decision before the answer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the answer and every stage's decision as one JSON object."),
+    timeout: Optional[float] = TimeoutOption,
+    retries: Optional[int] = RetriesOption,
 ) -> None:
     """Answer a question with the LLM, with or without retrieved (and reranked, graded) passages."""
     from ragsieve.config import build_config
@@ -44,12 +52,18 @@ def ask_cmd(
     config = build_config(PipelineConfig, {
         "llm": llm, "index": None if no_retrieval else str(index), "top_k": top_k, "candidates": candidates,
         "reranker": None if no_retrieval else reranker, "grader": None if no_retrieval else grader,
-        "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens,
+        "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens, "timeout": timeout, "retries": retries,
+        "sieve": str(sieve) if sieve else None,
     }, source="options")
     answer = RAGPipeline.from_config(config).answer(question, retrieve=not no_retrieval)
-    if answer.confidence is not None:
+    if as_json:
+        print(json.dumps(answer.to_dict(), ensure_ascii=False))
+        return
+    if explain:
+        _explain(answer)
+    if answer.confidence is not None and not explain:
         verdict = "retrieve" if answer.retrieved else "answer closed-book"
-        err_console.print(f"[dim]Conf(Q) = {answer.confidence:.3f}, β = {cbdr} → {verdict}[/]")
+        err_console.print(f"[dim]Conf(Q) = {answer.confidence:.3f}, β = {answer.beta} → {verdict}[/]")
     if answer.all_graded_out:
         err_console.print(f"[yellow]all {answer.graded_out} passage(s) graded irrelevant: answered closed-book[/]")
     elif answer.graded_out:
@@ -60,3 +74,30 @@ def ask_cmd(
     if answer.truncated_contexts:
         err_console.print(f"[yellow]{answer.truncated_contexts} passage(s) truncated to fit the prompt[/]")
     console.print(answer.answer)
+
+
+def _explain(answer) -> None:
+    """Each stage's decision, in pipeline order (stdout: it is what the user asked for)."""
+    from rich.table import Table
+
+    if answer.confidence is not None:
+        side = "≤" if answer.retrieved else ">"
+        verdict = "retrieve" if answer.retrieved else "answer closed-book"
+        console.print(f"[bold]gate[/]  Conf(Q) = {answer.confidence:.3f} {side} β = {answer.beta:.3f} → {verdict}")
+    else:
+        console.print(f"[bold]gate[/]  none → {'retrieve' if answer.retrieved else 'closed-book'}")
+    if answer.candidates:
+        table = Table(title="candidates", show_edge=False)
+        for col in ("id", "retriever rank", "rerank rank", "rerank score", "in top-k", "grader", "grade score"):
+            table.add_column(col)
+        rows = sorted(answer.candidates, key=lambda c: (c.rerank_rank if c.rerank_rank is not None else c.retriever_rank))
+        for c in rows:
+            table.add_row(
+                c.id, str(c.retriever_rank + 1), "-" if c.rerank_rank is None else str(c.rerank_rank + 1),
+                "-" if c.rerank_score is None else f"{c.rerank_score:.3f}", "yes" if c.selected else "",
+                "-" if c.relevant is None else ("relevant" if c.relevant else "dropped"),
+                "-" if c.grade_score is None else f"{c.grade_score:.3f}",
+            )
+        console.print(table)
+    console.print(f"[bold]prompt[/]  {answer.prompt_tokens} tokens, {len(answer.contexts)} passage(s)")
+    console.print("[bold]answer[/]", end="  ")

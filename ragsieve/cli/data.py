@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ragsieve.cli.app import DataDirOption, SkipBadOption, app, console, err_console, parse_ks
+from ragsieve.cli.app import DataDirOption, OverwriteOption, SkipBadOption, app, console, err_console, parse_ks
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 
@@ -33,23 +33,51 @@ def datasets_cmd(data_dir: Optional[Path] = DataDirOption) -> None:
 
 @app.command("index")
 def index_cmd(
-    out: Path = typer.Option(..., "--out", "-o", help="Index directory to create."),
-    dataset: str = typer.Option("nq-oracle", help="Dataset whose passage pool is indexed."),
+    out: Path = typer.Option(..., "--out", "-o", help="Index directory to create (or to extend with --add)."),
+    passages: Optional[list[Path]] = typer.Option(
+        None, "--passages", "-p", help="Your corpus: .jsonl {id?, text, title?, metadata?}, .txt/.md, or a folder "
+        "of them (repeat for several)."
+    ),
+    add: bool = typer.Option(False, "--add", help="Append --passages to the existing index (only they are encoded)."),
+    chunk_tokens: int = typer.Option(200, help="Tokens per chunk of your documents (0 = keep documents whole)."),
+    overlap_tokens: int = typer.Option(40, help="Tokens shared by neighbouring chunks."),
+    dataset: str = typer.Option("nq-oracle", help="Without --passages: the benchmark whose passage pool is indexed."),
     kind: str = typer.Option("hybrid", help="bm25 | dense | hybrid"),
     encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
     data_dir: Optional[Path] = DataDirOption,
     skip_bad: bool = SkipBadOption,
+    overwrite: bool = OverwriteOption,
 ) -> None:
-    """Build a retrieval index over a dataset's passage pool."""
+    """Build a retrieval index over your files (--passages) or a benchmark's passage pool."""
+    from ragsieve.checks import existing_dir, output_dir
+    from ragsieve.config import build_config
     from ragsieve.data import load_dataset
-    from ragsieve.retrieve import build_index
+    from ragsieve.retrieve import ChunkConfig, add_to_index, build_index, read_corpus
 
+    if kind not in ("bm25", "dense", "hybrid"):
+        raise RagsieveError(f"unknown index kind '{kind}'; known: bm25, dense, hybrid")
+    chunking = build_config(ChunkConfig, {"chunk_tokens": chunk_tokens, "overlap_tokens": overlap_tokens,
+                                          "tokenizer": encoder}, source="options")
+    if add:
+        if not passages:
+            raise RagsieveError("--add appends --passages to an index: give the files to add")
+        existing_dir(out, "index")
+        items = read_corpus(passages, chunking)
+        add_to_index(out, items)
+        console.print(f"added {len(items)} passages → {out}")
+        return
+    output_dir(out, overwrite=overwrite)  # refused before anything is read or encoded
+    if passages:
+        items = read_corpus(passages, chunking)
+        build_index(items, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
+        console.print(f"indexed {len(items)} passages from {len(passages)} path(s) ({kind}) → {out}")
+        return
     ds = load_dataset(dataset, data_dir=data_dir, skip_bad=skip_bad)
     if not ds.passages:
         raise RagsieveError(f"dataset '{dataset}' has no passage pool to index")
     if ds.skipped_lines:
         err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
-    build_index(ds.passages, out, kind=kind, encoder_spec=encoder)
+    build_index(ds.passages, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
     console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {out}")
 
 

@@ -47,7 +47,16 @@ def init_cmd(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Benchmark data folder."),
 ) -> None:
     """Create a store from a benchmark: SFT set + queued rounds (gold kept for the log only)."""
+    from ragsieve.checks import non_negative_int, output_dir, positive_int, unit_interval
     from ragsieve.config import build_config, read_mapping
+
+    # every value is checked before the store folder exists
+    positive_int(initial_size, "--initial-size")
+    positive_int(round_size, "--round-size")
+    non_negative_int(rounds, "--rounds")
+    unit_interval(tau, "--tau")
+    unit_interval(alpha, "--alpha")
+    output_dir(store)
     from ragsieve.evolve.methods import MethodConfig
     from ragsieve.evolve.store import EvolveStoreConfig, init_store_from_dataset
 

@@ -9,7 +9,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ragsieve.cli.app import app, console, err_console
+from ragsieve.cli.app import (
+    OutRowsOption, OverwriteOption, RetriesOption, TimeoutOption, app, console, err_console, stream_rows,
+)
 from ragsieve.errors import DataError, RagsieveError
 
 
@@ -27,26 +29,32 @@ def grade_cmd(
     grader: str = typer.Option(DEFAULT_GRADER, "--grader", "-g", help="A saved grader folder or embedded:<name>."),
     base: Optional[str] = typer.Option(None, "--base", help="Refuse the grader unless it was trained on this model."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    out: Optional[Path] = OutRowsOption,
+    overwrite: bool = OverwriteOption,
 ) -> None:
-    """Grade each passage relevant or not for QUERY."""
+    """Grade each passage relevant or not for QUERY (a progress bar; --out streams and resumes)."""
+    from ragsieve.data.passage_files import read_passages_file
     from ragsieve.registry import load_grader
 
     if not query.strip():
         raise RagsieveError("empty query")
-    from ragsieve.data.passage_files import read_passages_file
-
     items = read_passages_file(passages)
     model = load_grader(grader, base=base)
-    results = model.grade(query, items)
+
+    def grade_batch(batch):
+        verdicts = model.grade(query, [p for _, p in batch])
+        return [{"index": i, "id": p.id, "relevant": v.relevant, "score": v.score} for (i, p), v in zip(batch, verdicts)]
+
+    rows = stream_rows(items, grade_batch, out=out, overwrite=overwrite, desc="grading", batch_size=16)
     if as_json:
-        for p, r in zip(items, results):
-            print(json.dumps({"id": p.id, "relevant": r.relevant, "score": r.score}, ensure_ascii=False))
+        for row in rows:
+            print(json.dumps({k: row[k] for k in ("id", "relevant", "score")}, ensure_ascii=False))
     else:
         table = Table(title=f"{query}  ({model.config.kind} grader, threshold {model.threshold:.3g})")
         for col in ("id", "relevant", "score", "passage"):
             table.add_column(col)
-        for p, r in zip(items, results):
-            table.add_row(p.id, "yes" if r.relevant else "no", f"{r.score:.3f}", p.full_text[:120])
+        for p, row in zip(items, rows):
+            table.add_row(p.id, "yes" if row["relevant"] else "no", f"{row['score']:.3f}", p.full_text[:120])
         console.print(table)
     _report_inputs(model.stats)
 
@@ -67,6 +75,8 @@ def data_cmd(
     retriever: str = typer.Option("dense", help="bm25 | dense | hybrid"),
     judge: Optional[str] = typer.Option(None, help="Label with this LLM judge (local spec or openai:<url>#<model>)."),
     judge_store: Optional[Path] = typer.Option(None, help="Judge answers store (default: OUT with .judge.jsonl)."),
+    timeout: Optional[float] = TimeoutOption,
+    retries: Optional[int] = RetriesOption,
     test_fraction: float = typer.Option(0.2, help="Share of queries held out."),
     seed: int = typer.Option(0, help="Query selection and split seed."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Benchmark data folder."),
@@ -87,7 +97,7 @@ def data_cmd(
         from ragsieve.models import load_llm
 
         store = judge_store or out.with_suffix(".judge.jsonl")
-        report = LLMJudge(load_llm(judge), store).label(pairs)
+        report = LLMJudge(load_llm(judge, timeout=timeout, retries=retries), store).label(pairs)
         pairs, dropped = apply_judge_labels(pairs, report.labels)
         err_console.print(f"judge: {report.summary()}; {dropped} unparseable pair(s) dropped")
     pairs = assign_splits(pairs, test_fraction, seed)

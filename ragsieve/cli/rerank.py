@@ -9,7 +9,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ragsieve.cli.app import SkipBadOption, app, console, err_console, parse_ks
+from ragsieve.checks import non_negative_int
+from ragsieve.cli.app import (
+    OutRowsOption, OverwriteOption, SkipBadOption, app, console, err_console, parse_ks, stream_rows,
+)
 from ragsieve.errors import RagsieveError
 
 
@@ -68,15 +71,29 @@ def rerank_query_cmd(
     reranker: str = RerankerOption,
     k: int = typer.Option(0, "-k", help="Show only the best k (0 = all)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    out: Optional[Path] = OutRowsOption,
+    overwrite: bool = OverwriteOption,
 ) -> None:
-    """Rank passages for a query."""
-    from ragsieve.registry import load_reranker
-
+    """Rank passages for a query (a progress bar; --out streams the scores and resumes)."""
     from ragsieve.data.passage_files import read_passages_file
+    from ragsieve.registry import load_reranker
+    from ragsieve.rerank.base import RankedResults, ranked_from_scores
 
+    if not query.strip():
+        raise RagsieveError("empty query")
+    non_negative_int(k, "-k")
     items = read_passages_file(passages)
-    ranked = load_reranker(reranker).rank(query, items) if items else None
-    results = [] if ranked is None else (ranked.top_k(k) if k else list(ranked.results))
+    ranker = load_reranker(reranker)
+
+    def score_batch(batch):
+        scores = ranker.score(query, [p for _, p in batch])
+        return [{"index": i, "id": p.id, "score": float(s)} for (i, p), s in zip(batch, scores)]
+
+    # A list-wise scorer (BM25's IDF comes from the list) must see every passage at once.
+    size = 64 if ranker.pointwise else max(len(items), 1)
+    rows = stream_rows(items, score_batch, out=out, overwrite=overwrite, desc="reranking", batch_size=size)
+    ranked = ranked_from_scores(query, items, [r["score"] for r in rows]) if items else RankedResults(query, ())
+    results = ranked.top_k(k) if k else list(ranked.results)
     if as_json:
         for r in results:
             print(json.dumps({"rank": r.rank, "index": r.index, "id": r.passage.id, "score": r.score,

@@ -12,13 +12,14 @@ import dataclasses
 import gzip
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ragsieve.atomic import atomic_file
 from ragsieve.errors import DataError
+from ragsieve.text_input import check_input_file, decode_utf8
 
 __all__ = ["JsonlReader", "read_jsonl", "write_jsonl", "append_jsonl"]
 
@@ -43,50 +44,58 @@ class JsonlReader:
     def numbered(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """Yield ``(line_number, object)`` pairs (1-based line numbers)."""
         self.skipped = 0
+        check_input_file(self.path)
         try:
             fh: IO[bytes] = gzip.open(self.path, "rb") if _is_gz(self.path) else open(self.path, "rb")
-        except FileNotFoundError:
-            raise DataError(f"{self.path}: file not found") from None
         except OSError as e:
             raise DataError(f"{self.path}: cannot open ({e.strerror or e})") from None
         with fh:
-            lineno = 0
+            offset = 0  # of the current line in the (decompressed) file, for error messages
             try:
                 for lineno, raw in enumerate(fh, start=1):
+                    start, offset = offset, offset + len(raw)
                     if not raw.strip():
                         continue
-                    obj, reason = _parse(raw)
-                    if reason is not None:
+                    obj, error = _parse(raw, self.path, lineno, start)
+                    if error is not None:
                         if self.skip_bad:
                             self.skipped += 1
                             continue
-                        raise DataError(f"{self.path}:{lineno}: malformed JSON line ({reason})")
+                        raise DataError(error)
                     self.lineno = lineno
                     yield lineno, obj
             except (gzip.BadGzipFile, EOFError, zlib.error) as e:
                 # decompression reads ahead, so no reliable line number here
                 raise DataError(f"{self.path}: corrupt or truncated gzip file ({e or type(e).__name__})") from None
+            except OSError as e:  # e.g. an I/O error mid-file
+                raise DataError(f"{self.path}: cannot read ({e.strerror or e})") from None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for _, obj in self.numbered():
             yield obj
 
 
-def _parse(raw: bytes) -> tuple[Any, str | None]:
-    """Decode one line; return ``(object, None)`` or ``(None, short reason)``."""
+def _parse(raw: bytes, path: Path, lineno: int, offset: int) -> tuple[Any, str | None]:
+    """Decode line ``lineno`` (starting at file ``offset``); ``(object, None)`` or ``(None, message)``.
+
+    Decoding goes through the shared text policy (BOM dropped on the first line, the
+    file offset of a bad byte reported); the message is the one-line error to raise.
+    """
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"invalid UTF-8 at byte {e.start}"
+        text = decode_utf8(raw, str(path), line=lineno, offset=offset)
+    except DataError as e:
+        return None, str(e)
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        return None, f"{e.msg} at column {e.colno}"
+        reason = f"{e.msg} at column {e.colno}"
     except RecursionError:
-        return None, "nested too deeply"
-    if not isinstance(obj, dict):
-        return None, f"expected an object, got {type(obj).__name__}"
-    return obj, None
+        reason = "nested too deeply"
+    else:
+        if isinstance(obj, dict):
+            return obj, None
+        reason = f"expected an object, got {type(obj).__name__}"
+    return None, f"{path}:{lineno}: malformed JSON line ({reason})"
 
 
 def read_jsonl(path: str | os.PathLike[str], skip_bad: bool = False) -> JsonlReader:
@@ -113,13 +122,10 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
     The file is written to a temporary sibling and moved into place with
     :func:`os.replace`, so readers never see a half-written file. Returns the row count.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
     n = 0
-    try:
-        with os.fdopen(fd, "wb") as raw:
+    # atomic_file: the mode follows the umask (mkstemp made 0600 files others could not read)
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as raw:
             out: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if _is_gz(path) else raw
             try:
                 for row in rows:
@@ -130,10 +136,6 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
                     out.close()
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return n
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from ragsieve.data.jsonl import JsonlReader
 from ragsieve.data.records import Dataset, Judgment, LabeledPair, Passage, Question
 from ragsieve.errors import DataError
 from ragsieve.paths import REPO_DIR
+from ragsieve.text_input import read_text
 
 __all__ = [
     "DATASET_LICENCES",
@@ -163,17 +165,14 @@ class _Ctx:
     def json(self, rel: str) -> Any:
         path = self.path(rel)
         try:
-            with open(path, encoding="utf-8") as fh:
-                return json.load(fh)
+            return json.loads(read_text(path))
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: invalid UTF-8 at byte {e.start}") from None
 
     def csv(self, rel: str, required: tuple[str, ...]) -> Iterator[tuple[str, dict[str, str]]]:
         """Yield ``("file:row", row)`` for a header CSV with the ``required`` columns."""
         path = self.path(rel)
-        with open(path, encoding="utf-8", newline="") as fh:
+        with io.StringIO(read_text(path), newline="") as fh:  # the shared UTF-8 policy
             reader = csv.DictReader(fh)
             missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:

@@ -12,11 +12,16 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Passage:
-    """A retrievable unit of text (paragraph, sentence, snippet, abstract section)."""
+    """A retrievable unit of text (paragraph, sentence, snippet, abstract section).
+
+    ``meta`` carries provenance a user's corpus gives (source file, character offsets of
+    a chunk, the row's own ``metadata``); it is kept in the index, never scored.
+    """
 
     id: str
     text: str
     title: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def full_text(self) -> str:

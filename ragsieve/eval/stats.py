@@ -164,3 +164,37 @@ def verdict(p_value: float, diff: float, low: float | None = None, high: float |
     if p_value >= alpha or (low is not None and high is not None and low <= 0 <= high) or diff == 0:
         return "no measurable difference"
     return "A better" if diff > 0 else "B better"
+
+
+def bootstrap_metric(
+    metric: Callable[..., float],
+    *arrays: Sequence[Any] | np.ndarray,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` of a metric over several aligned arrays resampled together (AUROC, F1, ...).
+
+    Resamples where the metric is undefined (e.g. one class only) are skipped.
+
+    Example::
+
+        from sklearn.metrics import roc_auc_score
+        bootstrap_metric(roc_auc_score, labels, scores)
+    """
+    data = [np.asarray(a) for a in arrays]
+    n = len(data[0])
+    if n == 0 or any(len(a) != n for a in data):
+        raise DataError("bootstrap_metric needs non-empty arrays of one length")
+    rng = np.random.default_rng(seed)
+    stats = []
+    for row in rng.integers(0, n, size=(n_boot, n)):
+        try:
+            stats.append(float(metric(*(a[row] for a in data))))
+        except ValueError:  # undefined on this resample
+            continue
+    estimate = float(metric(*data))
+    if not stats:
+        return estimate, float("nan"), float("nan")
+    alpha = (1 - confidence) / 2
+    return estimate, float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ragsieve.artifacts import STORE_REBUILD, damaged, sqlite_error
 from ragsieve.config import StrictConfig, build_config
 from ragsieve.errors import DataError, RagsieveError
 from ragsieve.evolve.judges import JudgeSpec
@@ -106,17 +107,34 @@ class EvolveStore:
     def __init__(self, store_dir: str | Path, *, create: bool = False):
         self.dir = Path(store_dir)
         path = self.dir / DB_FILE
+        if self.dir.is_file():
+            raise RagsieveError(f"{self.dir}: is a file; give the evolve store folder (the one holding {DB_FILE})")
         if not path.is_file() and not create:
             raise RagsieveError(f"no evolve store at {self.dir} (run `ragsieve evolve init` first)")
         self.dir.mkdir(parents=True, exist_ok=True)
         # autocommit mode; multi-statement writes use explicit transactions (see `transaction`)
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(_SCHEMA)
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")  # the first read: a non-database fails here
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            self.conn.close()
+            raise sqlite_error(path, exc, STORE_REBUILD) from None
 
     def close(self) -> None:
         self.conn.close()
+
+    def check(self) -> None:
+        """Refuse a damaged file now (``PRAGMA quick_check``), not after minutes of training."""
+        try:
+            problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(1)")]
+        except sqlite3.Error as exc:
+            raise sqlite_error(self.dir / DB_FILE, exc, STORE_REBUILD) from None
+        if problems != ["ok"]:
+            # the report starts with a "*** in database main ***" banner; the next line says what
+            lines = [line for line in str(problems[0]).splitlines() if line.strip() and not line.startswith("***")]
+            raise damaged(self.dir / DB_FILE, f"integrity check: {(lines or ['failed'])[0]}", STORE_REBUILD)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -227,9 +245,12 @@ class EvolveStore:
 
 @contextmanager
 def _open(store_dir: str | Path, *, create: bool = False) -> Iterator[EvolveStore]:
+    """An open store, closed afterwards; SQLite errors (a page found corrupt mid-read) become one line."""
     store = EvolveStore(store_dir, create=create)
     try:
         yield store
+    except sqlite3.Error as exc:
+        raise sqlite_error(store.dir / DB_FILE, exc, STORE_REBUILD) from None
     finally:
         store.close()
 
@@ -361,6 +382,7 @@ def run_step(store_dir: str | Path) -> StepReport:
     try:
         with FileLock(str(store_dir / ".step.lock"), timeout=1):
             with _open(store_dir) as store:
+                store.check()
                 return _run_next_round(store)
     except Timeout:
         raise RagsieveError(f"another `evolve step` is running on {store_dir}") from None

@@ -11,7 +11,6 @@ refusal to load on top of a different base model.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 from pydantic import ValidationError
 
+from ragsieve.artifacts import GRADER_REBUILD, read_json_artifact
 from ragsieve.config import StrictConfig, format_validation_error
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
@@ -77,19 +77,18 @@ def read_grader_config(path: str | Path) -> GraderConfig:
     """The config of a saved grader folder; one-line errors for anything that is not one."""
     path = Path(path)
     file = path / CONFIG_FILE
+    if path.is_file():
+        raise RagsieveError(f"{path}: is a file; give the grader folder (the one holding {CONFIG_FILE})")
     if not file.is_file():
-        raise RagsieveError(f"{path}: not a saved grader (no {CONFIG_FILE})")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise RagsieveError(f"{file}: not valid JSON ({exc.msg})") from None
+        raise RagsieveError(f"{path}: not a saved grader (no {CONFIG_FILE}); {GRADER_REBUILD}")
+    data = read_json_artifact(file, GRADER_REBUILD)
     try:
         config = GraderConfig.model_validate(data)
     except ValidationError as exc:
-        raise RagsieveError(format_validation_error(exc, str(file))) from None
+        raise RagsieveError(f"{format_validation_error(exc, str(file))}; {GRADER_REBUILD}") from None
     if config.format_version != FORMAT_VERSION:
         raise RagsieveError(
-            f"{file}: grader format {config.format_version}, this ragsieve reads {FORMAT_VERSION}; retrain it"
+            f"{file}: grader format {config.format_version}, this ragsieve reads {FORMAT_VERSION}; {GRADER_REBUILD}"
         )
     return config
 

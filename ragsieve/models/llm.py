@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from ragsieve.artifacts import cache_rebuild, check_model_folder
+from ragsieve.atomic import atomic_directory
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.models.embedded import get_embedded
 from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
@@ -148,6 +148,7 @@ class LocalLLM:
         import numpy as np
         import torch
 
+        _check_generation(max_new_tokens, batch_size)
         start = time.perf_counter()
         states = np.zeros((len(prompts), self.hidden_size), dtype=np.float32) if capture_layer else None
         captured: list["torch.Tensor"] = []
@@ -191,25 +192,79 @@ class LocalLLM:
         return [by_index[i] for i in range(len(prompts))], states
 
 
+#: Defaults that give up on a dead or stalled endpoint within 30 s (see ``worst_case_seconds``):
+#: 3 tries of at most 8 s each, with 1 s and 2 s pauses between them.
+DEFAULT_ENDPOINT_TIMEOUT = 8.0
+DEFAULT_ENDPOINT_RETRIES = 2
+TIMEOUT_ENV = "RAGSIEVE_LLM_TIMEOUT"
+RETRIES_ENV = "RAGSIEVE_LLM_RETRIES"
+
+
+def endpoint_settings(
+    timeout: float | None = None, retries: int | None = None, *, names: tuple[str, str] = ("timeout", "retries")
+) -> tuple[float, int]:
+    """``(timeout, retries)`` for an endpoint: the arguments, else the environment, else the defaults.
+
+    ``timeout`` is the limit in seconds for one try (connect, send and the whole answer),
+    ``retries`` the extra tries after a failed one. Bad values are one-line errors naming
+    the argument (``names``, e.g. ``("--timeout", "--retries")`` for the CLI) or the
+    environment variable they came from, so a command can check them before loading anything.
+    """
+    from ragsieve.checks import non_negative_int, positive_number
+
+    timeout_name, timeout = _from_env(timeout, names[0], TIMEOUT_ENV, DEFAULT_ENDPOINT_TIMEOUT)
+    retries_name, retries = _from_env(retries, names[1], RETRIES_ENV, DEFAULT_ENDPOINT_RETRIES)
+    positive_number(timeout, timeout_name)
+    non_negative_int(retries, retries_name)
+    return float(timeout), int(retries)
+
+
+def _from_env(value: Any, name: str, env: str, default: float) -> tuple[str, Any]:
+    """``(where it came from, value)``: the argument if given, else ``$env`` parsed as a number, else the default."""
+    if value is not None:
+        return name, value
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return name, default
+    for parse in (int, float):
+        try:
+            return f"${env}", parse(raw)
+        except ValueError:
+            pass
+    return f"${env}", raw  # not a number: the range check names it
+
+
 class OpenAIChatLLM:
     """Client for an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``spec`` is ``openai:<base_url>#<model>``, e.g. ``openai:http://localhost:8000/v1#meta-llama/Meta-Llama-3-8B-Instruct``.
-    The API key, if the server needs one, comes from ``OPENAI_API_KEY``. Requests are
-    retried with exponential backoff; a server that stays down raises one clear error.
+    The API key, if the server needs one, comes from ``OPENAI_API_KEY``. Each try is limited
+    to ``timeout`` seconds for the whole answer (a server that accepts the connection and
+    never answers, or trickles bytes, is cut off too); failed tries are retried
+    ``retries`` times with exponential backoff, logging a warning per retry, and a server
+    that stays down raises one clear error. ``timeout`` / ``retries`` default to
+    ``$RAGSIEVE_LLM_TIMEOUT`` / ``$RAGSIEVE_LLM_RETRIES``, else to values that give up
+    within 30 s.
     """
 
-    def __init__(self, spec: str, *, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0):
+    def __init__(
+        self, spec: str, *, timeout: float | None = None, retries: int | None = None, backoff: float = 1.0
+    ):
         parsed = ModelSpec.parse(spec)
         if parsed.scheme != "openai":
             raise ModelNotAvailable(f"'{spec}' is not an openai:<url>#<model> spec")
         self.spec = str(parsed)
         self.base_url = parsed.target
         self.model_name = parsed.model
-        self.timeout = timeout
-        self.retries = retries
+        self.timeout, self.retries = endpoint_settings(timeout, retries)
         self.backoff = backoff
         self.stats = GenerationStats()
+
+    @property
+    def worst_case_seconds(self) -> float:
+        """The longest a request can take before it fails: every try times out, plus the pauses."""
+        pauses = sum(self.backoff * 2**attempt for attempt in range(self.retries))
+        return (self.retries + 1) * self.timeout + pauses
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         import httpx
@@ -221,17 +276,44 @@ class OpenAIChatLLM:
         last_error = ""
         for attempt in range(self.retries + 1):
             try:
-                response = httpx.post(url, json=payload, headers=headers, timeout=self.timeout)
-                if response.status_code < 500 and response.status_code != 429:
-                    if response.status_code >= 400:
-                        raise RagsieveError(f"{url} answered {response.status_code}: {response.text[:200]}")
-                    return response.json()
-                last_error = f"HTTP {response.status_code}"
+                status, body = self._post_once(url, payload, headers)
+                if status < 500 and status != 429:
+                    if status >= 400:
+                        raise RagsieveError(f"{url} answered {status}: {_one_line(body.decode('utf-8', 'replace'))}")
+                    return _json_body(url, body)
+                last_error = f"HTTP {status}"
             except httpx.HTTPError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
+                last_error = f"{type(exc).__name__}: {_one_line(str(exc)) or 'no detail'}"
+            except _DeadlineExceeded:
+                last_error = f"no complete answer within {self.timeout:g} s"
             if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        raise RagsieveError(f"endpoint {url} unavailable after {self.retries + 1} tries ({last_error})")
+                pause = self.backoff * 2**attempt
+                # a line per retry, so a slow endpoint is visibly being waited for, not hung
+                log.warning(
+                    "endpoint %s: %s; retry %d of %d in %.1f s", url, last_error, attempt + 1, self.retries, pause
+                )
+                time.sleep(pause)
+        raise RagsieveError(
+            f"endpoint {url} unavailable after {self.retries + 1} tries ({last_error}); check the server, "
+            f"or allow more time with --timeout / ${TIMEOUT_ENV} and --retries / ${RETRIES_ENV}"
+        )
+
+    def _post_once(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+        """One try: ``(status, body)``, or :class:`_DeadlineExceeded` once ``timeout`` has passed.
+
+        httpx's timeouts bound each network wait, not the whole answer; the deadline check
+        between chunks bounds the whole try.
+        """
+        import httpx
+
+        deadline = time.monotonic() + self.timeout
+        chunks = []
+        with httpx.stream("POST", url, json=payload, headers=headers, timeout=httpx.Timeout(self.timeout)) as response:
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise _DeadlineExceeded
+        return response.status_code, b"".join(chunks)
 
     def generate(
         self,
@@ -241,6 +323,7 @@ class OpenAIChatLLM:
         max_new_tokens: int = 32,
         batch_size: int = 8,  # requests go one at a time; kept for interface parity
     ) -> list[str]:
+        _check_generation(max_new_tokens, batch_size)
         start = time.perf_counter()
         answers = []
         for message in user_messages:
@@ -256,6 +339,36 @@ class OpenAIChatLLM:
         self.stats.prompts += len(user_messages)
         self.stats.seconds += time.perf_counter() - start
         return answers
+
+
+def _check_generation(max_new_tokens: int, batch_size: int) -> None:
+    """One line instead of transformers' traceback for ``max_new_tokens=0`` (or a zero batch)."""
+    from ragsieve.checks import positive_int
+
+    positive_int(max_new_tokens, "max_new_tokens")
+    positive_int(batch_size, "batch_size")
+
+
+class _DeadlineExceeded(Exception):
+    """A try of :class:`OpenAIChatLLM` ran past its timeout."""
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _json_body(url: str, body: bytes) -> dict[str, Any]:
+    """The JSON object of a 2xx answer; a proxy's HTML page or a cut answer is one line."""
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        start = _one_line(body.decode("utf-8", "replace"))[:80]
+        raise RagsieveError(f"{url} answered with something that is not JSON: {start!r}") from None
+    if not isinstance(data, dict):
+        raise RagsieveError(f"{url} answered with JSON that is not an object")
+    return data
 
 
 # -- loading -------------------------------------------------------------------
@@ -277,6 +390,8 @@ def _convert_gguf_to_cache(name: str) -> Path:
     embedded = get_embedded(name, kind="gguf-llm")
     target = _embedded_cache_dir(name)
     if (target / "config.json").exists():
+        # a truncated copy (full disk, a damaged backup) would fail deep inside transformers
+        check_model_folder(target, cache_rebuild(target) + " (about 20 s)")
         return target
     gguf_path = embedded.path()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -291,14 +406,10 @@ def _convert_gguf_to_cache(name: str) -> Path:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        # overwrite: under the lock, a target without config.json is broken, not someone's work
+        with atomic_directory(target, overwrite=True) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return target
 
 
@@ -312,8 +423,17 @@ def resolve_llm_path(spec: str) -> str:
     raise ModelNotAvailable(f"'{spec}' is an endpoint, not a local model")
 
 
-def load_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str = "float32") -> LocalLLM | OpenAIChatLLM:
+def load_llm(
+    spec: str = DEFAULT_LLM,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    timeout: float | None = None,
+    retries: int | None = None,
+) -> LocalLLM | OpenAIChatLLM:
     """Load a generator from a spec (see :mod:`ragsieve.models.specs`).
+
+    ``timeout`` / ``retries`` apply to endpoints only (see :class:`OpenAIChatLLM`).
 
     Example::
 
@@ -322,7 +442,7 @@ def load_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str = "floa
     """
     parsed = ModelSpec.parse(spec)
     if parsed.scheme == "openai":
-        return OpenAIChatLLM(spec)
+        return OpenAIChatLLM(spec, timeout=timeout, retries=retries)
     return load_local_llm(spec, device=device, dtype=dtype)
 
 
@@ -332,6 +452,8 @@ def load_local_llm(spec: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_llm_path(spec)
+    if Path(path).is_dir():
+        check_model_folder(path, f"re-save or re-download the model in {path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))

@@ -9,12 +9,11 @@ the base by merging the saved deltas in order.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
+from ragsieve.artifacts import check_model_folder
+from ragsieve.atomic import atomic_directory
 from ragsieve.config import StrictConfig
 from ragsieve.errors import ModelNotAvailable
 
@@ -66,16 +65,9 @@ def merge_lora(llm: "LocalLLM") -> None:
 def save_adapter(peft_model, path: str | Path) -> Path:
     """Write the adapter folder atomically (temp dir + rename), replacing an older one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    # an existing folder is a leftover of an interrupted run: same round, about to be replaced
+    with atomic_directory(path, overwrite=True) as tmp:
         peft_model.save_pretrained(str(tmp))
-        if path.exists():  # a leftover of an interrupted run: same round, about to be replaced
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 
@@ -86,5 +78,7 @@ def merge_adapter(llm: "LocalLLM", path: str | Path) -> None:
     path = Path(path)
     if not (path / "adapter_config.json").is_file():
         raise ModelNotAvailable(f"no LoRA adapter at {path} (adapter_config.json missing)")
+    # a round's delta cannot be recomputed alone: later rounds were trained on top of it
+    check_model_folder(path, "restore the store from a backup, or start a new one (`ragsieve evolve init`)")
     merge_lora(llm)
     llm.model = PeftModel.from_pretrained(llm.model, str(path)).merge_and_unload().eval()

@@ -1,8 +1,14 @@
-"""End-to-end RAG: gate → retrieve → rerank → grade → generate, assembled by :class:`PipelineConfig`."""
+"""End-to-end RAG: gate → retrieve → rerank → grade → generate, assembled by :class:`PipelineConfig`
+or fitted to one LLM as a :class:`Sieve`."""
 
 from ragsieve.pipeline.config import PipelineConfig
-from ragsieve.pipeline.rag import RAGAnswer, RAGPipeline
+from ragsieve.pipeline.rag import CandidateTrace, RAGAnswer, RAGPipeline
+from ragsieve.pipeline.sieve import FilterResult, Sieve
+from ragsieve.pipeline.sieve_config import SieveConfig, read_sieve_config
 from ragsieve.prompts import first_line
 from ragsieve.prompts.builder import BuiltPrompt, PromptBuilder
 
-__all__ = ["BuiltPrompt", "PipelineConfig", "PromptBuilder", "RAGAnswer", "RAGPipeline", "first_line"]
+__all__ = [
+    "BuiltPrompt", "CandidateTrace", "FilterResult", "PipelineConfig", "PromptBuilder", "RAGAnswer", "RAGPipeline",
+    "Sieve", "SieveConfig", "first_line", "read_sieve_config",
+]

@@ -28,6 +28,7 @@ class PipelineConfig(StrictConfig):
 
     llm: str = DEFAULT_LLM
     index: Optional[str] = None  # index folder; None = closed-book only
+    sieve: Optional[str] = None  # a fitted sieve folder: its gate, reranker, grader and sizes
     top_k: int = Field(3, ge=1, description="passages that reach the LLM")
     candidates: int = Field(20, ge=1, description="passages retrieved for the reranker to choose from")
     reranker: Optional[str] = None  # reranker spec, e.g. embedded:base
@@ -37,6 +38,33 @@ class PipelineConfig(StrictConfig):
     max_prompt_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(16, ge=1)
     batch_size: int = Field(8, ge=1)
+    timeout: Optional[float] = Field(None, gt=0, description="endpoint LLMs: seconds per try")
+    retries: Optional[int] = Field(None, ge=0, description="endpoint LLMs: extra tries")
+
+    @model_validator(mode="after")
+    def _sieve_or_stages(self) -> "PipelineConfig":
+        if self.sieve and (self.reranker or self.grader or self.cbdr_beta is not None):
+            raise ValueError("a sieve brings its own gate, reranker and grader: give either sieve or those")
+        return self
+
+    def expanded(self) -> "PipelineConfig":
+        """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved)."""
+        if not self.sieve:
+            return self
+        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component
+
+        sc = read_sieve_config(self.sieve)
+
+        def part(value: str | None) -> str | None:
+            return resolve_component(self.sieve, value) if value else None
+
+        gated = sc.probe is not None and sc.beta is not None
+        return self.model_copy(update={
+            "sieve": None, "llm": sc.llm, "probe": part(sc.probe) if gated else self.probe,
+            "cbdr_beta": sc.beta if gated else None, "reranker": part(sc.reranker), "grader": part(sc.grader),
+            "top_k": sc.top_k, "candidates": max(sc.candidates, sc.top_k), "max_prompt_tokens": sc.max_prompt_tokens,
+            "max_new_tokens": sc.max_new_tokens,
+        })
 
     @model_validator(mode="after")
     def _candidates_cover_top_k(self) -> "PipelineConfig":

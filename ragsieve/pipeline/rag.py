@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from ragsieve.data.records import Passage
@@ -30,8 +30,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class CandidateTrace:
+    """One retrieved passage on its way to the prompt: where each stage put it."""
+
+    id: str
+    retriever_rank: int  # 0-based rank in the retriever's list
+    rerank_rank: int | None = None  # 0-based rank after reranking (None: no reranker)
+    rerank_score: float | None = None
+    selected: bool = False  # among the top_k that went on to the grader / the prompt
+    relevant: bool | None = None  # the grader's verdict (None: not graded)
+    grade_score: float | None = None
+
+
 @dataclass
 class RAGAnswer:
+    """An answer and what every stage decided on the way (``trace``: what ``ask --explain`` prints)."""
+
     question: str
     answer: str
     contexts: list[Passage] = field(default_factory=list)
@@ -39,8 +54,19 @@ class RAGAnswer:
     truncated_contexts: int = 0
     seconds: float = 0.0
     confidence: float | None = None  # Conf(Q) when a CBDR gate decided
+    beta: float | None = None  # the gate's β
     graded_out: int = 0  # passages the grader dropped as irrelevant
     all_graded_out: bool = False  # every retrieved passage dropped → answered closed-book
+    candidates: list[CandidateTrace] = field(default_factory=list)
+    prompt_tokens: int | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the answer, the stage decisions and the passages used."""
+        from dataclasses import asdict
+
+        out = asdict(self)
+        out["contexts"] = [{"id": p.id, "title": p.title, "text": p.text} for p in self.contexts]
+        return out
 
 
 class RAGPipeline:
@@ -74,7 +100,8 @@ class RAGPipeline:
             from ragsieve.retrieve import load_index
 
             retriever = load_index(config.index)
-        llm = llm if llm is not None else load_llm(config.llm)
+        config = config.expanded()  # a sieve's stages become this config's
+        llm = llm if llm is not None else load_llm(config.llm, timeout=config.timeout, retries=config.retries)
         gate = None
         if config.cbdr_beta is not None:
             from ragsieve.gate import CBDRGate
@@ -117,15 +144,35 @@ class RAGPipeline:
         self.grader = grader
         self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
 
+    def with_retriever(self, retriever: "Retriever | None") -> "RAGPipeline":
+        """The same stages (shared, not reloaded) around another retriever."""
+        from copy import copy
+
+        other = copy(self)
+        other.retriever = retriever
+        return other
+
     def retrieve(self, questions: Sequence[str]) -> list[list[Passage]]:
+        """The top_k passages per question after retrieval and reranking (before grading)."""
+        return [ctx for ctx, _ in self._retrieve_traced(questions)]
+
+    def _retrieve_traced(self, questions: Sequence[str]) -> list[tuple[list[Passage], list[CandidateTrace]]]:
         if self.retriever is None:
             raise RagsieveError("no retriever configured: build an index (ragsieve index) or answer closed-book")
         depth = self.candidates if self.reranker is not None else self.top_k
         hits = self.retriever.search_batch(list(questions), k=depth)
-        found = [[h.passage for h in row] for row in hits]
-        if self.reranker is None:
-            return found
-        return [self.reranker.rank(q, row).passages()[: self.top_k] for q, row in zip(questions, found)]
+        out = []
+        for q, row in zip(questions, hits):
+            found = [h.passage for h in row]
+            if self.reranker is None:
+                traces = [CandidateTrace(p.id, i, selected=i < self.top_k) for i, p in enumerate(found)]
+                out.append((found[: self.top_k], traces))
+                continue
+            ranked = self.reranker.rank(q, found)
+            traces = [CandidateTrace(r.passage.id, r.index, r.rank, r.score, r.rank < self.top_k) for r in ranked.results]
+            traces.sort(key=lambda t: t.retriever_rank)
+            out.append((ranked.passages()[: self.top_k], traces))
+        return out
 
     def answer_many(self, questions: Sequence[str], *, retrieve: bool = True) -> list[RAGAnswer]:
         questions = [q.strip() if isinstance(q, str) else "" for q in questions]
@@ -137,14 +184,21 @@ class RAGPipeline:
         decisions = self.gate.decide_many(questions) if (self.gate and retrieve) else None
         needs = [d.retrieve for d in decisions] if decisions else [retrieve] * len(questions)
         contexts: list[list[Passage]] = [[] for _ in questions]
+        traces: list[list[CandidateTrace]] = [[] for _ in questions]
         to_retrieve = [i for i, flag in enumerate(needs) if flag]
         if to_retrieve:
-            for i, ctx in zip(to_retrieve, self.retrieve([questions[i] for i in to_retrieve])):
-                contexts[i] = ctx
+            for i, (ctx, trace) in zip(to_retrieve, self._retrieve_traced([questions[i] for i in to_retrieve])):
+                contexts[i], traces[i] = ctx, trace
         graded_out = [0] * len(questions)
         if self.grader is not None:
             for i in to_retrieve:
                 stage = grade_filter(self.grader, questions[i], contexts[i])
+                verdicts = {p.id: r for p, r in zip(contexts[i], stage.results)}
+                traces[i] = [
+                    replace(t, relevant=verdicts[t.id].relevant, grade_score=verdicts[t.id].score)
+                    if t.selected and t.id in verdicts else t
+                    for t in traces[i]
+                ]
                 graded_out[i] = stage.dropped
                 contexts[i] = stage.kept
         built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
@@ -163,7 +217,9 @@ class RAGPipeline:
                 question=q, answer=first_line(t), contexts=c, retrieved=flag,
                 truncated_contexts=b.truncated_contexts, seconds=per_question,
                 confidence=decisions[i].confidence if decisions else None,
+                beta=self.gate.beta if decisions else None,
                 graded_out=graded_out[i], all_graded_out=bool(flag and graded_out[i] and not c),
+                candidates=traces[i], prompt_tokens=self.builder.prompt_tokens(b.text),
             )
             for i, (q, t, c, b, flag) in enumerate(zip(questions, texts, contexts, built, needs))
         ]

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from ragsieve.artifacts import cache_rebuild, sqlite_error
 
 
 class StateCache:
@@ -25,26 +29,38 @@ class StateCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS states (key TEXT PRIMARY KEY, dim INTEGER, data BLOB)")
-        self._db.commit()
+        with self._sqlite_errors():
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS states (key TEXT PRIMARY KEY, dim INTEGER, data BLOB)")
+            self._db.commit()
+
+    @contextmanager
+    def _sqlite_errors(self) -> Iterator[None]:
+        """A damaged cache file is one line saying to delete it (it only holds recomputable states)."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise sqlite_error(self.path, exc, cache_rebuild(self.path)) from None
 
     def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
-        for lo in range(0, len(keys), 500):  # SQLite caps bound parameters
-            chunk = list(keys[lo : lo + 500])
-            marks = ",".join("?" * len(chunk))
-            for key, dim, data in self._db.execute(f"SELECT key, dim, data FROM states WHERE key IN ({marks})", chunk):
-                out[key] = np.frombuffer(data, dtype=np.float32, count=dim).copy()
+        with self._sqlite_errors():
+            for lo in range(0, len(keys), 500):  # SQLite caps bound parameters
+                chunk = list(keys[lo : lo + 500])
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, dim, data FROM states WHERE key IN ({marks})"
+                for key, dim, data in self._db.execute(query, chunk):
+                    out[key] = np.frombuffer(data, dtype=np.float32, count=dim).copy()
         return out
 
     def put_many(self, items: Mapping[str, np.ndarray]) -> None:
         rows = [(k, int(v.shape[-1]), np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
-        with self._db:
+        with self._sqlite_errors(), self._db:
             self._db.executemany("INSERT OR REPLACE INTO states VALUES (?, ?, ?)", rows)
 
     def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM states").fetchone()[0])
+        with self._sqlite_errors():
+            return int(self._db.execute("SELECT COUNT(*) FROM states").fetchone()[0])
 
     def close(self) -> None:
         self._db.close()

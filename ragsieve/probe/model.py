@@ -8,12 +8,20 @@ same token budget) so the state it reads is the state the answer comes from.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ragsieve.artifacts import (
+    PROBE_REBUILD,
+    check_safetensors,
+    damaged,
+    read_json_artifact,
+    reading_artifact,
+    state_dict_mismatch,
+)
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 
@@ -165,21 +173,48 @@ class ConfidenceProbe:
 
 
 def load_head(path: str | Path) -> tuple[ProbeConfig, ProbeHead]:
-    """A saved probe's config and MLP head: a folder, or ``embedded:<name>`` (a shipped probe)."""
+    """A saved probe's config and MLP head (a folder, or ``embedded:<name>``); one-line errors for damage."""
     from safetensors.torch import load_file
 
     from ragsieve.paths import resolve_artifact
 
     path = resolve_artifact("probes", path)
     if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-        raise RagsieveError(f"{path}: not a saved probe (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-    try:
-        config = ProbeConfig(**json.loads((path / CONFIG_FILE).read_text()))
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise RagsieveError(f"{path / CONFIG_FILE}: unreadable probe config ({exc})") from None
+        raise RagsieveError(f"{path}: not a saved probe (needs {CONFIG_FILE} and {WEIGHTS_FILE}); {PROBE_REBUILD}")
+    config = read_probe_config(path / CONFIG_FILE)
+    weights = path / WEIGHTS_FILE
+    check_safetensors(weights, PROBE_REBUILD)
     head = ProbeHead(config.hidden_size, config.probe_hidden, config.dropout)
-    head.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+    with reading_artifact(weights, PROBE_REBUILD):
+        state = load_file(str(weights))
+    if mismatch := state_dict_mismatch(head.state_dict(), state):
+        raise damaged(weights, f"does not match {CONFIG_FILE}: {mismatch}", PROBE_REBUILD)
+    head.load_state_dict(state)
     return config, head
+
+
+#: the JSON types each ProbeConfig field accepts (checked by hand: the dataclass checks none)
+_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "llm_spec": (str,), "layer": (int,), "num_layers": (int,), "hidden_size": (int,), "probe_hidden": (int,),
+    "dropout": (int, float), "max_prompt_tokens": (int,), "prompts": (str, type(None)), "metrics": (dict,),
+}
+
+
+def read_probe_config(file: Path) -> ProbeConfig:
+    """``probe_config.json`` with its types checked: ``"layer": "15"`` would fail much later, obscurely."""
+    data = read_json_artifact(file, PROBE_REBUILD)
+    problems = [f"unknown key '{k}'" for k in data if k not in _CONFIG_TYPES]
+    for name, f in ProbeConfig.__dataclass_fields__.items():
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                problems.append(f"'{name}' missing")
+            continue
+        value, kinds = data[name], _CONFIG_TYPES[name]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            problems.append(f"'{name}' should be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
+    if problems:
+        raise RagsieveError(f"{file}: {'; '.join(problems)}; {PROBE_REBUILD}")
+    return ProbeConfig(**data)
 
 
 def _check_compatible(config: ProbeConfig, llm: "LocalLLM") -> None:
@@ -189,7 +224,7 @@ def _check_compatible(config: ProbeConfig, llm: "LocalLLM") -> None:
     if (config.num_layers, config.hidden_size) != (llm.num_layers, llm.hidden_size):
         raise RagsieveError(
             f"probe expects {config.num_layers} layers × {config.hidden_size} wide, "
-            f"LLM has {llm.num_layers} × {llm.hidden_size}"
+            f"LLM has {llm.num_layers} × {llm.hidden_size}; {PROBE_REBUILD} for this LLM"
         )
     if not 1 <= config.layer <= llm.num_layers:
         raise RagsieveError(f"probe layer {config.layer} does not exist in a {llm.num_layers}-layer LLM")

@@ -21,14 +21,9 @@ class QAPrompts:
 
 
 def _read_yaml(path: Path) -> dict:
-    import yaml
+    from ragsieve.config import read_mapping
 
-    if not path.is_file():
-        raise RagsieveError(f"prompt file not found: {path}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise RagsieveError(f"{path}: expected a mapping of template names to strings")
-    return data
+    return read_mapping(path, "prompt")  # the shared text policy: UTF-8, one-line errors
 
 
 @lru_cache(maxsize=8)

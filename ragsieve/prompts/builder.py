@@ -62,6 +62,10 @@ class PromptBuilder:
         """The exact prompt a local LLM answers for (question, contexts); what the probe reads."""
         return self.to_chat(self.with_context(question, contexts).text)
 
+    def prompt_tokens(self, user_text: str) -> int:
+        """Tokens the LLM reads for this user message (chat template and system prompt included)."""
+        return self._prompt_tokens(user_text)
+
     def _prompt_tokens(self, user_text: str) -> int:
         """Tokens of the prompt as the LLM sees it: chat template and system prompt included."""
         return self._count(self.to_chat(user_text))

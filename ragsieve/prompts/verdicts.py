@@ -64,14 +64,10 @@ class VerdictTemplate:
 @lru_cache(maxsize=4)
 def load_templates(path: str | None = None) -> dict[str, VerdictTemplate]:
     """All templates by dataset name (default: the packaged ``verdicts.yaml``)."""
-    import yaml
+    from ragsieve.config import read_mapping
 
     source = Path(path) if path else TEMPLATE_FILE
-    if not source.is_file():
-        raise RagsieveError(f"template file not found: {source}")
-    data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise RagsieveError(f"{source}: expected a mapping of dataset names to templates")
+    data = read_mapping(source, "verdict template")  # UTF-8 policy, one-line errors
     out = {}
     for name, entry in data.items():
         if not isinstance(entry, dict):

@@ -60,6 +60,15 @@ def as_passages(passages: Sequence[Passage | str]) -> list[Passage]:
     return out
 
 
+def ranked_from_scores(query: str, passages: Sequence[Passage], scores: Sequence[float]) -> RankedResults:
+    """Typed results from one score per passage; equal scores keep input order (reproducible)."""
+    scores = np.asarray(scores, dtype=float)
+    order = np.argsort(-scores, kind="stable")
+    return RankedResults(
+        query, tuple(RankedResult(passages[i], float(scores[i]), r, int(i)) for r, i in enumerate(order))
+    )
+
+
 class BaseRanker(ABC):
     """Scores (query, passage) pairs; higher is more useful.
 
@@ -70,6 +79,8 @@ class BaseRanker(ABC):
     """
 
     name: str = "base"
+    #: a passage's score does not depend on the other passages, so a long list may be scored in parts
+    pointwise: bool = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -102,11 +113,7 @@ class BaseRanker(ABC):
         scores = np.asarray(self.score(query, items), dtype=float)
         if scores.shape != (len(items),):
             raise RagsieveError(f"{self.name} returned {scores.shape} scores for {len(items)} passages")
-        # Stable sort on -score: equal scores keep input order, so results are reproducible.
-        order = np.argsort(-scores, kind="stable")
-        return RankedResults(
-            query, tuple(RankedResult(items[i], float(scores[i]), r, int(i)) for r, i in enumerate(order))
-        )
+        return ranked_from_scores(query, items, scores)
 
     def top_k(self, query: str, passages: Sequence[Passage | str], k: int) -> list[RankedResult]:
         return self.rank(query, passages).top_k(k)
@@ -116,6 +123,7 @@ class RetrievalOrder(BaseRanker):
     """No reranking: keeps the retriever's order (the "retriever only" row, ``load_reranker("none")``)."""
 
     name = "retriever"
+    pointwise = False
 
     def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
         return -np.arange(len(passages), dtype=float)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from pydantic import Field
 
+from ragsieve.artifacts import cache_rebuild, check_model_folder
+from ragsieve.atomic import atomic_directory
 from ragsieve.config import StrictConfig
 from ragsieve.errors import ModelNotAvailable
 from ragsieve.paths import cache_dir
@@ -91,19 +91,16 @@ def ensure_base_reranker(config: BaseRerankerConfig | None = None, data_dir=None
     config = config or BaseRerankerConfig()
     target = base_reranker_dir(config)
     if (target / CARD_FILE).exists():
+        check_model_folder(target, cache_rebuild(target) + " (about 15 min of training)")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / CARD_FILE).exists():
             return target
         log.warning("training the base reranker once into %s (about 15 min on 2 cores)", target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        # overwrite: under the lock, a target without its card is broken, not someone's work
+        with atomic_directory(target, overwrite=True) as tmp:
             train_base_reranker(config, tmp, data_dir)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return target
 
 

@@ -17,14 +17,12 @@ against fp32 for each one.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ragsieve.atomic import atomic_file
 from ragsieve.errors import RagsieveError
 from ragsieve.paths import cache_dir
 
@@ -134,17 +132,14 @@ def export_onnx(ce: "CrossEncoder", model_dir: str, int8: bool = False) -> Path:
             args = tuple(sample[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
             dynamic = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")}
             dynamic["logits"] = {0: "batch"}
-            tmp = Path(tempfile.mkdtemp(dir=folder)) / "model.onnx"
-            torch.onnx.export(
-                LogitsOnly(), args, str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["logits"], dynamic_axes=dynamic, opset_version=17, dynamo=False,
-            )
-            os.replace(tmp, fp32)
-            shutil.rmtree(tmp.parent, ignore_errors=True)
+            with atomic_file(fp32) as tmp:
+                torch.onnx.export(
+                    LogitsOnly(), args, str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
+                    output_names=["logits"], dynamic_axes=dynamic, opset_version=17, dynamo=False,
+                )
         if int8 and not q8.exists():
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            tmp = folder / ".model.int8.onnx.tmp"
-            quantize_dynamic(str(fp32), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
-            os.replace(tmp, q8)
+            with atomic_file(q8) as tmp:
+                quantize_dynamic(str(fp32), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
     return target

@@ -19,6 +19,7 @@ class BM25Ranker(BaseRanker):
     """
 
     name = "bm25"
+    pointwise = False  # IDF comes from the candidate list itself
 
     def __init__(self, k1: float = 1.5, b: float = 0.75):
         self.k1, self.b = k1, b

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from ragsieve.artifacts import check_model_folder
 from ragsieve.data.records import Passage
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
@@ -64,6 +66,8 @@ class CrossEncoderRanker(BaseRanker):
 
         if not model:
             raise ModelNotAvailable("cross-encoder needs a model: cross-encoder:<folder or HF id>")
+        if Path(model).is_dir():  # a truncated copy fails here in one line, not deep inside transformers
+            check_model_folder(model, f"retrain it (`ragsieve rerank train`) or copy it again to {model}")
         try:
             self.model = CrossEncoder(model, max_length=max_length, device="cpu")
         except OSError as exc:

@@ -17,6 +17,10 @@ from ragsieve.retrieve.base import Hit, Retriever
 from ragsieve.retrieve.bm25 import BM25Retriever
 from ragsieve.retrieve.dense import DenseRetriever
 from ragsieve.retrieve.hybrid import HybridRetriever
-from ragsieve.retrieve.index import build_index, load_index
+from ragsieve.retrieve.corpus import ChunkConfig, read_corpus
+from ragsieve.retrieve.index import add_to_index, build_index, load_index
 
-__all__ = ["Hit", "Retriever", "BM25Retriever", "DenseRetriever", "HybridRetriever", "build_index", "load_index"]
+__all__ = [
+    "BM25Retriever", "ChunkConfig", "DenseRetriever", "Hit", "HybridRetriever", "Retriever", "add_to_index",
+    "build_index", "load_index", "read_corpus",
+]

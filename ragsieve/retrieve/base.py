@@ -57,7 +57,7 @@ def check_passages(passages: Iterable[Passage]) -> list[Passage]:
 
 
 def write_passages(passages: Iterable[Passage], path: str | Path) -> None:
-    """Write passages as JSON lines ``{"id", "text", "title"}``.
+    """Write passages as JSON lines ``{"id", "text", "title"}`` (+ ``"meta"`` when a passage has any).
 
     Example::
 
@@ -65,7 +65,10 @@ def write_passages(passages: Iterable[Passage], path: str | Path) -> None:
     """
     with open(path, "w", encoding="utf-8") as fh:
         for p in passages:
-            fh.write(json.dumps({"id": p.id, "text": p.text, "title": p.title}, ensure_ascii=False) + "\n")
+            row = {"id": p.id, "text": p.text, "title": p.title}
+            if p.meta:
+                row["meta"] = p.meta
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def read_passages(path: str | Path) -> list[Passage]:
@@ -75,19 +78,22 @@ def read_passages(path: str | Path) -> list[Passage]:
 
         passages = read_passages("idx/passages.jsonl")
     """
+    from ragsieve.artifacts import INDEX_REBUILD
+    from ragsieve.data.jsonl import read_jsonl
+
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: passages file missing; the index is incomplete, rebuild it")
+        raise DataError(f"{path}: passages file missing; the index is incomplete, {INDEX_REBUILD}")
     out: list[Passage] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                out.append(Passage(id=str(row["id"]), text=row["text"], title=row.get("title", "")))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataError(f"{path}:{lineno}: bad passage line ({exc})") from None
+    try:
+        for lineno, row in read_jsonl(path).numbered():  # the shared UTF-8 / JSON-lines policy
+            text, title = row.get("text"), row.get("title", "")
+            if "id" not in row or not isinstance(text, str) or not isinstance(title, str):
+                raise DataError(f"{path}:{lineno}: bad passage line (needs 'id' and a 'text' string)")
+            meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+            out.append(Passage(id=str(row["id"]), text=text, title=title, meta=meta))
+    except DataError as exc:
+        raise DataError(f"{exc}; {INDEX_REBUILD}") from None
     return out
 
 
@@ -215,5 +221,7 @@ def _check_dir(path: str | Path, kind: str, *required: str) -> Path:
         raise RagsieveError(f"{path}: no saved {kind} retriever here (folder missing)")
     missing = [name for name in required if not (path / name).exists()]
     if missing:
-        raise RagsieveError(f"{path}: incomplete {kind} index (missing {', '.join(missing)}); rebuild it")
+        from ragsieve.artifacts import INDEX_REBUILD
+
+        raise RagsieveError(f"{path}: incomplete {kind} index (missing {', '.join(missing)}); {INDEX_REBUILD}")
     return path

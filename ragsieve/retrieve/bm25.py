@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from ragsieve.artifacts import INDEX_REBUILD, check_npy, read_json_artifact, reading_artifact
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.retrieve.base import Hit, Retriever, _check_dir, _load_passages, check_passages
@@ -138,6 +139,14 @@ class BM25Retriever(Retriever):
         """
         bm25s = _bm25s()
         path = _check_dir(path, cls.kind, _CONFIG_FILE)
-        config = json.loads((path / _CONFIG_FILE).read_text())
-        model = bm25s.BM25.load(str(path), show_progress=False, load_corpus=False)
-        return cls(_load_passages(path, passages), model, k1=config["k1"], b=config["b"])
+        config = read_json_artifact(path / _CONFIG_FILE, INDEX_REBUILD)
+        for file in sorted(path.glob("*.npy")):  # a truncated array names itself, not numpy's reshape
+            check_npy(file, INDEX_REBUILD)
+        with reading_artifact(path, INDEX_REBUILD):
+            model = bm25s.BM25.load(str(path), show_progress=False, load_corpus=False)
+        with reading_artifact(path / _CONFIG_FILE, INDEX_REBUILD):
+            k1, b, n = float(config["k1"]), float(config["b"]), config.get("n_passages")
+        passages = _load_passages(path, passages)
+        if n is not None and n != len(passages):
+            raise RagsieveError(f"{path}: BM25 index covers {n} passages, not {len(passages)}; {INDEX_REBUILD}")
+        return cls(passages, model, k1=k1, b=b)

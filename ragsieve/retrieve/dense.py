@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from ragsieve.artifacts import INDEX_REBUILD, check_npy, damaged, read_json_artifact, reading_artifact
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
@@ -193,7 +194,7 @@ class DenseRetriever(Retriever):
         if index.ntotal != len(self.passages) or embeddings.shape[0] != len(self.passages):
             raise RagsieveError(
                 f"dense index holds {index.ntotal} vectors / {embeddings.shape[0]} embeddings "
-                f"for {len(self.passages)} passages; rebuild the index"
+                f"for {len(self.passages)} passages; {INDEX_REBUILD}"
             )
         self.index = index
         self.embeddings = embeddings
@@ -383,16 +384,22 @@ class DenseRetriever(Retriever):
         import faiss
 
         path = _check_dir(path, cls.kind, _INDEX_FILE, _EMB_FILE, _CONFIG_FILE)
-        cfg = json.loads((path / _CONFIG_FILE).read_text())
-        index = faiss.read_index(str(path / _INDEX_FILE))
-        return cls(
-            _load_passages(path, passages),
-            index,
-            np.load(path / _EMB_FILE),
-            encoder_spec=cfg["encoder"],
-            exact=cfg["exact"],
-            m=cfg.get("m", DEFAULT_M),
-            ef_construction=cfg.get("ef_construction", DEFAULT_EF_CONSTRUCTION),
-            truncated_count=cfg.get("truncated_count"),
-            batch_size=cfg.get("batch_size", DEFAULT_BATCH_SIZE),
-        )
+        cfg = read_json_artifact(path / _CONFIG_FILE, INDEX_REBUILD)
+        unreadable = "faiss cannot read it: truncated or not a faiss index"  # faiss's own is a C++ assertion
+        with reading_artifact(path / _INDEX_FILE, INDEX_REBUILD, unreadable):
+            index = faiss.read_index(str(path / _INDEX_FILE))
+        check_npy(path / _EMB_FILE, INDEX_REBUILD)
+        with reading_artifact(path / _EMB_FILE, INDEX_REBUILD):
+            embeddings = np.load(path / _EMB_FILE)
+        with reading_artifact(path / _CONFIG_FILE, INDEX_REBUILD):
+            settings = dict(
+                encoder_spec=str(cfg["encoder"]),
+                exact=bool(cfg["exact"]),
+                m=int(cfg.get("m", DEFAULT_M)),
+                ef_construction=int(cfg.get("ef_construction", DEFAULT_EF_CONSTRUCTION)),
+                truncated_count=cfg.get("truncated_count"),
+                batch_size=int(cfg.get("batch_size", DEFAULT_BATCH_SIZE)),
+            )
+        if embeddings.ndim != 2 or embeddings.shape[1:] != (index.d,):
+            raise damaged(path / _EMB_FILE, f"shape {embeddings.shape} does not fit a {index.d}-d index", INDEX_REBUILD)
+        return cls(_load_passages(path, passages), index, embeddings, **settings)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ragsieve.artifacts import INDEX_REBUILD, read_json_artifact, reading_artifact
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.retrieve.base import Hit, Retriever, _check_dir, _load_passages, check_passages
@@ -127,8 +128,10 @@ class HybridRetriever(Retriever):
             hybrid = HybridRetriever.load("my_index")
         """
         path = _check_dir(path, cls.kind, _CONFIG_FILE)
-        config = json.loads((path / _CONFIG_FILE).read_text())
+        config = read_json_artifact(path / _CONFIG_FILE, INDEX_REBUILD)
+        with reading_artifact(path / _CONFIG_FILE, INDEX_REBUILD):
+            rrf_k, depth = int(config["rrf_k"]), int(config["depth"])
         passages = _load_passages(path, passages)
         bm25 = BM25Retriever.load(path / BM25Retriever.subdir, passages=passages)
         dense = DenseRetriever.load(path / DenseRetriever.subdir, passages=passages)
-        return cls(bm25, dense, rrf_k=config["rrf_k"], depth=config["depth"])
+        return cls(bm25, dense, rrf_k=rrf_k, depth=depth)

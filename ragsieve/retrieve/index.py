@@ -10,20 +10,22 @@ An index directory looks like::
       hybrid.json       RRF settings           (kind "hybrid")
 
 :func:`build_index` writes everything into a hidden temporary folder next to ``out_dir``
-and renames it into place only when complete, so an interrupted build never leaves a
-half-written index behind; ``manifest.json`` is the last file written.
+and renames it into place only when complete (:func:`ragsieve.atomic.atomic_directory`),
+so an interrupted build never leaves a half-written index behind, and the next build
+removes what a killed one left; ``manifest.json`` is the last file written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
+from ragsieve.artifacts import INDEX_REBUILD, read_json_artifact
+from ragsieve.atomic import atomic_directory
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
@@ -34,6 +36,8 @@ from ragsieve.retrieve.hybrid import HybridRetriever
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+#: how to replace an existing index, for callers of the CLI and of the library alike
+OVERWRITE_HINT = "use --overwrite (overwrite=True in Python) or pick another folder"
 
 #: kind name -> retriever class; adding a retriever kind means adding a row here
 RETRIEVER_KINDS: dict[str, type[Retriever]] = {
@@ -88,16 +92,14 @@ def build_index(
     """
     cls = _retriever_class(kind)
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise RagsieveError(f"{out} already exists; pass overwrite=True or pick another folder")
+    if out.exists() and not overwrite:  # before the (long) build, not after it
+        raise RagsieveError(f"{out} already exists; {OVERWRITE_HINT}")
     passages = check_passages(passages)
     if cls.uses_encoder:
         options = {"encoder_spec": encoder_spec, **options}
     retriever = cls.build(passages, **options)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=out.parent))
-    try:
+    with atomic_directory(out, overwrite=overwrite, exists_hint=OVERWRITE_HINT) as tmp:
         write_passages(passages, tmp / PASSAGES_FILE)
         retriever.save(_part_dir(tmp, cls), with_passages=False)
         manifest = {
@@ -109,17 +111,43 @@ def build_index(
             "options": _jsonable_options({k: v for k, v in options.items() if k != "encoder_spec"}),
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return retriever
+
+
+#: build options a later ``add_to_index`` must repeat to get the same index
+_KEPT_OPTIONS = ("exact", "m", "ef_construction", "ef_search", "k1", "b", "rrf_k", "depth")
+
+
+def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_progress: bool = False) -> Retriever:
+    """Append ``passages`` to an existing index: only the new passages are encoded.
+
+    BM25 statistics are recomputed over the whole pool (cheap); dense vectors of the
+    existing passages are reused from ``embeddings.npy`` and the vector index is rebuilt
+    around them. The folder is replaced atomically, so a kill leaves the old index.
+
+    Example::
+
+        add_to_index("index/mine", read_corpus(["new_docs/"]))
+    """
+    path = Path(index_dir)
+    manifest = read_manifest(path)
+    old = load_index(path)
+    new = check_passages(passages)
+    clash = sorted({p.id for p in old.passages} & {p.id for p in new})
+    if clash:
+        raise RagsieveError(f"{path}: {len(clash)} passage id(s) already in the index, e.g. '{clash[0]}'")
+    kind = manifest["kind"]
+    cls = _retriever_class(kind)
+    options = {k: v for k, v in (manifest.get("options") or {}).items() if k in _KEPT_OPTIONS}
+    if cls.uses_encoder:
+        from ragsieve.models.encoder import load_encoder
+        from ragsieve.retrieve.dense import embed_texts
+
+        dense = old if kind == "dense" else old.dense
+        encoder = load_encoder(manifest["encoder"])
+        vecs = embed_texts(encoder, [p.full_text for p in new], show_progress=show_progress)
+        options.update(embeddings=np.concatenate([dense.embeddings, vecs]), encoder_spec=manifest["encoder"])
+    return build_index([*old.passages, *new], path, kind=kind, overwrite=True, **options)
 
 
 def read_manifest(index_dir: str | Path) -> dict[str, Any]:
@@ -133,13 +161,8 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     manifest_path = path / MANIFEST_FILE
     if not manifest_path.is_file():
         why = "folder does not exist" if not path.exists() else f"no {MANIFEST_FILE}"
-        raise RagsieveError(f"{path}: not a ragsieve index ({why}); build one with build_index()")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RagsieveError(f"{manifest_path}: unreadable manifest ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise RagsieveError(f"{manifest_path}: manifest must be a JSON object")
+        raise RagsieveError(f"{path}: not a ragsieve index ({why}); build one with `ragsieve index --out {path}`")
+    manifest = read_json_artifact(manifest_path, INDEX_REBUILD)
     version = manifest.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RagsieveError(
@@ -162,6 +185,6 @@ def load_index(index_dir: str | Path) -> Retriever:
     passages = read_passages(path / PASSAGES_FILE)
     if manifest.get("n_passages") not in (None, len(passages)):
         raise RagsieveError(
-            f"{path}: manifest says {manifest['n_passages']} passages, {PASSAGES_FILE} has {len(passages)}; rebuild the index"
+            f"{path}: manifest says {manifest['n_passages']} passages, {PASSAGES_FILE} has {len(passages)}; {INDEX_REBUILD}"
         )
     return cls.load(_part_dir(path, cls), passages=passages)

@@ -6,7 +6,6 @@ Library code reports progress through callbacks; only studies and the CLI draw b
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -55,10 +54,10 @@ def markdown_table(rows: dict[str, dict[str, float]], columns: Sequence[str], fi
 
 def write_json(path: Path, data: Any, indent: int = 1) -> None:
     """Atomic: a reader (or a rerun after a kill) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=indent) + "\n")
-    os.replace(tmp, path)
+    from ragsieve.atomic import atomic_file
+
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=indent) + "\n")
 
 
 def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float) -> None:

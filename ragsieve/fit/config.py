@@ -1,0 +1,97 @@
+""":class:`FitConfig`: everything ``ragsieve fit`` needs, validated before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+from pydantic import Field, field_validator
+
+from ragsieve.config import StrictConfig
+from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.probe.train import ProbeTrainConfig
+
+
+def _probe_train() -> ProbeTrainConfig:
+    # The paper's lr 5e-5 barely moves a fresh MLP on a few hundred states (results/probe_nq).
+    return ProbeTrainConfig(lr=1e-3, epochs=30, patience=5)
+
+
+class AlignConfig(StrictConfig):
+    """Fine-tuning the reranker on this LLM's confidence-shift preferences (InfoNCE, 1 pos vs 5 neg)."""
+
+    init: str = "embedded:base"  # the reranker aligned from: a cross-encoder folder or embedded:base
+    lr: float = Field(2e-5, gt=0)
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(8, ge=1)
+    max_length: int = Field(256, ge=32)
+    n_pos: int = Field(5, ge=1)
+    n_neg: int = Field(5, ge=1)
+
+
+class FitConfig(StrictConfig):
+    """``ragsieve fit --index IDX --questions QA --llm SPEC --out SIEVE``.
+
+    ``gate`` is the CBDR policy: ``parity`` (largest skip while accuracy stays within
+    ``parity_tolerance`` of always retrieving, on dev), ``budget=0.6`` (retrieve for at
+    most 60 % of questions), or ``none`` (always retrieve).
+
+    Example::
+
+        FitConfig(index="index/mine", questions="qa.jsonl", out="sieves/mine", gate="budget=0.6")
+    """
+
+    index: str
+    questions: str
+    out: str
+    llm: str = DEFAULT_LLM
+    # An OpenAI-compatible endpoint serving the same model answers the labelling prompts
+    # (fast on a GPU server); the probe still reads the local copy's hidden states.
+    generator: Optional[str] = None
+    gate: str = "parity"
+    parity_tolerance: float = Field(0.005, ge=0, le=1)
+    split: dict[str, float] = {"train": 0.6, "dev": 0.2, "test": 0.2}
+    max_questions: int = Field(0, ge=0, description="0 = every question in the file")
+    top_k: int = Field(3, ge=1)
+    candidates: int = Field(20, ge=2)
+    layers: list[Union[int, float]] = [0.25, 0.5, 0.75]  # probe layers tried; the best on dev wins
+    probe: ProbeTrainConfig = Field(default_factory=_probe_train)
+    align: AlignConfig = Field(default_factory=AlignConfig)
+    grade: bool = True  # calibrate a grader threshold on dev
+    max_new_tokens: int = Field(16, ge=1)
+    max_prompt_tokens: int = Field(1024, ge=64)
+    batch_size: int = Field(8, ge=1)
+    seed: int = 0
+    data_dir: Optional[str] = None
+
+    @field_validator("gate")
+    @classmethod
+    def _gate_policy(cls, value: str) -> str:
+        gate_budget(value)  # raises on a bad policy
+        return value
+
+    @field_validator("split")
+    @classmethod
+    def _three_splits(cls, value: dict[str, float]) -> dict[str, float]:
+        if set(value) != {"train", "dev", "test"} or any(v <= 0 for v in value.values()):
+            raise ValueError("split needs positive train, dev and test shares")
+        return value
+
+    @property
+    def work(self) -> Path:
+        """Intermediate files (labels, shifts, states): what lets a killed fit resume."""
+        return Path(self.out) / "work"
+
+
+def gate_budget(policy: str) -> Optional[float]:
+    """``budget=0.6`` → 0.6; ``parity`` / ``none`` → None; anything else is a ValueError."""
+    if policy in ("parity", "none"):
+        return None
+    name, _, value = policy.partition("=")
+    try:
+        budget = float(value)
+    except ValueError:
+        budget = -1.0
+    if name != "budget" or not 0.0 < budget <= 1.0:
+        raise ValueError(f"gate policy '{policy}': use parity, none or budget=<share in (0, 1]>")
+    return budget

@@ -1,0 +1,407 @@
+"""``ragsieve fit``: the knowledge-boundary method end to end for one LLM, on your corpus and questions.
+
+Phases (each writes its result under ``<out>/work`` or ``<out>`` and is skipped when
+rerun, so a fit killed at any point resumes where it stopped):
+
+1. **split** the QA file into train / dev / test by id;
+2. **retrieve** the top ``candidates`` passages per question;
+3. **label** closed-book and top-k answers (greedy, answer containment), every generation kept;
+4. **probe**: hidden states at each candidate layer, an MLP per layer, the best on dev kept;
+5. **gate**: β for the policy, chosen on dev;
+6. **prefs**: Inc = Conf(Q+C) − Conf(Q) over the candidates; top-5 / bottom-5 per train question;
+7. **rerank**: the reranker fine-tuned on those preferences (InfoNCE) from the shipped base;
+8. **grade**: the reranker's score threshold calibrated on dev (a passage that contains a gold
+   answer counts as relevant);
+9. **evaluate** on the test split: closed-book, plain top-k and the sieve, with 95 % intervals and
+   McNemar, the probe's AUROC with a bootstrap interval; written into ``sieve.json``.
+
+Example::
+
+    from ragsieve.fit import FitConfig, fit_sieve
+    fit_sieve(FitConfig(index="index/mine", questions="qa.jsonl", out="sieves/mine"))
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import numpy as np
+
+from ragsieve.atomic import atomic_file
+from ragsieve.data.records import Passage, Question
+from ragsieve.errors import RagsieveError
+from ragsieve.fit.config import FitConfig, gate_budget
+from ragsieve.pipeline.sieve_config import SieveConfig
+
+if TYPE_CHECKING:
+    from ragsieve.models.llm import LocalLLM
+    from ragsieve.probe.model import ConfidenceProbe
+    from ragsieve.prompts.builder import PromptBuilder
+    from ragsieve.retrieve.base import Retriever
+
+log = logging.getLogger(__name__)
+
+#: phase name → what it does, in order (progress reports use these names)
+PHASES = ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "grade", "evaluate")
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+class Fit:
+    """One fit run: the loaded parts and each phase as a method (resumable from ``config.work``)."""
+
+    def __init__(self, config: FitConfig, progress: Optional[Progress] = None):
+        from ragsieve.models.specs import ModelSpec
+
+        if ModelSpec.parse(config.llm).scheme == "openai":
+            raise RagsieveError(
+                f"fit reads the LLM's hidden states, which '{config.llm}' (an endpoint) does not expose; "
+                "give the same model as a local HF path or id"
+            )
+        self.config = config
+        self.progress = progress or (lambda phase, done, total: None)
+        self.out = Path(config.out)
+        self.work = config.work
+        self.timings: dict[str, float] = {}
+
+    # -- shared parts, loaded once ---------------------------------------------------------------
+    def load(self) -> None:
+        from ragsieve.data.qa_files import read_qa_file
+        from ragsieve.models import load_local_llm
+        from ragsieve.prompts.builder import PromptBuilder
+        from ragsieve.retrieve import load_index
+
+        self.questions = read_qa_file(self.config.questions)
+        if self.config.max_questions:
+            self.questions = self.questions[: self.config.max_questions]
+        self.retriever: "Retriever" = load_index(self.config.index)
+        self.llm: "LocalLLM" = load_local_llm(self.config.llm)
+        if self.config.generator:
+            from ragsieve.models import load_llm
+
+            self.generator = load_llm(self.config.generator)
+        else:
+            self.generator = self.llm
+        self.builder: "PromptBuilder" = PromptBuilder(self.llm, None, self.config.max_prompt_tokens)
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> SieveConfig:
+        self.load()
+        for phase in PHASES:
+            start = time.perf_counter()
+            getattr(self, f"phase_{phase}")()
+            self.timings[phase] = round(time.perf_counter() - start, 2)
+            log.info("fit: %s done in %.1fs", phase, self.timings[phase])
+        return self.sieve
+
+    # -- 1. split ----------------------------------------------------------------------------------
+    def phase_split(self) -> None:
+        from ragsieve.data.qa_files import split_questions
+
+        splits = split_questions(self.questions, self.config.split, self.config.seed)
+        small = [name for name, qs in splits.items() if len(qs) < 2]
+        if small:
+            raise RagsieveError(
+                f"{self.config.questions}: too few questions for the {'/'.join(small)} split "
+                f"({len(self.questions)} in all); give more questions"
+            )
+        self.splits = splits
+        _write_json(self.work / "split.json", {k: [q.id for q in v] for k, v in splits.items()})
+        self.progress("split", 1, 1)
+
+    # -- 2. retrieve ------------------------------------------------------------------------------
+    def phase_retrieve(self) -> None:
+        hits = self.retriever.search_batch([q.text for q in self.questions], k=self.config.candidates)
+        self.candidates: dict[str, list[Passage]] = {q.id: [h.passage for h in row] for q, row in zip(self.questions, hits)}
+        self.progress("retrieve", 1, 1)
+
+    # -- 3. label ---------------------------------------------------------------------------------
+    def _label(self, requests, path: Path, phase: str):
+        from ragsieve.probe.labels import label_generations
+
+        done = {"n": 0}
+
+        def advance(n: int) -> None:
+            done["n"] += n
+            self.progress(phase, done["n"], len(requests))
+
+        return label_generations(
+            self.generator, self.builder, requests, path, max_new_tokens=self.config.max_new_tokens,
+            batch_size=self.config.batch_size, progress=advance,
+        )
+
+    def phase_label(self) -> None:
+        from ragsieve.probe.labels import LabelRequest
+
+        k = self.config.top_k
+        requests = []
+        for q in self.questions:
+            requests.append(LabelRequest(q.id, q.text, q.answers, "closed"))
+            requests.append(LabelRequest(q.id, q.text, q.answers, f"top{k}", self.candidates[q.id][:k]))
+        gens = self._label(requests, self.work / "generations.jsonl", "label")
+        self.closed = {g.question_id: g.correct for g in gens if g.variant == "closed"}
+        self.plain = {g.question_id: g.correct for g in gens if g.variant == f"top{k}"}
+
+    # -- 4. probe ---------------------------------------------------------------------------------
+    def _states(self, layer: int, questions: list[Question], with_context: bool) -> np.ndarray:
+        from ragsieve.probe.cache import StateCache
+        from ragsieve.probe.hidden import HiddenStateExtractor
+
+        extractor = HiddenStateExtractor(self.llm, layer, batch_size=self.config.batch_size,
+                                         cache=StateCache(self.work / "states.sqlite"))
+        k = self.config.top_k
+        prompts = [self.builder.chat_prompt(q.text, self.candidates[q.id][:k] if with_context else []) for q in questions]
+        return extractor.extract(prompts)
+
+    def _probe_data(self, layer: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+        qs = self.splits[split]
+        x = np.concatenate([self._states(layer, qs, False), self._states(layer, qs, True)])
+        y = np.array([self.closed[q.id] for q in qs] + [self.plain[q.id] for q in qs], dtype=np.int64)
+        return x, y
+
+    def phase_probe(self) -> None:
+        from sklearn.metrics import roc_auc_score
+
+        from ragsieve.probe.hidden import resolve_layer
+        from ragsieve.probe.model import ConfidenceProbe, ProbeConfig
+        from ragsieve.probe.train import train_probe_head
+
+        probe_dir = self.out / "probe"
+        if not (probe_dir / "probe_config.json").is_file():
+            layers = sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
+            by_layer: dict[int, float] = {}
+            heads = {}
+            for i, layer in enumerate(layers):
+                x_tr, y_tr = self._probe_data(layer, "train")
+                x_dev, y_dev = self._probe_data(layer, "dev")
+                if len(set(y_tr.tolist())) < 2 or len(set(y_dev.tolist())) < 2:
+                    raise RagsieveError(
+                        "the LLM answered every train or dev prompt the same way (all right or all wrong), so a "
+                        "probe cannot learn its knowledge boundary; give more (or more varied) questions"
+                    )
+                result = train_probe_head(x_tr, y_tr, x_dev, y_dev, self.config.probe)
+                heads[layer] = result.head
+                by_layer[layer] = float(roc_auc_score(y_dev, result.head.predict_proba(x_dev)))
+                self.progress("probe", i + 1, len(layers))
+            best = max(by_layer, key=lambda layer: (by_layer[layer], -abs(layer - self.llm.num_layers / 2)))
+            config = ProbeConfig(
+                llm_spec=self.llm.spec, layer=best, num_layers=self.llm.num_layers, hidden_size=self.llm.hidden_size,
+                probe_hidden=self.config.probe.hidden, dropout=self.config.probe.dropout,
+                max_prompt_tokens=self.config.max_prompt_tokens, metrics={"dev_auroc_by_layer": by_layer},
+            )
+            ConfidenceProbe(self.llm, heads[best], config).save(probe_dir)
+        from ragsieve.probe.cache import StateCache
+
+        self.probe: "ConfidenceProbe" = ConfidenceProbe.load(
+            probe_dir, self.llm, batch_size=self.config.batch_size, cache=StateCache(self.work / "states.sqlite")
+        )
+
+    # -- 5. gate ----------------------------------------------------------------------------------
+    def _conf_q(self, questions: list[Question]) -> np.ndarray:
+        return self.probe.score_batch([q.text for q in questions])
+
+    def phase_gate(self) -> None:
+        from ragsieve.gate.cbdr import skip_at_parity
+
+        dev = self.splits["dev"]
+        conf = self._conf_q(dev)
+        closed = np.array([self.closed[q.id] for q in dev])
+        plain = np.array([self.plain[q.id] for q in dev])
+        budget = gate_budget(self.config.gate)
+        if self.config.gate == "none":
+            self.beta = None
+        elif budget is not None:
+            # retrieve when Conf(Q) <= β: β at the budget's quantile retrieves for that share
+            self.beta = 1.0 if budget >= 1.0 else float(np.quantile(conf, budget))
+        else:
+            best = skip_at_parity(conf, closed, plain, tolerance=self.config.parity_tolerance)
+            self.beta = float(best["beta"])
+        self.progress("gate", 1, 1)
+
+    # -- 6. prefs ---------------------------------------------------------------------------------
+    def phase_prefs(self) -> None:
+        from ragsieve.data.jsonl import append_jsonl, read_jsonl
+        from ragsieve.prefs.preferences import select_preferences
+
+        path = self.work / "shifts.jsonl"
+        done = {row["question_id"]: row for row in read_jsonl(path, skip_bad=True)} if path.exists() else {}
+        questions = self.splits["train"] + self.splits["dev"]
+        for i, q in enumerate(questions):
+            if q.id not in done:
+                cands = self.candidates[q.id]
+                scores = self.probe.score_batch([q.text] * (len(cands) + 1), [None, *cands])
+                row = {"question_id": q.id, "conf_q": float(scores[0]),
+                       "inc": (scores[1:] - scores[0]).tolist(), "candidate_ids": [p.id for p in cands]}
+                append_jsonl(path, row)  # a kill loses at most this question
+                done[q.id] = row
+            self.progress("prefs", i + 1, len(questions))
+        self.prefs = {}
+        for name in ("train", "dev"):
+            records = []
+            for q in self.splits[name]:
+                rec = select_preferences(q.text, self.candidates[q.id], done[q.id]["inc"],
+                                         n_pos=self.config.align.n_pos, n_neg=self.config.align.n_neg, question_id=q.id)
+                if rec is not None:
+                    records.append(rec)
+            self.prefs[name] = records
+
+    # -- 7. rerank --------------------------------------------------------------------------------
+    def phase_rerank(self) -> None:
+        from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+
+        target = self.out / "reranker"
+        self.reranker_spec = "reranker"
+        if (target / "config.json").is_file():
+            return
+        if len(self.prefs["train"]) < 2:
+            log.warning("fit: %d preference group(s): too few to align, the sieve keeps %s",
+                        len(self.prefs["train"]), self.config.align.init)
+            self.reranker_spec = self.config.align.init
+            return
+        a = self.config.align
+        init = _reranker_folder(a.init)
+        config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
+                                         batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed)
+        tmp = self.out / ".reranker.training"
+        train_cross_encoder(self.prefs["train"], config, tmp)
+        import shutil
+
+        shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
+        tmp.rename(target)
+        self.progress("rerank", 1, 1)
+
+    def _reranker(self):
+        from ragsieve.registry import load_reranker
+        from ragsieve.pipeline.sieve_config import resolve_component
+
+        if not hasattr(self, "_ranker"):
+            self._ranker = load_reranker(resolve_component(self.out, self.reranker_spec))
+        return self._ranker
+
+    # -- 8. grade ---------------------------------------------------------------------------------
+    def phase_grade(self) -> None:
+        from ragsieve.eval.qa import contains_answer
+        from ragsieve.registry import new_grader
+
+        self.grader_spec = None
+        if not self.config.grade:
+            return
+        queries, passages, labels = [], [], []
+        for q in self.splits["dev"]:  # every candidate, not only the top-k: both labels, more of them
+            for p in self.candidates[q.id]:
+                queries.append(q.text)
+                passages.append(p.full_text)
+                labels.append(int(contains_answer(p.full_text, q.answers)))
+        if len(set(labels)) < 2:
+            log.warning("fit: dev passages are all %s: no grader threshold can be calibrated",
+                        "relevant" if labels and labels[0] else "irrelevant")
+            return
+        base = str(self.out / self.reranker_spec) if (self.out / self.reranker_spec).exists() else self.reranker_spec
+        grader = new_grader("ranker", base=base)
+        grader.fit(queries, passages, labels)
+        # the grader names its ranker relative to the sieve, so the folder can move
+        grader.config = grader.config.model_copy(update={"base": f"../{self.reranker_spec}"
+                                                         if (self.out / self.reranker_spec).exists() else base})
+        grader.save(self.out / "grader")
+        self.grader_spec = "grader"
+        self.progress("grade", 1, 1)
+
+    # -- 9. evaluate ------------------------------------------------------------------------------
+    def phase_evaluate(self) -> None:
+        from ragsieve.eval.classification import accuracy_interval
+        from ragsieve.eval.stats import bootstrap_metric, mcnemar_exact
+        from ragsieve.pipeline.sieve import Sieve
+        from ragsieve.probe.labels import LabelRequest
+
+        sieve = SieveConfig(
+            llm=self.config.llm, probe="probe", layer=self.probe.config.layer, beta=self.beta, policy=self.config.gate,
+            reranker=self.reranker_spec, grader=self.grader_spec, top_k=self.config.top_k,
+            candidates=self.config.candidates, max_prompt_tokens=self.config.max_prompt_tokens,
+            max_new_tokens=self.config.max_new_tokens,
+        )
+        Sieve(sieve).save(self.out)
+        stages = Sieve.load(self.out, llm=self.llm)
+        test = self.splits["test"]
+        conf = self._conf_q(test)
+        requests, retrieved = [], []
+        for q, c in zip(test, conf):
+            go = self.beta is None or c <= self.beta
+            retrieved.append(go)
+            kept = stages.filter(q.text, self.candidates[q.id]).kept if go else []
+            requests.append(LabelRequest(q.id, q.text, q.answers, "sieve", kept))
+        gens = self._label(requests, self.work / "generations_test_sieve.jsonl", "evaluate")
+        sieve_ok = np.array([g.correct for g in gens])
+        closed = np.array([self.closed[q.id] for q in test])
+        plain = np.array([self.plain[q.id] for q in test])
+
+        def acc(x: np.ndarray) -> dict:
+            lo, hi = accuracy_interval(int(x.sum()), len(x))
+            return {"accuracy": float(x.mean()), "ci95": [lo, hi], "n": len(x)}
+
+        metrics: dict[str, Any] = {
+            "n_questions": {k: len(v) for k, v in self.splits.items()},
+            "test": {"closed_book": acc(closed), f"plain_top{self.config.top_k}": acc(plain), "sieve": acc(sieve_ok)},
+            "retrieval_rate": float(np.mean(retrieved)),
+            "sieve_vs_plain": mcnemar_exact(sieve_ok, plain).to_dict(),
+            "preference_groups": {k: len(v) for k, v in self.prefs.items()},
+        }
+        try:
+            from sklearn.metrics import roc_auc_score
+
+            x, y = self._probe_data(self.probe.config.layer, "test")
+            est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(x))
+            metrics["probe_test_auroc"] = {"auroc": est, "ci95": [lo, hi], "n": len(y)}
+        except ValueError:
+            metrics["probe_test_auroc"] = None  # one class only in the test split
+        metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
+        metrics["seconds_by_phase"] = self.timings
+        self.sieve = sieve.model_copy(update={
+            "metrics": metrics, "versions": _versions(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+        Sieve(self.sieve).save(self.out)
+        self.progress("evaluate", len(test), len(test))
+
+
+def _reranker_folder(spec: str) -> str:
+    """A folder the cross-encoder trainer can start from."""
+    if Path(spec).is_dir():
+        return spec
+    if spec.startswith("cross-encoder:") and Path(spec.partition(":")[2]).is_dir():
+        return spec.partition(":")[2]
+    if spec == "embedded:base":
+        from ragsieve.rerank.embedded import ensure_base_reranker
+
+        return str(ensure_base_reranker())
+    raise RagsieveError(f"align.init '{spec}': give a cross-encoder folder or embedded:base")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("ragsieve", "torch", "transformers", "sentence-transformers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def fit_sieve(config: FitConfig, progress: Optional[Progress] = None) -> SieveConfig:
+    """Run every phase (resuming from ``<out>/work``) and return the written ``sieve.json``."""
+    return Fit(config, progress).run()

@@ -1,0 +1,125 @@
+"""A sieve: every stage of the pipeline fitted to one LLM, in one folder.
+
+``ragsieve fit`` writes it; ``Sieve.load`` reads it. The folder holds ``sieve.json`` (the
+LLM spec, the probe layer and β with the policy that chose it, the reranker and grader,
+every held-out metric with its 95 % interval, library versions) and safetensors weights
+only (``probe/``, ``reranker/``, ``grader/``). A component may instead name a spec
+(``embedded:base``, ``embedded:smollm2-nq``), so a sieve can reuse shipped parts.
+
+Example::
+
+    from ragsieve import Sieve
+    sieve = Sieve.load("sieves/mine")
+    sieve.should_retrieve("who wrote hamlet?")            # GateDecision(confidence, retrieve)
+    kept = sieve.filter("who wrote hamlet?", passages)    # reranked, graded, what to keep
+    sieve.answer("who wrote hamlet?", retriever=load_index("index/mine")).answer
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.pipeline.sieve_config import SIEVE_FILE, SieveConfig, read_sieve_config
+
+if TYPE_CHECKING:
+    from ragsieve.gate.cbdr import CBDRGate, GateDecision
+    from ragsieve.grade.base import GradeResult, Grader
+    from ragsieve.models.llm import Generator
+    from ragsieve.pipeline.rag import RAGAnswer, RAGPipeline
+    from ragsieve.rerank.base import BaseRanker, RankedResults
+    from ragsieve.retrieve.base import Retriever
+
+@dataclass(frozen=True)
+class FilterResult:
+    """What :meth:`Sieve.filter` decided: the ranking, each selected passage's verdict, what to keep."""
+
+    ranked: "RankedResults"
+    selected: list[Passage]  # the top_k after reranking, in rank order
+    verdicts: list["GradeResult"]  # one per selected passage (empty: no grader)
+    kept: list[Passage]  # selected passages graded relevant (all selected when there is no grader)
+
+
+class Sieve:
+    """A fitted gate → rerank → grade for one LLM; components load on first use."""
+
+    def __init__(self, config: SieveConfig, folder: str | Path | None = None, *, llm: "Generator | None" = None):
+        self.config = config
+        self.folder = Path(folder) if folder is not None else None
+        self._llm = llm
+
+    @classmethod
+    def load(cls, path: str | Path, *, llm: "Generator | None" = None) -> "Sieve":
+        """The sieve in folder ``path``; ``llm`` reuses an already loaded LLM (it must be the sieve's)."""
+        return cls(read_sieve_config(path), path, llm=llm)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``sieve.json`` into ``path`` (the weights are written by whoever fitted them)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / SIEVE_FILE).write_text(self.config.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        return path
+
+    # -- components: built once, by the one pipeline builder -----------------------------------
+    @cached_property
+    def _pipe(self) -> "RAGPipeline":
+        from ragsieve.pipeline.config import PipelineConfig
+        from ragsieve.pipeline.rag import RAGPipeline
+
+        if self.folder is None:
+            raise RagsieveError("this sieve has no folder yet: save it first")
+        return RAGPipeline.from_config(PipelineConfig(sieve=str(self.folder)), llm=self._llm)
+
+    @property
+    def llm(self) -> "Generator":
+        return self._pipe.llm
+
+    @property
+    def gate(self) -> "CBDRGate | None":
+        return self._pipe.gate
+
+    @property
+    def reranker(self) -> "BaseRanker":
+        from ragsieve.rerank.base import RetrievalOrder
+
+        return self._pipe.reranker or RetrievalOrder()
+
+    @property
+    def grader(self) -> "Grader | None":
+        return self._pipe.grader
+
+    # -- the stages ------------------------------------------------------------------------------
+    def should_retrieve(self, question: str) -> "GateDecision":
+        """Conf(Q) against β: retrieve only when the LLM is not confident enough (always, without a gate)."""
+        from ragsieve.gate.cbdr import GateDecision
+
+        if not question.strip():
+            raise RagsieveError("empty question")
+        if self.gate is None:
+            return GateDecision(float("nan"), True)
+        return self.gate.decide_many([question])[0]
+
+    def rerank(self, question: str, passages: Sequence[Passage | str]) -> "RankedResults":
+        """Passages ordered by what this LLM can use (the sieve's reranker)."""
+        return self.reranker.rank(question, passages)
+
+    def filter(self, question: str, passages: Sequence[Passage | str]) -> FilterResult:
+        """Rerank, keep the top_k, grade them: what to put in the prompt, with scores and verdicts."""
+        ranked = self.rerank(question, passages)
+        selected = ranked.passages()[: self.config.top_k]
+        if self.grader is None:
+            return FilterResult(ranked, selected, [], list(selected))
+        verdicts = self.grader.grade(question, selected)
+        return FilterResult(ranked, selected, verdicts, [p for p, v in zip(selected, verdicts) if v.relevant])
+
+    def pipeline(self, retriever: "Retriever | None" = None) -> "RAGPipeline":
+        """The full pipeline with this sieve's stages around ``retriever`` (components are shared)."""
+        return self._pipe.with_retriever(retriever)
+
+    def answer(self, question: str, retriever: "Retriever | None" = None) -> "RAGAnswer":
+        """Gate → retrieve → rerank → grade → generate for one question; ``trace`` on the answer says why."""
+        return self.pipeline(retriever).answer(question, retrieve=retriever is not None)

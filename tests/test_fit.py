@@ -1,0 +1,103 @@
+"""`ragsieve fit` end to end on a tiny corpus and QA file with the tiny test models; resume; refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+
+TOPICS = ["apples", "rivers", "castles", "comets", "violins", "glaciers", "tigers", "bridges", "lanterns", "deserts",
+          "orchids", "harbors", "volcanoes", "falcons", "pianos", "meadows", "canyons", "beetles", "islands", "rockets",
+          "puzzles", "kettles", "dolphins", "forests"]
+
+
+def _corpus() -> list[Passage]:
+    return [Passage(f"p{i}", f"This passage is about {t}. {t.capitalize()} are described in detail here.", t)
+            for i, t in enumerate(TOPICS)]
+
+
+KNOWN = set(TOPICS[::2])  # the "LLM" knows every other topic
+
+
+@pytest.fixture
+def fit_inputs(tmp_path, chat_server_factory):
+    """An index, a QA file (answer = the topic), and a real loopback OpenAI-compatible server standing
+    in for a GPU server of the same model: it answers the labelling prompts, right for half the topics."""
+    from ragsieve.retrieve import build_index
+
+    index = tmp_path / "idx"
+    build_index(_corpus(), index, kind="bm25")
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"q{i:02d}", "question": f"what do you know about {t}?",
+                                      "answers": [t]}) + "\n" for i, t in enumerate(TOPICS)))
+
+    def reply(body):
+        asked = body["messages"][-1]["content"]
+        return next((t for t in KNOWN if f"about {t}?" in asked), "I am not sure.")
+
+    server = chat_server_factory(reply)
+    return index, qa, f"openai:{server.url}#tiny"
+
+
+def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_llm, tiny_llm_dir,
+                                                   tiny_cross_encoder_dir, cli):
+    from ragsieve import Sieve
+
+    index, qa, endpoint = fit_inputs
+    out = tmp_path / "sieve"
+    config = tmp_path / "fit.yaml"
+    config.write_text(
+        f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nlayers: [1, 2]\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
+        f"candidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, lr: 0.001, batch_size: 4, max_length: 64, n_pos: 2, n_neg: 2}}\n"
+    )
+    result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
+                 "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
+    assert result.code == 0, result.err
+    written = json.loads((out / "sieve.json").read_text())
+    assert written["llm"] == str(tiny_llm_dir) and written["layer"] in (1, 2) and written["policy"] == "budget=0.5"
+    test = written["metrics"]["test"]
+    assert {"closed_book", "plain_top3", "sieve"} <= set(test) and all(len(m["ci95"]) == 2 for m in test.values())
+    assert "p_value" in written["metrics"]["sieve_vs_plain"]
+    assert all(f.suffix in {".json", ".safetensors", ".txt", ".jsonl", ".sqlite", ".md", ""} or f.is_dir()
+               for f in out.rglob("*") if "work" not in f.parts)  # weights are safetensors only
+
+    sieve = Sieve.load(out, llm=tiny_llm)
+    decisions = [sieve.should_retrieve(f"what do you know about {t}?") for t in TOPICS]
+    assert {d.retrieve for d in decisions} == {True, False}  # the gate skips the confident half
+    ranked = sieve.rerank("what do you know about comets?", _corpus()[:6])
+    assert sorted(r.index for r in ranked.results) == list(range(6))
+    assert written["reranker"] == "reranker" and (out / "reranker" / "model.safetensors").is_file()  # aligned
+    assert written["grader"] == "grader" and sieve.grader is not None  # threshold calibrated on dev
+    assert len(sieve.filter("what do you know about comets?", _corpus()[:6]).verdicts) == 3
+
+    # A rerun finds every phase's output and redoes nothing expensive.
+    again = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
+                "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
+    assert again.code == 0 and json.loads((out / "sieve.json").read_text())["beta"] == written["beta"]
+
+
+def test_fit_refuses_endpoints_and_bad_policies_before_loading(tmp_path, cli):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "q", "answers": ["a"]}\n')
+    result = cli("fit", "--index", tmp_path, "--questions", qa, "--out", tmp_path / "s",
+                 "--llm", "openai:http://127.0.0.1:9/v1#llama")
+    assert result.code == 2 and "hidden states" in result.err
+    result = cli("fit", "--index", tmp_path, "--questions", qa, "--out", tmp_path / "s", "--gate", "budget=7")
+    assert result.code == 2 and "gate policy" in result.err
+
+
+def test_qa_file_errors_are_one_line(tmp_path):
+    from ragsieve.data.qa_files import read_qa_file
+
+    bad = tmp_path / "qa.jsonl"
+    for text, message in [('{"answers": ["a"]}\n', "qa.jsonl:1: needs a non-empty 'question'"),
+                          ('{"question": "q", "answers": []}\n', "qa.jsonl:1: needs 'answers'"),
+                          ('{"id": "a", "question": "q", "answer": "x"}\n{"id": "a", "question": "r", "answer": "y"}\n',
+                           "qa.jsonl:2: duplicate id 'a'")]:
+        bad.write_text(text)
+        with pytest.raises(RagsieveError, match=message):
+            read_qa_file(bad)

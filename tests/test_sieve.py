@@ -1,0 +1,97 @@
+"""A sieve folder loads through Sieve.load and each stage acts: gate, reranker, grader; `ask --sieve --explain`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+
+QUESTIONS = ["who is the author of hamlet", "what do plants make from light"]
+DOCS = [
+    Passage("stuffed", "Hamlet, hamlet, hamlet: a hamlet is a small village. Hamlet villages.", "Hamlet (place)"),
+    Passage("answer", "Hamlet is a tragedy written by William Shakespeare around 1600.", "Hamlet"),
+    Passage("off", "Photosynthesis converts light energy into chemical energy, says the author.", "Photosynthesis"),
+]
+
+
+@pytest.fixture
+def sieve_dir(tmp_path, tiny_llm):
+    """A hand-made sieve for the tiny LLM: a random probe with β between two questions' Conf(Q),
+    MiniLM cosine as the reranker and as a thresholded grader."""
+    from ragsieve.pipeline import Sieve, SieveConfig
+    from ragsieve.probe.model import ConfidenceProbe, ProbeConfig, ProbeHead
+    from ragsieve.registry import new_grader
+
+    folder = tmp_path / "sieve"
+    probe = ConfidenceProbe(tiny_llm, ProbeHead(tiny_llm.hidden_size, 8), ProbeConfig(
+        llm_spec=tiny_llm.spec, layer=2, num_layers=tiny_llm.num_layers, hidden_size=tiny_llm.hidden_size,
+        probe_hidden=8, max_prompt_tokens=400))
+    conf = probe.score_batch(QUESTIONS)
+    assert conf[0] != conf[1]
+    probe.save(folder / "probe")
+    new_grader("cosine", threshold=0.25).save(folder / "grader")
+    config = SieveConfig(llm=tiny_llm.spec, probe="probe", layer=2, beta=float(conf.mean()), policy="fixed",
+                         reranker="bi-encoder", grader="grader", top_k=2, candidates=3, max_prompt_tokens=400,
+                         max_new_tokens=2)
+    Sieve(config).save(folder)
+    return folder, conf
+
+
+def test_sieve_load_and_each_stage_acts(sieve_dir, tiny_llm):
+    from ragsieve import Sieve
+
+    folder, conf = sieve_dir
+    sieve = Sieve.load(folder, llm=tiny_llm)
+    decisions = [sieve.should_retrieve(q) for q in QUESTIONS]
+    assert [d.retrieve for d in decisions] == [bool(c <= conf.mean()) for c in conf]  # one skips, one retrieves
+    assert sorted(d.retrieve for d in decisions) == [False, True]
+    ranked = sieve.rerank(QUESTIONS[0], DOCS)
+    assert ranked.results[0].passage.id == "answer"  # MiniLM puts the answer first; the input had it second
+    kept = sieve.filter(QUESTIONS[0], DOCS[::-1])
+    assert [p.id for p in kept.selected] == ["answer", "stuffed"]
+    kept = sieve.filter(QUESTIONS[0], [DOCS[2], DOCS[1]])
+    assert [p.id for p in kept.kept] == ["answer"] and [v.relevant for v in kept.verdicts] == [True, False]
+
+
+def test_sieve_answer_traces_every_stage(sieve_dir, tiny_llm, tmp_path):
+    from ragsieve import Sieve
+    from ragsieve.retrieve import build_index
+
+    folder, conf = sieve_dir
+    index = build_index(DOCS, tmp_path / "idx", kind="bm25")
+    retrieving = QUESTIONS[int(np.argmin(conf))]
+    answer = Sieve.load(folder, llm=tiny_llm).answer(retrieving, retriever=index)
+    assert answer.retrieved and answer.confidence == pytest.approx(conf.min(), abs=1e-5)
+    assert answer.candidates and all(c.rerank_rank is not None for c in answer.candidates)
+    assert answer.prompt_tokens and json.dumps(answer.to_dict())
+
+
+def test_ask_with_sieve_explains_and_speaks_json(sieve_dir, tmp_path, cli):
+    from ragsieve.retrieve import build_index
+
+    folder, conf = sieve_dir
+    build_index(DOCS, tmp_path / "idx", kind="bm25")
+    question = QUESTIONS[int(np.argmin(conf))]
+    result = cli("ask", question, "--index", tmp_path / "idx", "--sieve", folder, "--explain")
+    assert result.code == 0, result.err
+    assert "gate" in result.out and "β" in result.out and "candidates" in result.out and "prompt" in result.out
+    result = cli("ask", question, "--index", tmp_path / "idx", "--sieve", folder, "--json")
+    data = json.loads(result.out)
+    assert data["retrieved"] and data["beta"] == pytest.approx(float(conf.mean()))
+    assert {c["id"] for c in data["candidates"]} <= {"stuffed", "answer", "off"}
+    both = cli("ask", question, "--index", tmp_path / "idx", "--sieve", folder, "--reranker", "bm25")
+    assert both.code == 2 and "either sieve or those" in both.err
+
+
+def test_not_a_sieve_is_one_line(tmp_path):
+    from ragsieve import Sieve
+
+    with pytest.raises(RagsieveError, match="not a sieve .*ragsieve fit"):
+        Sieve.load(tmp_path)
+    (tmp_path / "sieve.json").write_text('{"beta": 3}')
+    with pytest.raises(RagsieveError, match="beta"):
+        Sieve.load(tmp_path)
