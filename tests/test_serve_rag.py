@@ -57,3 +57,44 @@ def test_gate_and_ask_without_an_llm_are_400():
         for path in ("/v1/gate", "/v1/ask"):
             r = httpx.post(f"{server.url}{path}", json={"query": "q"})
             assert r.status_code == 400 and "no LLM configured" in r.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def sieve_dir(tiny_llm, tiny_probe_dir, tmp_path_factory):
+    """A hand-made sieve for the tiny LLM: its probe, β = 1 (always retrieve), bm25 reranker and grader."""
+    import shutil
+
+    from ragsieve.pipeline import Sieve, SieveConfig
+    from ragsieve.registry import new_grader
+
+    folder = tmp_path_factory.mktemp("sieve")
+    shutil.copytree(tiny_probe_dir, folder / "probe")
+    new_grader("ranker", base="bm25", threshold=0.1).save(folder / "grader")
+    Sieve(
+        SieveConfig(
+            llm=tiny_llm.spec,
+            probe="probe",
+            layer=2,
+            beta=1.0,
+            policy="fixed",
+            reranker="bm25",
+            grader="grader",
+            top_k=2,
+            candidates=3,
+            max_new_tokens=2,
+        )
+    ).save(folder)
+    return folder
+
+
+def test_serve_a_sieve(sieve_dir, cli):
+    docs = ["Paris is the capital of France.", "Hamlet was written by Shakespeare.", "Cats sleep."]
+    with BackgroundServer(create_app(ServeConfig(sieve=str(sieve_dir)))) as server:
+        models = httpx.get(f"{server.url}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [f"sieve:{sieve_dir.name}", str(sieve_dir / "grader")]
+        r = httpx.post(f"{server.url}/v1/filter", json={"query": "who wrote hamlet shakespeare", "documents": docs})
+        assert r.status_code == 200 and [x["index"] for x in r.json()["results"]] == [1], r.text
+        gate = httpx.post(f"{server.url}/v1/gate", json={"query": "Who wrote Hamlet?"}, timeout=120).json()
+        assert gate["beta"] == 1.0 and gate["retrieve"] is True
+    result = cli("serve", "--sieve", sieve_dir, "--reranker", "bm25")
+    assert result.code == 2 and "a sieve brings its own stages" in result.err

@@ -20,6 +20,9 @@ from ragsieve.cli.app import app, err_console
 
 @app.command("serve")
 def serve_cmd(
+    sieve: Optional[Path] = typer.Option(
+        None, "--sieve", help="A fitted sieve folder (`ragsieve fit`): its reranker, grader, LLM, probe and β."
+    ),
     reranker: Optional[str] = typer.Option(None, "--reranker", "-r", help="Reranker spec (default embedded:base)."),
     grader: Optional[str] = typer.Option(
         None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."
@@ -52,6 +55,7 @@ def serve_cmd(
 
     values = read_mapping(config) if config else {}
     options = {
+        "sieve": str(sieve) if sieve else None,
         "reranker": reranker,
         "grader": grader,
         "api_key": api_key,
@@ -64,7 +68,7 @@ def serve_cmd(
     values.update({k: v for k, v in options.items() if v is not None})  # options override the file
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))
     logging.getLogger("ragsieve.serve").setLevel(log_level.upper())
-    err_console.print(f"loading {cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))
+    err_console.print(f"loading {cfg.sieve or cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))
     application = create_app(cfg)  # models load here: a bad spec fails before the port is taken
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

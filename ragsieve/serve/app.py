@@ -136,6 +136,7 @@ def _texts(documents: Sequence[Document]) -> list[str]:
 
 def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastAPI:
     """The service for ``config`` (models load now, so a bad spec fails before the server binds)."""
+    config = config.expanded()  # a sieve's stages become plain specs
     if config.feedback_store:  # a wrong store path fails at start-up, not at the first feedback
         from ragsieve.evolve.live import pending_feedback
 

@@ -4,11 +4,12 @@ Example::
 
     from ragsieve.serve import ServeConfig, create_app
     app = create_app(ServeConfig(reranker="bm25", max_documents=100))
+    app = create_app(ServeConfig(sieve="sieves/mine"))   # a fitted sieve: its reranker, grader, LLM, probe and β
 """
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from ragsieve.config import StrictConfig
 
@@ -16,6 +17,7 @@ from ragsieve.config import StrictConfig
 class ServeConfig(StrictConfig):
     """Models (by registry spec) and request limits of the rerank / filter service."""
 
+    sieve: str | None = None  # a fitted sieve folder (`ragsieve fit`): brings reranker, grader, llm, probe, β
     reranker: str = "embedded:base"  # any reranker spec of ragsieve.registry, or evolve:<store> (its latest round)
     grader: str | None = None  # saved grader folder or embedded:<name>; None = /v1/filter uses the ranker's threshold
     model_name: str | None = None  # the id clients see in responses and /v1/models (default: the reranker spec)
@@ -43,3 +45,43 @@ class ServeConfig(StrictConfig):
     max_batch_pairs: int = Field(256, ge=1)
 
     api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)
+
+    @model_validator(mode="after")
+    def _sieve_or_stages(self) -> "ServeConfig":
+        given = self.model_fields_set & _SIEVE_FIELDS
+        if self.sieve and given:
+            raise ValueError(f"a sieve brings its own stages: give either sieve or {', '.join(sorted(given))}")
+        return self
+
+    def expanded(self) -> "ServeConfig":
+        """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved)."""
+        if not self.sieve:
+            return self
+        from pathlib import Path
+
+        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component
+
+        sc = read_sieve_config(self.sieve)
+
+        def part(value: str | None) -> str | None:
+            return resolve_component(self.sieve, value) if value else None
+
+        gated = sc.probe is not None and sc.beta is not None
+        update = {
+            "sieve": None,
+            "reranker": part(sc.reranker) or "none",
+            "grader": part(sc.grader),
+            "llm": sc.llm,
+            "probe": part(sc.probe) if gated else None,
+            "top_k": sc.top_k,
+            "candidates": max(sc.candidates, sc.top_k),
+            "max_new_tokens": sc.max_new_tokens,
+            "model_name": self.model_name or f"sieve:{Path(self.sieve).name}",
+        }
+        if gated:
+            update["cbdr_beta"] = sc.beta
+        return ServeConfig.model_validate({**self.model_dump(exclude={"api_key"}), **update, "api_key": self.api_key})
+
+
+# what a sieve decides; giving one of these next to --sieve is refused, not silently overridden
+_SIEVE_FIELDS = frozenset({"reranker", "grader", "llm", "probe", "cbdr_beta"})
