@@ -155,3 +155,33 @@ def test_feedback_loop_serve_feedback_step_reload(tmp_path, tiny_llm_dir, cli):
     finally:
         s.close()
     assert {r["index"]: r["relevance_score"] for r in after} != {r["index"]: r["relevance_score"] for r in before}
+
+
+def test_a_damaged_store_is_one_line_on_every_feedback_path(tmp_path, cli):
+    from ragsieve.errors import RagsieveError
+    from ragsieve.evolve.live import FeedbackItem, append_feedback, promote_feedback
+
+    store = make_store(tmp_path / "store")
+    (store / "evolve.sqlite").write_bytes(b"this is not an SQLite file, just text\n" * 50)
+    for wal in store.glob("evolve.sqlite-*"):
+        wal.unlink()
+    item = FeedbackItem(query="q", document="d", label=1)
+    for call in (lambda: append_feedback(store, [item]), lambda: promote_feedback(store)):
+        with pytest.raises(RagsieveError):
+            call()
+    result = cli("evolve", "step", "--store", store)
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1 and "evolve.sqlite" in result.err
+    fb = tmp_path / "fb.jsonl"
+    fb.write_text(json.dumps({"query": "q", "document": "d", "label": 1}) + "\n")
+    result = cli("feedback", "add", fb, "--store", store)
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1
+
+
+def test_feedback_to_a_store_damaged_while_serving_is_503(tmp_path):
+    store = make_store(tmp_path / "store")
+    with BackgroundServer(create_app(ServeConfig(reranker="bm25", feedback_store=str(store)))) as server:
+        (store / "evolve.sqlite").write_bytes(b"this is not an SQLite file, just text\n" * 50)
+        for wal in store.glob("evolve.sqlite-*"):
+            wal.unlink()
+        r = httpx.post(f"{server.url}/v1/feedback", json={"query": "q", "document": "d", "label": 1})
+        assert r.status_code == 503 and r.json()["error"].startswith("feedback store unavailable"), r.text

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,6 +34,7 @@ from ragsieve.config import StrictConfig, format_validation_error
 from ragsieve.data.records import LabeledPair
 from ragsieve.errors import DataError
 from ragsieve.evolve.store import EvolveStore, _now
+from ragsieve.evolve.store import _open as open_store
 
 _LIVE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS live_feedback (
@@ -72,25 +75,23 @@ class FeedbackItem(StrictConfig):
         ]
 
 
-def _open(store_dir: str | Path) -> EvolveStore:
-    store = EvolveStore(store_dir)  # refuses a directory without a store; sets WAL
-    store.conn.executescript(_LIVE_SCHEMA)
-    return store
+@contextmanager
+def _live(store_dir: str | Path) -> Iterator[EvolveStore]:
+    """The store with the live table; a damaged file is one line (the store's own wrapper), never a traceback."""
+    with open_store(store_dir) as store:
+        store.conn.executescript(_LIVE_SCHEMA)
+        yield store
 
 
 def append_feedback(store_dir: str | Path, items: Sequence[FeedbackItem]) -> int:
     """Append ``items`` in one transaction; returns the number of rows written."""
     rows = [(*r, _now()) for item in items for r in item.rows()]
-    store = _open(store_dir)
-    try:
-        with store.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO live_feedback (query, document, label, source, pair_id, fields, added_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-    finally:
-        store.close()
+    with _live(store_dir) as store, store.transaction() as conn:
+        conn.executemany(
+            "INSERT INTO live_feedback (query, document, label, source, pair_id, fields, added_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
     return len(rows)
 
 
@@ -111,19 +112,15 @@ def read_feedback_file(path: str | Path) -> list[FeedbackItem]:
 
 def pending_feedback(store_dir: str | Path) -> int:
     """Rows that arrived since the last promotion."""
-    store = _open(store_dir)
-    try:
+    with _live(store_dir) as store:
         return store.conn.execute("SELECT COUNT(*) FROM live_feedback WHERE round IS NULL").fetchone()[0]
-    finally:
-        store.close()
 
 
 def promote_feedback(store_dir: str | Path) -> int | None:
     """Queue the feedback since the last promotion as one fully labelled round; its id, or None."""
     from ragsieve.prompts.verdicts import get_template
 
-    store = _open(store_dir)
-    try:
+    with _live(store_dir) as store:
         template = get_template(store.config.template)
         with store.transaction() as conn:
             rows = conn.execute(
@@ -158,5 +155,3 @@ def promote_feedback(store_dir: str | Path) -> int | None:
             )
             conn.executemany("UPDATE live_feedback SET round = ? WHERE id = ?", [(round_id, r[0]) for r in rows])
         return round_id
-    finally:
-        store.close()

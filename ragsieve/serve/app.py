@@ -23,6 +23,7 @@ from typing import Union
 import numpy as np
 from fastapi import Body, FastAPI, Request
 
+from ragsieve.errors import RagsieveError
 from ragsieve.evolve.live import FeedbackItem
 from ragsieve.serve.chunks import plan_chunks
 from ragsieve.serve.config import ServeConfig
@@ -288,8 +289,12 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
             if any(len(t) > config.max_document_chars for t in texts):
                 raise ServeError(413, f"{i}: a text is longer than max_document_chars ({config.max_document_chars})")
         # sqlite waits for other writers (WAL, busy timeout): never on the event loop
-        stored = await asyncio.to_thread(append_feedback, config.feedback_store, items)
-        pending = await asyncio.to_thread(pending_feedback, config.feedback_store)
+        try:
+            stored = await asyncio.to_thread(append_feedback, config.feedback_store, items)
+            pending = await asyncio.to_thread(pending_feedback, config.feedback_store)
+        except RagsieveError as exc:  # the store, not the request, is at fault (damaged, unwritable)
+            log.error("rid=%s feedback store: %s", request_id(request), exc)
+            raise ServeError(503, f"feedback store unavailable: {str(exc).splitlines()[0]}") from None
         log.info("rid=%s feedback: %d row(s) from %s", request_id(request), stored, sorted({x.source for x in items}))
         return FeedbackResponse(stored=stored, pending=pending, request_id=request_id(request))
 
