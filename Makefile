@@ -39,6 +39,7 @@ bench: install
 	$(PY) bench/confidence.py
 	$(PY) bench/rerank.py
 	$(PY) bench/grader.py
+	$(PY) bench/serve.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -13,7 +13,7 @@ import sys
 import typer
 
 # Import order is the order of `ragsieve --help`.
-from ragsieve.cli import data, ask, fit, rerank, grade, probe, run, evolve  # noqa: F401, I001 - registers the commands
+from ragsieve.cli import data, ask, fit, rerank, grade, probe, run, evolve, feedback, serve  # noqa: F401, I001 - registers the commands
 from ragsieve.cli.app import app, err_console
 from ragsieve.errors import RagsieveError
 

@@ -82,8 +82,13 @@ def step_cmd(
     all_rounds: bool = typer.Option(False, "--all", help="Keep stepping until no round is queued."),
 ) -> None:
     """Run the next round (resumes an interrupted one from scratch, never twice)."""
+    from ragsieve.evolve.live import promote_feedback
     from ragsieve.evolve.store import run_step
 
+    # live feedback (/v1/feedback, `feedback add`) since the last round becomes a full-feedback round
+    promoted = promote_feedback(store)
+    if promoted is not None:
+        console.print(f"live feedback queued as round {promoted}")
     while True:
         report = run_step(store)
         if report.round is None:

@@ -1,0 +1,315 @@
+"""Service throughput under load: `ragsieve serve` vs offline batch scoring vs a plain server.
+
+≥ 50 concurrent loopback clients send rerank requests of 20 documents of ~100 words
+(NQ-oracle passages, else synthetic text) for a bounded time. The server runs in its own
+process (`ragsieve serve`, dynamic batching); the clients share one asyncio loop here.
+Reported: pairs/s, request latency p50/p95/p99, errors (must be 0), and the ratio of the
+service's pairs/s to offline ``CrossEncoder.predict`` over the same pairs (target ≥ 0.9).
+The same weights are then served by infinity-emb when it is installed (target ratio ≥ 1.0),
+else by a plain FastAPI + ``CrossEncoder.predict`` server (no batching across requests).
+Writes ``bench/results/serve.json``.
+
+    python bench/serve.py [--model DIR|embedded:base|minilm] [--clients 50] [--seconds 60]
+
+``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
+a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def resolve_model(spec: str, workdir: Path) -> str:
+    if spec == "minilm":
+        from sentence_transformers import CrossEncoder
+
+        from ragsieve.models import get_embedded
+
+        target = workdir / "minilm-ce"
+        CrossEncoder(str(get_embedded("all-minilm-l6-v2").path()), num_labels=1, max_length=512).save(str(target))
+        return str(target)
+    if spec == "embedded:base":  # like bench/rerank.py: trained once on first use, then cached
+        from ragsieve.rerank.embedded import ensure_base_reranker
+
+        return str(ensure_base_reranker())
+    return spec
+
+
+def make_requests(n: int, docs: int, seed: int = 0) -> list[dict]:
+    """Rerank bodies: a question and `docs` passages of ~100 words."""
+    rng = random.Random(seed)
+    try:
+        from ragsieve.data import load_dataset
+
+        ds = load_dataset("nq-oracle")
+        questions = [q.text for q in ds.questions]
+        pool = [p.full_text for p in ds.passages if 60 <= len(p.text.split()) <= 160]
+        source = "nq-oracle"
+    except Exception as exc:  # noqa: BLE001 - no data here: same shape, synthetic words
+        print(f"nq-oracle unavailable ({exc}); synthetic passages")
+        words = "the of and a in to is was for on as by with he that at from his it an were are which".split()
+        questions = [" ".join(rng.choices(words, k=8)) for _ in range(200)]
+        pool = [" ".join(rng.choices(words, k=100)) for _ in range(2000)]
+        source = "synthetic"
+    bodies = [{"model": "bench", "query": rng.choice(questions), "documents": rng.sample(pool, docs)} for _ in range(n)]
+    return bodies, source
+
+
+def _die_with_parent() -> None:
+    """Child servers get SIGTERM when this process dies, however it dies (no orphaned model servers)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_server(argv: list[str], env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=REPO,
+        preexec_fn=_die_with_parent,
+    )
+    line = proc.stdout.readline()
+    if "http://" not in line:
+        proc.kill()
+        sys.exit(f"server did not start: {argv}")
+    return proc, line[line.index("http://") :].split()[0]
+
+
+async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: float, grace: float) -> dict:
+    """Closed loop: each client sends its next request when the last one returns, for ``seconds``.
+
+    pairs/s counts the pairs answered inside the window; requests still in flight at the
+    end get ``grace`` seconds (their latencies count), then are cancelled and reported.
+    """
+    import httpx
+
+    latencies, errors, window_pairs, done = [], 0, 0, 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+        # warm-up, not timed: first-call allocations, connection set-up
+        await asyncio.gather(*[client.post(path, json=bodies[i % len(bodies)]) for i in range(min(clients, 4))])
+        start = time.perf_counter()
+        stop_at = start + seconds
+
+        async def worker(k: int) -> None:
+            nonlocal errors, window_pairs, done
+            i = k
+            while time.perf_counter() < stop_at:
+                body = bodies[i % len(bodies)]
+                i += clients
+                t = time.perf_counter()
+                try:
+                    r = await client.post(path, json=body)
+                    ok = r.status_code == 200
+                except (httpx.HTTPError, OSError):
+                    ok = False
+                end = time.perf_counter()
+                if not ok:
+                    errors += 1
+                    continue
+                latencies.append(end - t)
+                done += 1
+                if end <= stop_at:
+                    window_pairs += len(body["documents"])
+
+        tasks = [asyncio.ensure_future(worker(k)) for k in range(clients)]
+        _, pending = await asyncio.wait(tasks, timeout=seconds + grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    lat = np.asarray(latencies) * 1000 if latencies else np.full(1, np.nan)
+    return {
+        "requests": done,
+        "errors": errors,
+        "unfinished_after_grace": len(pending),
+        "window_pairs": window_pairs,
+        "seconds": seconds,
+        "pairs_per_s": window_pairs / seconds,
+        "latency_ms": {
+            "p50": float(np.percentile(lat, 50)),
+            "p95": float(np.percentile(lat, 95)),
+            "p99": float(np.percentile(lat, 99)),
+            "max": float(np.max(lat)),
+        },
+    }
+
+
+def offline(model_dir: str, bodies: list[dict], max_pairs: int, batch_size: int) -> dict:
+    from ragsieve.rerank.neural import CrossEncoderRanker
+
+    ranker = CrossEncoderRanker(model_dir, batch_size=batch_size)
+    pairs = [(b["query"], d) for b in bodies for d in b["documents"]][:max_pairs]
+    ranker.predict_pairs(pairs[:batch_size])  # warm-up
+    t = time.perf_counter()
+    ranker.predict_pairs(pairs)
+    seconds = time.perf_counter() - t
+    return {"pairs": len(pairs), "seconds": seconds, "pairs_per_s": len(pairs) / seconds, "batch_size": batch_size}
+
+
+def plain_server(model_dir: str) -> None:
+    """The naive baseline: FastAPI + CrossEncoder.predict per request, in FastAPI's thread pool."""
+    import uvicorn
+    from fastapi import FastAPI
+    from sentence_transformers import CrossEncoder
+
+    from ragsieve.serve.runner import bind
+
+    model = CrossEncoder(model_dir, max_length=512, device="cpu")
+    app = FastAPI()
+
+    @app.post("/v1/rerank")
+    def rerank(body: dict):
+        scores = model.predict([(body["query"], d) for d in body["documents"]], batch_size=32, show_progress_bar=False)
+        order = np.argsort(-np.asarray(scores))
+        return {"results": [{"index": int(i), "relevance_score": float(scores[i])} for i in order]}
+
+    sock = bind("127.0.0.1", 0)
+    print(f"plain: http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+
+
+def infinity_status() -> str | None:
+    """None when infinity-emb can be started here, else why not."""
+    try:
+        import infinity_emb  # noqa: F401
+    except ImportError:
+        # pip --dry-run with -c constraints.txt (2026-11-23): the newest release, 0.0.78, needs click<8.2 for its
+        # server extra (typer here runs on click 8.5.1); every older one needs numpy<2 (numpy 2.4.6 here).
+        return (
+            "not installable beside ragsieve: infinity-emb 0.0.78[server] requires click<8.2 (pinned 8.5.1), "
+            "all older releases require numpy<2 (pinned 2.4.6); compared against a plain FastAPI + "
+            "CrossEncoder.predict server instead"
+        )
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="embedded:base", help="cross-encoder folder, embedded:base or minilm")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--grace", type=float, default=60.0, help="seconds in-flight requests may finish in")
+    parser.add_argument("--docs", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=400, help="distinct request bodies, cycled")
+    parser.add_argument("--offline-pairs", type=int, default=2000)
+    parser.add_argument("--max-batch-pairs", type=int, default=256)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--skip-baseline", action="store_true", help="only ragsieve serve and offline scoring")
+    parser.add_argument("--out", default="bench/results/serve.json")
+    parser.add_argument("--plain-server", default=None, help=argparse.SUPPRESS)  # internal: run the baseline server
+    args = parser.parse_args()
+    if args.plain_server:
+        return plain_server(args.plain_server)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the servers
+    import torch
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    model_dir = resolve_model(args.model, workdir)
+    bodies, source = make_requests(args.requests, args.docs)
+    print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; model {model_dir}")
+
+    # offline first, while nothing else of ours runs
+    off = offline(model_dir, bodies, args.offline_pairs, args.batch_size)
+    print(f"offline CrossEncoder.predict: {off['pairs_per_s']:.1f} pairs/s")
+
+    cfg = workdir / "serve.yaml"
+    cfg.write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
+    cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc, url = start_server(
+        [
+            sys.executable,
+            "-c",
+            cli,
+            "serve",
+            "-r",
+            f"cross-encoder:{model_dir}",
+            "--port",
+            "0",
+            "-c",
+            str(cfg),
+            "--log-level",
+            "warning",
+        ]
+    )
+    try:
+        served = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    served["ratio_to_offline"] = served["pairs_per_s"] / off["pairs_per_s"]
+    print(
+        f"ragsieve serve: {served['pairs_per_s']:.1f} pairs/s, p50 {served['latency_ms']['p50']:.0f} ms, "
+        f"p99 {served['latency_ms']['p99']:.0f} ms, errors {served['errors']}, ratio {served['ratio_to_offline']:.2f}"
+    )
+
+    comparison: dict = {"infinity_emb": infinity_status()}
+    if not args.skip_baseline:
+        proc, url = start_server([sys.executable, str(Path(__file__).resolve()), "--plain-server", model_dir])
+        try:
+            plain = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        comparison["plain_fastapi_crossencoder_predict"] = plain
+        comparison["ratio_ragsieve_to_plain"] = served["pairs_per_s"] / plain["pairs_per_s"]
+        print(
+            f"plain FastAPI + predict: {plain['pairs_per_s']:.1f} pairs/s, p99 {plain['latency_ms']['p99']:.0f} ms, "
+            f"errors {plain['errors']}; ragsieve/plain {comparison['ratio_ragsieve_to_plain']:.2f}"
+        )
+
+    result = {
+        "pairs_per_s": served["pairs_per_s"],
+        "latency_ms": served["latency_ms"],
+        "errors": served["errors"],
+        "ratio_to_offline": served["ratio_to_offline"],
+        "target_ratio_to_offline": 0.9,
+        "target_ratio_to_infinity": 1.0,
+        "served": served,
+        "offline": off,
+        "comparison": comparison,
+        "setup": {
+            "clients": args.clients,
+            "seconds": args.seconds,
+            "docs_per_request": args.docs,
+            "source": source,
+            "max_batch_pairs": args.max_batch_pairs,
+            "max_wait_ms": args.max_wait_ms,
+            "model": args.model,
+        },
+        "torch_threads": torch.get_num_threads(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("pairs_per_s", "errors", "ratio_to_offline")}))
+
+
+if __name__ == "__main__":
+    main()

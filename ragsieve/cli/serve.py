@@ -1,0 +1,78 @@
+"""``ragsieve serve``: the rerank / filter HTTP service (see :mod:`ragsieve.serve`).
+
+Example::
+
+    ragsieve serve --reranker embedded:base --port 8080            # loopback only
+    ragsieve serve --grader results/grader/models/C-long --api-key "$KEY" --host 0.0.0.0
+    curl -s localhost:8080/v1/rerank -d '{"query": "who wrote hamlet", "documents": ["Paris", "Shakespeare"]}'
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ragsieve.cli.app import app, err_console
+
+
+@app.command("serve")
+def serve_cmd(
+    sieve: Optional[Path] = typer.Option(
+        None, "--sieve", help="A fitted sieve folder (`ragsieve fit`): its reranker, grader, LLM, probe and β."
+    ),
+    reranker: Optional[str] = typer.Option(None, "--reranker", "-r", help="Reranker spec (default embedded:base)."),
+    grader: Optional[str] = typer.Option(
+        None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."
+    ),
+    llm: Optional[str] = typer.Option(None, "--llm", help="LLM spec for /v1/ask and /v1/gate (none: not served)."),
+    probe: Optional[str] = typer.Option(None, "--probe", help="Probe for /v1/gate, e.g. embedded:smollm2-nq."),
+    cbdr_beta: Optional[float] = typer.Option(None, "--cbdr-beta", help="Retrieve when Conf(Q) <= beta."),
+    index: Optional[Path] = typer.Option(None, "--index", help="Index folder for /v1/ask (none: closed-book)."),
+    feedback_store: Optional[Path] = typer.Option(
+        None, "--feedback-store", help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`)."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="YAML/JSON of ServeConfig fields (limits, batching, ...)."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; loopback unless you mean to expose it."),
+    port: int = typer.Option(8080, help="Port (0 = any free port; the URL is printed)."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        envvar="RAGSIEVE_API_KEY",
+        show_envvar=True,
+        help="Require this key (Authorization: Bearer / X-API-Key) on every endpoint but /health.",
+    ),
+    log_level: str = typer.Option("info", help="debug | info | warning | error"),
+) -> None:
+    """Serve Cohere/Jina/TEI-compatible /v1/rerank, /v2/rerank, /rerank and /v1/filter."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.serve import ServeConfig, create_app
+    from ragsieve.serve.runner import bind, uvicorn_server
+
+    values = read_mapping(config) if config else {}
+    options = {
+        "sieve": str(sieve) if sieve else None,
+        "reranker": reranker,
+        "grader": grader,
+        "api_key": api_key,
+        "llm": llm,
+        "probe": probe,
+        "cbdr_beta": cbdr_beta,
+        "index": str(index) if index else None,
+        "feedback_store": str(feedback_store) if feedback_store else None,
+    }
+    values.update({k: v for k, v in options.items() if v is not None})  # options override the file
+    cfg = build_config(ServeConfig, values, source=str(config or "serve options"))
+    logging.getLogger("ragsieve.serve").setLevel(log_level.upper())
+    err_console.print(f"loading {cfg.sieve or cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))
+    application = create_app(cfg)  # models load here: a bad spec fails before the port is taken
+    sock = bind(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    auth = "API key required" if cfg.api_key else "no API key"
+    # one line a supervisor (or a test) can read the URL from
+    print(f"ragsieve serve: http://{bound_host}:{bound_port} ({auth})", flush=True)
+    uvicorn_server(application, log_level=log_level).run(sockets=[sock])

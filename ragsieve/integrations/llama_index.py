@@ -1,0 +1,47 @@
+"""LlamaIndex: :class:`RagsieveRerank`, a ``BaseNodePostprocessor`` (``pip install 'ragsieve[llama-index]'``).
+
+Example::
+
+    from ragsieve.integrations.llama_index import RagsieveRerank
+
+    rerank = RagsieveRerank(ranker="http://127.0.0.1:8080", top_n=3)        # or ranker="embedded:base"
+    index.as_query_engine(similarity_top_k=20, node_postprocessors=[rerank])
+    rerank.postprocess_nodes(nodes, query_str="who wrote hamlet")
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+
+from ragsieve.errors import RagsieveError
+from ragsieve.integrations.remote import resolve_ranker, select
+
+
+class RagsieveRerank(BaseNodePostprocessor):
+    """Rerank (and optionally threshold) nodes with a ragsieve ranker or service; node scores become its scores."""
+
+    ranker: Any = Field(default="embedded:base", description="BaseRanker, reranker spec, or ragsieve serve URL")
+    top_n: Optional[int] = 3
+    threshold: Optional[float] = None
+    api_key: Optional[str] = None
+    _ranker: Any = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        self._ranker = resolve_ranker(self.ranker, self.api_key)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RagsieveRerank"
+
+    def _postprocess_nodes(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
+    ) -> List[NodeWithScore]:
+        if query_bundle is None:
+            raise RagsieveError("RagsieveRerank needs the query (query_bundle or query_str)")
+        texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
+        kept = select(self._ranker, query_bundle.query_str, texts, self.top_n, self.threshold)
+        return [NodeWithScore(node=nodes[i].node, score=s) for i, s in kept]

@@ -1,0 +1,91 @@
+"""Split documents longer than the model window into chunks; a document scores as its best chunk.
+
+A cross-encoder silently truncates a (query, document) pair at its window, so the end of
+a long document would never be read. Here each document is cut, at token boundaries,
+into pieces that fit beside the query; at most ``max_chunks_per_doc`` pieces are scored
+(the rest is reported as truncated) and the document takes its best piece's score.
+Rankers with no window (BM25) get every document whole.
+
+Example::
+
+    plan = plan_chunks(ranker, "who wrote hamlet", docs, max_chunks_per_doc=8)
+    scores = plan.reduce(ranker.score_pairs([q] * len(plan.texts), plan.texts))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ragsieve.rerank.base import BaseRanker
+
+# [CLS] q [SEP] d [SEP] and a margin: a chunk must never be cut again by the model
+_SPECIAL_TOKENS = 4
+_MIN_CHUNK_TOKENS = 32
+
+
+def model_window(ranker: BaseRanker) -> tuple[Any, int] | None:
+    """(tokenizer, max tokens per pair) of a transformer ranker, or None when it has no window."""
+    model = getattr(ranker, "model", None) or getattr(ranker, "encoder", None)
+    tokenizer = getattr(model, "tokenizer", None)
+    limit = getattr(model, "max_length", None) or getattr(model, "max_seq_length", None)
+    if tokenizer is None or not isinstance(limit, int) or limit <= 0:
+        return None
+    return tokenizer, limit
+
+
+@dataclass
+class ChunkPlan:
+    """The texts to score and which document each came from."""
+
+    texts: list[str]
+    owner: list[int]
+    n_docs: int
+    chunked: dict[int, int] = field(default_factory=dict)  # doc index -> chunks scored
+    truncated: list[int] = field(default_factory=list)  # docs whose tail beyond max_chunks_per_doc was not read
+
+    def reduce(self, scores: np.ndarray) -> np.ndarray:
+        """Best chunk score per document."""
+        out = np.full(self.n_docs, -np.inf)
+        np.maximum.at(out, np.asarray(self.owner, dtype=int), np.asarray(scores, dtype=float))
+        return out
+
+
+def plan_chunks(ranker: BaseRanker, query: str, docs: Sequence[str], max_chunks_per_doc: int) -> ChunkPlan:
+    """Chunk the documents of one request for ``ranker`` (see the module doc)."""
+    window = model_window(ranker)
+    plan = ChunkPlan([], [], len(docs))
+    if window is None:
+        plan.texts, plan.owner = list(docs), list(range(len(docs)))
+        return plan
+    tokenizer, limit = window
+    # A token spans at least one character, so short pairs need no tokenising at all.
+    long_docs = [i for i, d in enumerate(docs) if len(query) + len(d) + _SPECIAL_TOKENS > limit]
+    spans: dict[int, list[tuple[int, int]]] = {}
+    if long_docs:
+        q_tokens = len(tokenizer(query, add_special_tokens=False)["input_ids"])
+        budget = max(limit - q_tokens - _SPECIAL_TOKENS, _MIN_CHUNK_TOKENS)
+        enc = tokenizer(
+            [docs[i] for i in long_docs], add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
+        for i, offsets in zip(long_docs, enc["offset_mapping"]):
+            if len(offsets) <= budget:
+                continue
+            pieces = [offsets[lo : lo + budget] for lo in range(0, len(offsets), budget)]
+            if len(pieces) > max_chunks_per_doc:
+                plan.truncated.append(i)
+                pieces = pieces[:max_chunks_per_doc]
+            spans[i] = [(p[0][0], p[-1][1]) for p in pieces]
+    for i, doc in enumerate(docs):
+        if i in spans:
+            plan.chunked[i] = len(spans[i])
+            for lo, hi in spans[i]:
+                plan.texts.append(doc[lo:hi])
+                plan.owner.append(i)
+        else:
+            plan.texts.append(doc)
+            plan.owner.append(i)
+    return plan

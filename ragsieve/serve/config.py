@@ -1,0 +1,87 @@
+""":class:`ServeConfig`: what ``ragsieve serve`` loads and the limits it enforces.
+
+Example::
+
+    from ragsieve.serve import ServeConfig, create_app
+    app = create_app(ServeConfig(reranker="bm25", max_documents=100))
+    app = create_app(ServeConfig(sieve="sieves/mine"))   # a fitted sieve: its reranker, grader, LLM, probe and β
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, model_validator
+
+from ragsieve.config import StrictConfig
+
+
+class ServeConfig(StrictConfig):
+    """Models (by registry spec) and request limits of the rerank / filter service."""
+
+    sieve: str | None = None  # a fitted sieve folder (`ragsieve fit`): brings reranker, grader, llm, probe, β
+    reranker: str = "embedded:base"  # any reranker spec of ragsieve.registry, or evolve:<store> (its latest round)
+    grader: str | None = None  # saved grader folder or embedded:<name>; None = /v1/filter uses the ranker's threshold
+    model_name: str | None = None  # the id clients see in responses and /v1/models (default: the reranker spec)
+    # /v1/gate and /v1/ask: a local LLM (+ probe) only when configured, so a plain rerank server stays light
+    llm: str | None = None
+    probe: str | None = None  # probe folder or embedded:<name> for /v1/gate (and the gate inside /v1/ask)
+    cbdr_beta: float = Field(0.5, ge=0.0, le=1.0)
+    index: str | None = None  # retrieval index for /v1/ask (without one, /v1/ask answers closed-book)
+    top_k: int = Field(3, ge=1, description="/v1/ask: passages that reach the LLM")
+    candidates: int = Field(20, ge=1, description="/v1/ask: passages retrieved for the reranker")
+    max_new_tokens: int = Field(16, ge=1)
+    feedback_store: str | None = None  # evolve store directory that /v1/feedback appends to
+
+    # limits: over-limit requests are answered 413 with a JSON error naming the field
+    max_documents: int = Field(1000, ge=1)
+    max_document_chars: int = Field(50_000, ge=1)
+    max_query_chars: int = Field(10_000, ge=1)
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    max_chunks_per_doc: int = Field(
+        8, ge=1, description="a document longer than the model window is split into at most this many chunks"
+    )
+
+    # dynamic batching: concurrent requests are scored together in one score_pairs call
+    max_wait_ms: float = Field(5.0, ge=0.0, description="how long the first request of a batch waits for company")
+    max_batch_pairs: int = Field(256, ge=1)
+
+    api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)
+
+    @model_validator(mode="after")
+    def _sieve_or_stages(self) -> "ServeConfig":
+        given = self.model_fields_set & _SIEVE_FIELDS
+        if self.sieve and given:
+            raise ValueError(f"a sieve brings its own stages: give either sieve or {', '.join(sorted(given))}")
+        return self
+
+    def expanded(self) -> "ServeConfig":
+        """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved)."""
+        if not self.sieve:
+            return self
+        from pathlib import Path
+
+        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component
+
+        sc = read_sieve_config(self.sieve)
+
+        def part(value: str | None) -> str | None:
+            return resolve_component(self.sieve, value) if value else None
+
+        gated = sc.probe is not None and sc.beta is not None
+        update = {
+            "sieve": None,
+            "reranker": part(sc.reranker) or "none",
+            "grader": part(sc.grader),
+            "llm": sc.llm,
+            "probe": part(sc.probe) if gated else None,
+            "top_k": sc.top_k,
+            "candidates": max(sc.candidates, sc.top_k),
+            "max_new_tokens": sc.max_new_tokens,
+            "model_name": self.model_name or f"sieve:{Path(self.sieve).name}",
+        }
+        if gated:
+            update["cbdr_beta"] = sc.beta
+        return ServeConfig.model_validate({**self.model_dump(exclude={"api_key"}), **update, "api_key": self.api_key})
+
+
+# what a sieve decides; giving one of these next to --sieve is refused, not silently overridden
+_SIEVE_FIELDS = frozenset({"reranker", "grader", "llm", "probe", "cbdr_beta"})

@@ -1,0 +1,135 @@
+"""ASGI middleware in front of every route: request ids, access log, API key, body size.
+
+It runs before FastAPI parses anything, so an oversized body is refused (413) without
+being parsed and a missing key (401) costs no model time. Every response carries
+``x-request-id`` (the client's, if it sent one) and every log line names it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import uuid
+
+log = logging.getLogger("ragsieve.serve")
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def send_error(send, status: int, message: str, request_id: str, extra_headers=()) -> None:
+    body = json.dumps({"error": message, "request_id": request_id}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+        *extra_headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """Request id + access log, API key check (all paths but /health), body-size cap."""
+
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    def _authorised(self, scope) -> bool:
+        if not self.api_key or scope["path"] in OPEN_PATHS:
+            return True
+        given = _header(scope, b"x-api-key") or _header(scope, b"api-key")
+        auth = _header(scope, b"authorization") or ""
+        if given is None and auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        return given is not None and secrets.compare_digest(given.encode(), self.api_key.encode())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        # a client-chosen id is kept only if it is short and printable (it goes into logs)
+        given = _header(scope, b"x-request-id")
+        rid = given if given and len(given) <= 64 and given.isprintable() else uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+        start = time.perf_counter()
+        logged = False
+
+        def log_status(code: int) -> None:
+            # logged when the status is known, before the response leaves: a client that reads
+            # the response and then the log never misses the line
+            nonlocal logged
+            if not logged:
+                logged = True
+                ms = (time.perf_counter() - start) * 1000
+                log.info("rid=%s %s %s %s %.1fms", rid, scope["method"], scope["path"], code, ms)
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                log_status(message["status"])
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        try:
+            if not self._authorised(scope):
+                log_status(401)
+                await send_error(
+                    send,
+                    401,
+                    "missing or wrong API key (Authorization: Bearer <key>)",
+                    rid,
+                    [(b"www-authenticate", b"Bearer")],
+                )
+                return
+            body = await self._read_body(scope, receive)
+            if body is None:
+                log_status(413)
+                await send_error(send, 413, f"body: larger than max_body_bytes ({self.max_body_bytes})", rid)
+                return
+            await self.app(scope, _replay(body), send_logged)
+        finally:
+            log_status(0)  # no response was started (client gone, or a crash below us)
+
+    async def _read_body(self, scope, receive) -> bytes | None:
+        """The whole body, or None when it exceeds the cap (checked on the header first, then on the bytes)."""
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            return None
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes):
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        # after the body, wait like a real connection would until the response is done
+        import asyncio
+
+        await asyncio.Event().wait()
+
+    return receive

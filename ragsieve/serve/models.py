@@ -1,0 +1,96 @@
+"""The models one server holds (ranker, optional grader) and their batchers, swappable as a unit.
+
+Example::
+
+    served = ServedModels.load(ServeConfig(reranker="bm25"))
+    await served.rank_batcher.score([("q", "text")])
+    served.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragsieve.rerank.base import BaseRanker
+from ragsieve.serve.batcher import PairBatcher
+from ragsieve.serve.config import ServeConfig
+from ragsieve.serve.rag import LLMStages
+
+
+EVOLVE_PREFIX = "evolve:"
+
+
+def refuse_pickled_weights(spec: str) -> None:
+    """A served model folder must hold safetensors: a pickled ``.bin`` can run code when loaded."""
+    from pathlib import Path
+
+    from ragsieve.errors import ModelNotAvailable
+
+    name, _, arg = spec.partition(":")
+    folder = Path(arg if name == "cross-encoder" else spec)
+    if not folder.is_dir():
+        return  # a registry name (bm25, embedded:base, ...) or an HF id: nothing user-supplied on disk
+    pickled = any(folder.rglob("*.bin")) or any(folder.rglob("*.pt"))
+    if pickled and not any(folder.rglob("*.safetensors")):
+        raise ModelNotAvailable(f"{folder}: only pickled weights (.bin/.pt); serve safetensors only (save_pretrained)")
+
+
+def load_ranker(spec: str) -> BaseRanker:
+    """A registry reranker spec, or ``evolve:<store>``: the evolving reranker after its last finished round.
+
+    ``POST /admin/reload`` after ``ragsieve evolve step`` serves the new round without a restart.
+    """
+    if not spec.startswith(EVOLVE_PREFIX):
+        from ragsieve.registry import load_reranker
+
+        refuse_pickled_weights(spec)
+        return load_reranker(spec)
+    from ragsieve.evolve.store import EvolveStore
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
+
+    store = EvolveStore(spec[len(EVOLVE_PREFIX) :])
+    try:
+        cfg, adapters = store.config, store.adapters()
+    finally:
+        store.close()
+    return PointwiseLLMReranker(
+        cfg.template, cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.batch_size
+    )
+
+
+@dataclass
+class ServedModels:
+    ranker: BaseRanker
+    rank_batcher: PairBatcher
+    grader: BaseRanker | None = None
+    grade_batcher: PairBatcher | None = None
+    grader_name: str | None = None
+    llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
+
+    @property
+    def threshold(self) -> float | None:
+        """The cut for /v1/filter: the grader's, else the ranker's own if it is a calibrated grader."""
+        source = self.grader if self.grader is not None else self.ranker
+        value = getattr(source, "threshold", None)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @classmethod
+    def load(cls, config: ServeConfig) -> ServedModels:
+        from ragsieve.registry import load_grader
+
+        ranker = load_ranker(config.reranker)
+        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
+        served = cls(ranker, PairBatcher(ranker, name="ranker", **batch))
+        if config.grader:
+            served.grader = load_grader(config.grader)
+            served.grade_batcher = PairBatcher(served.grader, name="grader", **batch)
+            served.grader_name = config.grader
+        served.llm = LLMStages.load(config, ranker, served.grader)
+        return served
+
+    def close(self) -> None:
+        self.rank_batcher.close()
+        if self.grade_batcher is not None:
+            self.grade_batcher.close()
+        if self.llm is not None:
+            self.llm.close()

@@ -1,0 +1,90 @@
+"""Framework adapters against the real LangChain / LlamaIndex / Haystack packages, in-process and over HTTP."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # tests make no outbound calls
+
+from ragsieve.serve import ServeConfig, create_app
+from ragsieve.serve.runner import BackgroundServer
+
+DOCS = [
+    "Paris is the capital and largest city of France.",
+    "Hamlet is a tragedy written by William Shakespeare around 1600.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Shakespeare's Hamlet tells of Prince Hamlet of Denmark.",
+]
+QUERY = "who wrote hamlet shakespeare"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BackgroundServer(create_app(ServeConfig(reranker="bm25", api_key="k"))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """The in-process bm25 ranking: (index, score), best first."""
+    from ragsieve.registry import load_reranker
+
+    return [(r.index, r.score) for r in load_reranker("bm25").rank(QUERY, DOCS).results]
+
+
+@pytest.fixture(params=["in-process", "http"])
+def source(request, server):
+    return "bm25" if request.param == "in-process" else server.url
+
+
+def test_langchain_compressor(source, expected):
+    pytest.importorskip("langchain_core")
+    from langchain_core.documents import Document
+
+    from ragsieve.integrations.langchain import RagsieveCompressor
+
+    compressor = RagsieveCompressor(ranker=source, top_n=2, api_key="k")
+    docs = [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(DOCS)]
+    out = compressor.compress_documents(docs, QUERY)
+    assert [d.metadata["n"] for d in out] == [i for i, _ in expected[:2]]
+    assert [d.metadata["relevance_score"] for d in out] == pytest.approx([s for _, s in expected[:2]], abs=1e-6)
+    kept = RagsieveCompressor(ranker=source, top_n=None, threshold=0.01, api_key="k").compress_documents(docs, QUERY)
+    assert {d.metadata["n"] for d in kept} == {1, 3}
+
+
+def test_llama_index_postprocessor(source, expected):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from ragsieve.integrations.llama_index import RagsieveRerank
+
+    nodes = [NodeWithScore(node=TextNode(text=t, id_=str(i)), score=0.0) for i, t in enumerate(DOCS)]
+    out = RagsieveRerank(ranker=source, top_n=3, api_key="k").postprocess_nodes(nodes, query_str=QUERY)
+    assert [n.node.node_id for n in out] == [str(i) for i, _ in expected[:3]]
+    assert [n.score for n in out] == pytest.approx([s for _, s in expected[:3]], abs=1e-6)
+
+
+def test_haystack_component_in_a_pipeline(source, expected):
+    pytest.importorskip("haystack")
+    from haystack import Document, Pipeline
+
+    from ragsieve.integrations.haystack import RagsieveRanker
+
+    pipe = Pipeline()
+    pipe.add_component("ranker", RagsieveRanker(ranker=source, top_k=2, api_key="k"))
+    result = pipe.run(
+        {"ranker": {"query": QUERY, "documents": [Document(content=t, id=str(i)) for i, t in enumerate(DOCS)]}}
+    )
+    docs = result["ranker"]["documents"]
+    assert [d.id for d in docs] == [str(i) for i, _ in expected[:2]]
+    assert [d.score for d in docs] == pytest.approx([s for _, s in expected[:2]], abs=1e-6)
+
+
+def test_remote_ranker_reports_server_errors_in_one_line(server):
+    from ragsieve.errors import RagsieveError
+    from ragsieve.integrations.remote import RemoteRanker
+
+    with pytest.raises(RagsieveError, match="answered 401"):
+        RemoteRanker(server.url, api_key="wrong").rank(QUERY, DOCS)

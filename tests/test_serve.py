@@ -1,0 +1,373 @@
+"""``ragsieve serve``: a real uvicorn on loopback, driven by real clients (cohere SDK, httpx, schemathesis)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from ragsieve.serve import ServeConfig, create_app
+from ragsieve.serve.runner import BackgroundServer
+
+DOCS = [
+    "Paris is the capital and largest city of France.",
+    "Hamlet is a tragedy written by William Shakespeare around 1600.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Shakespeare's Hamlet tells of Prince Hamlet of Denmark.",
+]
+QUERY = "who wrote hamlet shakespeare"
+
+
+def offline_order(query=QUERY, docs=DOCS) -> list[int]:
+    """What ragsieve ranks in-process: the server must answer the same order."""
+    from ragsieve.registry import load_reranker
+
+    return [r.index for r in load_reranker("bm25").rank(query, docs).results]
+
+
+@pytest.fixture(scope="module")
+def bm25_server():
+    with BackgroundServer(create_app(ServeConfig(reranker="bm25", model_name="ragsieve-bm25"))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tiny_ce(tiny_cross_encoder_dir):
+    """The tiny cross-encoder with a 64-token window, so ~100-word documents need chunks."""
+    from ragsieve.rerank.neural import CrossEncoderRanker
+
+    return CrossEncoderRanker(str(tiny_cross_encoder_dir), max_length=64)
+
+
+def _served(ranker, **options):
+    from ragsieve.serve.batcher import PairBatcher
+    from ragsieve.serve.models import ServedModels
+
+    config = ServeConfig(reranker="cross-encoder:tiny", **options)
+    return config, ServedModels(
+        ranker, PairBatcher(ranker, max_wait_ms=config.max_wait_ms, max_batch_pairs=config.max_batch_pairs)
+    )
+
+
+@pytest.fixture(scope="module")
+def ce_server(tiny_ce):
+    config, served = _served(
+        tiny_ce,
+        max_chunks_per_doc=3,
+        max_wait_ms=50,
+        max_documents=20,
+        max_document_chars=5000,
+        max_body_bytes=64 * 1024,
+    )
+    with BackgroundServer(create_app(config, served)) as server:
+        server.served = served
+        yield server
+
+
+def test_cohere_v2_client_gets_the_expected_order(bm25_server):
+    cohere = pytest.importorskip("cohere")
+    client = cohere.ClientV2(base_url=bm25_server.url, api_key="unused")
+    response = client.rerank(model="rerank-v3.5", query=QUERY, documents=DOCS, top_n=2)
+    assert [r.index for r in response.results] == offline_order()[:2]
+    assert {r.index for r in response.results} == {1, 3}  # the two Hamlet passages
+    assert response.results[0].relevance_score >= response.results[1].relevance_score > 0
+    assert response.meta.api_version.version == "2"
+
+
+def test_open_webui_and_dify_style_raw_json(bm25_server):
+    # Open WebUI's external reranker: POST {model, query, documents, top_n} with a Bearer key
+    body = {"model": "bge-reranker-v2-m3", "query": QUERY, "documents": DOCS, "top_n": 4}
+    r = httpx.post(f"{bm25_server.url}/v1/rerank", json=body, headers={"Authorization": "Bearer x"})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert [x["index"] for x in data["results"]] == offline_order()
+    assert all(set(x) == {"index", "relevance_score"} for x in data["results"])
+    assert data["model"] == "ragsieve-bm25" and r.headers["x-request-id"] == data["meta"]["request_id"]
+    # Dify / Jina: documents back as {text}, objects accepted as documents, unknown fields ignored
+    body = {
+        "model": "jina-reranker-v2",
+        "query": QUERY,
+        "documents": [{"text": d} for d in DOCS],
+        "return_documents": True,
+        "top_n": 1,
+        "rank_fields": ["text"],
+    }
+    data = httpx.post(f"{bm25_server.url}/rerank", json=body).json()
+    top = offline_order()[0]
+    assert data["results"] == [
+        {"index": top, "relevance_score": data["results"][0]["relevance_score"], "document": {"text": DOCS[top]}}
+    ]
+
+
+def test_tei_body_on_rerank_answers_in_tei_shape(bm25_server):
+    r = httpx.post(f"{bm25_server.url}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert isinstance(data, list) and [x["index"] for x in data] == offline_order()
+    assert set(data[0]) == {"index", "score", "text"} and data[0]["text"] == DOCS[data[0]["index"]]
+
+
+def test_scores_equal_offline_scoring_and_long_documents_are_chunked(ce_server, tiny_ce):
+    long_doc = " ".join(["Hamlet was written by William Shakespeare in Denmark."] * 12)  # > 64 tokens
+    huge_doc = " ".join(["the lazy dog sleeps"] * 200)  # more than 3 chunks
+    docs = [DOCS[0], long_doc, DOCS[1], huge_doc]
+    data = httpx.post(f"{ce_server.url}/v1/rerank", json={"query": QUERY, "documents": docs}).json()
+    scores = {r["index"]: r["relevance_score"] for r in data["results"]}
+    offline = tiny_ce.score(QUERY, [DOCS[0], DOCS[1]])
+    assert scores[0] == pytest.approx(offline[0], abs=1e-5) and scores[2] == pytest.approx(offline[1], abs=1e-5)
+    meta = data["meta"]
+    assert meta["chunked_documents"]["1"] >= 2 and meta["chunked_documents"]["3"] == 3
+    assert meta["truncated_documents"] == [3] and len(meta["warnings"]) == 2
+    from ragsieve.serve.chunks import plan_chunks
+
+    plan = plan_chunks(tiny_ce, QUERY, [long_doc], 3)
+    assert scores[1] == pytest.approx(tiny_ce.score(QUERY, plan.texts).max(), abs=1e-5)
+    # every chunk fits the window beside the query: the model never cuts one again
+    tok = tiny_ce.model.tokenizer
+    assert all(len(tok(QUERY, t)["input_ids"]) <= 64 for t in plan.texts)
+
+
+def test_concurrent_requests_share_batches_and_get_their_own_scores(ce_server, tiny_ce):
+    queries = [f"{QUERY} {i}" for i in range(12)]
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=ce_server.url, timeout=60) as client:
+            return await asyncio.gather(
+                *[client.post("/v1/rerank", json={"query": q, "documents": DOCS}) for q in queries]
+            )
+
+    before = ce_server.served.rank_batcher.stats.max_batch_jobs
+    responses = asyncio.run(fire())
+    assert all(r.status_code == 200 for r in responses)
+    for q, r in zip(queries, responses):
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        np.testing.assert_allclose([got[i] for i in range(len(DOCS))], tiny_ce.score(q, DOCS), atol=1e-5)
+    assert max(before, ce_server.served.rank_batcher.stats.max_batch_jobs) > 1  # requests were batched together
+
+
+@pytest.mark.parametrize(
+    "body, status, field",
+    [
+        ({"query": QUERY, "documents": ["a"] * 21}, 413, "documents"),
+        ({"query": QUERY, "documents": ["a", "b" * 5001]}, 413, "documents.1"),
+        ({"query": "q" * 10_001, "documents": ["a"]}, 413, "query"),
+        ({"query": QUERY, "documents": [3]}, 422, "documents.0"),
+        ({"query": QUERY}, 422, "documents"),
+        ({"query": "  ", "documents": ["a"]}, 422, "query"),
+        ({"query": QUERY, "documents": ["a"], "top_n": 0}, 422, "top_n"),
+    ],
+)
+def test_bad_or_over_limit_input_is_a_4xx_naming_the_field(ce_server, body, status, field):
+    r = httpx.post(f"{ce_server.url}/v1/rerank", json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error.startswith(field) or f"{field}:" in error or f".{field}" in error, error
+
+
+def test_oversized_or_broken_bodies_are_refused(ce_server):
+    r = httpx.post(
+        f"{ce_server.url}/v1/rerank", content=b"x" * (65 * 1024), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and r.json()["error"].startswith("body")
+    r = httpx.post(
+        f"{ce_server.url}/v1/rerank",
+        content=b'{"query": "q", "documents": [',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422
+    # a lone surrogate is legal JSON but not UTF-8: refused naming the field, never a 500
+    raw = b'{"query": "who \\ud800", "documents": ["x \\udfff y", ""], "return_documents": true}'
+    r = httpx.post(f"{ce_server.url}/v1/rerank", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"].startswith("query"), r.text
+
+
+def test_api_key_guards_everything_but_health():
+    app = create_app(ServeConfig(reranker="bm25", api_key="s3cret"))
+    with BackgroundServer(app) as server:
+        body = {"query": QUERY, "documents": DOCS}
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        for method, path in [
+            ("POST", "/v1/rerank"),
+            ("POST", "/rerank"),
+            ("POST", "/v2/rerank"),
+            ("POST", "/v1/filter"),
+            ("GET", "/v1/models"),
+            ("GET", "/openapi.json"),
+            ("POST", "/admin/reload"),
+        ]:
+            r = httpx.request(method, f"{server.url}{path}", json=body)
+            assert r.status_code == 401, path
+            assert "API key" in r.json()["error"]
+        assert (
+            httpx.post(f"{server.url}/v1/rerank", json=body, headers={"Authorization": "Bearer wrong"}).status_code
+            == 401
+        )
+        assert (
+            httpx.post(f"{server.url}/v1/rerank", json=body, headers={"Authorization": "Bearer s3cret"}).status_code
+            == 200
+        )
+        assert httpx.post(f"{server.url}/v1/rerank", json=body, headers={"X-API-Key": "s3cret"}).status_code == 200
+        cohere = pytest.importorskip("cohere")
+        assert (
+            cohere.ClientV2(base_url=server.url, api_key="s3cret")
+            .rerank(model="m", query=QUERY, documents=DOCS)
+            .results[0]
+            .index
+            == offline_order()[0]
+        )
+
+
+def test_filter_with_a_grader_keeps_relevant_documents(tmp_path):
+    from ragsieve.registry import new_grader
+
+    new_grader("ranker", base="bm25", threshold=0.1).save(tmp_path / "grader")
+    with BackgroundServer(create_app(ServeConfig(reranker="bm25", grader=str(tmp_path / "grader")))) as server:
+        r = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "return_documents": True})
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert [x["index"] for x in data["results"]] == offline_order()[:2] and data["dropped"] == 2
+        assert all(x["relevant"] and x["grade_score"] >= 0.1 for x in data["results"])
+        assert data["threshold"] == 0.1 and data["results"][0]["document"]["text"] == DOCS[offline_order()[0]]
+        models = httpx.get(f"{server.url}/v1/models").json()["data"]
+        assert [m["kind"] for m in models] == ["reranker", "grader"]
+
+
+def test_filter_without_a_grader_needs_a_threshold(bm25_server):
+    r = httpx.post(f"{bm25_server.url}/v1/filter", json={"query": QUERY, "documents": DOCS})
+    assert r.status_code == 400 and "no grader configured" in r.json()["error"]
+    r = httpx.post(f"{bm25_server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "threshold": 0.1})
+    assert r.status_code == 200 and [x["index"] for x in r.json()["results"]] == offline_order()[:2]
+
+
+def test_health_models_reload_and_openapi(bm25_server):
+    assert httpx.get(f"{bm25_server.url}/health").json()["status"] == "ok"
+    assert httpx.get(f"{bm25_server.url}/v1/models").json()["data"][0]["id"] == "ragsieve-bm25"
+    spec = httpx.get(f"{bm25_server.url}/openapi.json").json()
+    assert {"/v1/rerank", "/v2/rerank", "/rerank", "/v1/filter", "/health", "/v1/models"} <= set(spec["paths"])
+    assert httpx.post(f"{bm25_server.url}/admin/reload").json()["status"] == "reloaded"
+    assert httpx.post(f"{bm25_server.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).status_code == 200
+
+
+def test_schemathesis_finds_no_server_error(ce_server):
+    """Generated valid and invalid requests for every operation in /openapi.json: zero 5xx."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+
+    schema = schemathesis.openapi.from_url(f"{ce_server.url}/openapi.json")
+    checked = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if operation.path == "/admin/reload":
+            continue  # reloads models: covered above, too slow to fuzz
+        for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(
+                max_examples=12, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+            )
+            def run(case):
+                response = case.call(base_url=ce_server.url, timeout=60)
+                assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+
+            try:
+                run()
+            except Unsatisfiable:  # no invalid request exists for a parameterless GET
+                assert mode == schemathesis.GenerationMode.NEGATIVE and operation.method.upper() == "GET"
+                continue
+            checked += 1
+    assert checked >= 8
+
+
+def test_cli_bad_spec_is_one_line_error(cli):
+    result = cli("serve", "--reranker", "nonsense")
+    assert result.code == 2 and "unknown reranker 'nonsense'" in result.err
+
+
+def test_cli_serve_answers_the_cohere_client_on_loopback(tmp_path):
+    """`ragsieve serve` in its own process: prints its URL, binds 127.0.0.1, needs the env API key."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max_documents: 3\n")
+    env = {**os.environ, "RAGSIEVE_API_KEY": "k3y"}
+    code = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "-r", "bm25", "--port", "0", "-c", str(cfg), "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ragsieve serve: http://127.0.0.1:") and "API key required" in line, line
+        url = line.split()[2]
+        cohere = pytest.importorskip("cohere")
+        result = cohere.ClientV2(base_url=url, api_key="k3y").rerank(model="m", query=QUERY, documents=DOCS[:3])
+        assert result.results[0].index == offline_order(QUERY, DOCS[:3])[0]
+        r = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, headers={"X-API-Key": "k3y"})
+        assert r.status_code == 413 and "max_documents is 3" in r.json()["error"]
+        assert httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS[:2]}).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_request_ids_are_echoed_and_logged(bm25_server, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="ragsieve.serve"):
+        r = httpx.post(
+            f"{bm25_server.url}/v1/rerank",
+            json={"query": QUERY, "documents": DOCS},
+            headers={"x-request-id": "client-42"},
+        )
+        bad = httpx.post(f"{bm25_server.url}/v1/rerank", json={"query": QUERY})
+    assert r.headers["x-request-id"] == "client-42" and r.json()["meta"]["request_id"] == "client-42"
+    assert bad.json()["request_id"] == bad.headers["x-request-id"] != "client-42"
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert any("rid=client-42 POST /v1/rerank 200" in line for line in lines), lines
+    assert any(f"rid={bad.headers['x-request-id']} POST /v1/rerank 422" in line for line in lines), lines
+
+
+def test_a_closed_batcher_refuses_new_work_instead_of_hanging():
+    from ragsieve.registry import load_reranker
+    from ragsieve.serve.batcher import PairBatcher
+    from ragsieve.serve.errors import ServeError
+
+    batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=1)
+    assert len(asyncio.run(batcher.score([(QUERY, DOCS[1])]))) == 1
+    batcher.close()
+    with pytest.raises(ServeError, match="reloaded"):
+        asyncio.run(batcher.score([(QUERY, DOCS[1])]))
+
+
+def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_server, monkeypatch):
+    import ragsieve.serve.app as served_app
+
+    body = {"query": QUERY, "documents": [" ".join(["Hamlet by Shakespeare."] * 40), DOCS[0]]}
+    inline = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    monkeypatch.setattr(served_app, "INLINE_CHUNKING_CHARS", 0)
+    threaded = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    assert threaded["results"] == inline["results"]
+    assert threaded["meta"]["chunked_documents"] == inline["meta"]["chunked_documents"] == {"0": 3}
+
+
+def test_pickled_weights_are_refused(tmp_path, tiny_cross_encoder_dir, cli):
+    import shutil
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not even loaded")
+    result = cli("serve", "--reranker", f"cross-encoder:{folder}")
+    assert result.code == 2 and "safetensors only" in result.err
+    from ragsieve.serve.models import refuse_pickled_weights
+
+    refuse_pickled_weights(f"cross-encoder:{tiny_cross_encoder_dir}")  # the safetensors folder passes
