@@ -1,0 +1,99 @@
+"""Speed of `ragsieve fit` on the embedded defaults: seconds per phase and the share spent in LLM forwards.
+
+Builds (or reuses) the hybrid index over the NQ-oracle passage pool, writes a QA file of
+``--questions`` NQ questions from the train split (the demo's held-out questions are never
+used), runs the full fit into ``--out`` and times it. LLM forward time is measured with
+forward hooks on the LLM itself (generation, probe states and Conf(Q+C) passes alike).
+Target (issue #13): 300 questions in ≤ 60 min on 2 cores. Writes ``bench/results/fit.json``.
+
+    python bench/fit.py [--questions 300] [--out /tmp/ragsieve-fit-bench]
+
+A rerun resumes the fit (the phases already done take no time): pass a fresh ``--out`` to
+time a whole fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> None:
+    from ragsieve.data import held_out_questions, load_dataset
+    from ragsieve.fit import PHASES, Fit, FitConfig
+    from ragsieve.models.specs import DEFAULT_ENCODER
+    from ragsieve.retrieve.cached import build_or_load_index, cached_index_dir
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=300)
+    parser.add_argument("--out", default="/tmp/ragsieve-fit-bench")
+    parser.add_argument("--gate", default="parity")
+    parser.add_argument("--result", default="bench/results/fit.json")
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ds = load_dataset("nq-oracle")
+    held_out = {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
+    train = [q for q in ds.questions if q.id not in held_out][: args.questions]
+    qa = out / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": q.id, "question": q.text, "answers": list(q.answers)}) + "\n" for q in train))
+    t0 = time.perf_counter()
+    build_or_load_index("nq-oracle", ds.passages, "hybrid", DEFAULT_ENCODER)
+    index_seconds = time.perf_counter() - t0
+    index_dir = cached_index_dir("nq-oracle", ds.passages, "hybrid", DEFAULT_ENCODER)
+
+    config = FitConfig(index=str(index_dir), questions=str(qa), out=str(out / "sieve"), gate=args.gate)
+    fit = Fit(config)
+    fit.load()
+    forward = {"seconds": 0.0, "calls": 0}
+    starts: list[float] = []
+
+    def pre(_module, _inputs):
+        starts.append(time.perf_counter())
+
+    def post(_module, _inputs, _output):
+        forward["seconds"] += time.perf_counter() - starts.pop()
+        forward["calls"] += 1
+
+    fit.llm.model.register_forward_pre_hook(pre)
+    fit.llm.model.register_forward_hook(post)
+    total = time.perf_counter()
+    try:
+        for phase in PHASES:
+            start = time.perf_counter()
+            getattr(fit, f"phase_{phase}")()
+            fit.timings[phase] = round(time.perf_counter() - start, 2)
+    finally:
+        starts.clear()
+    seconds = time.perf_counter() - total
+    result = {
+        "questions": len(train),
+        "seconds_total": round(seconds, 1),
+        "minutes_total": round(seconds / 60, 1),
+        "target_minutes": 60,
+        "target_met": seconds <= 3600,
+        "seconds_by_phase": fit.timings,
+        "llm_forward_seconds": round(forward["seconds"], 1),
+        "llm_forward_share": round(forward["seconds"] / seconds, 3) if seconds else None,
+        "llm_forward_calls": forward["calls"],
+        "index_seconds": round(index_seconds, 1),
+        "sieve_metrics": fit.sieve.metrics,
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    Path(args.result).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.result).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("questions", "minutes_total", "llm_forward_share", "seconds_by_phase")}))
+
+
+if __name__ == "__main__":
+    main()
