@@ -4,57 +4,64 @@ import json
 
 import pytest
 
-from ragsieve.cli import main
 from ragsieve.data.records import Passage
 from tests.conftest import requires_data
 
 
-def test_unknown_dataset_is_one_line(capsys):
-    assert main(["index", "--out", "/tmp/never", "--dataset", "no-such-set"]) == 2
-    err = capsys.readouterr().err.strip()
+def test_unknown_dataset_is_one_line(cli):
+    r = cli(*["index", "--out", "/tmp/never", "--dataset", "no-such-set"])
+    assert r.code == 2, r.err
+    err = r.err.strip()
     assert err.startswith("error: unknown dataset 'no-such-set'") and "\n" not in err
 
 
-def test_missing_data_dir(capsys, tmp_path, monkeypatch):
+def test_missing_data_dir(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("RAGSIEVE_DATA", str(tmp_path / "nowhere"))
-    assert main(["index", "--out", str(tmp_path / "idx"), "--dataset", "nq-oracle"]) == 2
-    assert "RAGSIEVE_DATA" in capsys.readouterr().err
+    r = cli(*["index", "--out", str(tmp_path / "idx"), "--dataset", "nq-oracle"])
+    assert r.code == 2, r.err
+    assert "RAGSIEVE_DATA" in r.err
 
 
-def test_ask_needs_index_or_closed_book(capsys):
-    assert main(["ask", "who wrote hamlet"]) == 2
-    assert "--no-retrieval" in capsys.readouterr().err
-    assert main(["ask", "  ", "--no-retrieval"]) == 2
-    assert "empty question" in capsys.readouterr().err
+def test_ask_needs_index_or_closed_book(cli):
+    r = cli(*["ask", "who wrote hamlet"])
+    assert r.code == 2, r.err
+    assert "--no-retrieval" in r.err
+    r = cli(*["ask", "  ", "--no-retrieval"])
+    assert r.code == 2, r.err
+    assert "empty question" in r.err
 
 
-def test_demo_config_with_wrong_key(tmp_path, capsys):
+def test_demo_config_with_wrong_key(tmp_path, cli):
     cfg = tmp_path / "demo.yaml"
     cfg.write_text("n_question: 5\n")
-    assert main(["demo", "--config", str(cfg)]) == 2
-    assert "unknown key 'n_question'" in capsys.readouterr().err
+    r = cli(*["demo", "--config", str(cfg)])
+    assert r.code == 2, r.err
+    assert "unknown key 'n_question'" in r.err
 
 
 @requires_data
-def test_index_retrieve_ask_end_to_end(tmp_path, capsys, tiny_llm_dir):
+def test_index_retrieve_ask_end_to_end(tmp_path, cli, tiny_llm_dir):
     """BM25 index over a real pool, retrieval as JSON, and `ask` with a tiny LLM."""
     out = tmp_path / "idx"
-    assert main(["index", "--out", str(out), "--dataset", "hotpotqa-distractor", "--kind", "bm25"]) == 0
-    capsys.readouterr()
-    assert main(["retrieve", "VIVA Media acronym", "--index", str(out), "-k", "3", "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    r = cli(*["index", "--out", str(out), "--dataset", "hotpotqa-distractor", "--kind", "bm25"])
+    assert r.code == 0, r.err
+    r = cli(*["retrieve", "VIVA Media acronym", "--index", str(out), "-k", "3", "--json"])
+    assert r.code == 0, r.err
+    rows = [json.loads(line) for line in r.out.splitlines()]
     assert len(rows) == 3 and rows[0]["rank"] == 0
     assert any("VIVA" in r["title"] for r in rows)
-    assert main(["ask", "What does VIVA stand for?", "--index", str(out), "--llm", str(tiny_llm_dir),
-                 "--max-new-tokens", "3", "--show-contexts"]) == 0
+    r = cli(*["ask", "What does VIVA stand for?", "--index", str(out), "--llm", str(tiny_llm_dir),
+                 "--max-new-tokens", "3", "--show-contexts"])
+    assert r.code == 0, r.err
 
 
 @pytest.mark.integration
 @requires_data
-def test_eval_retrieval_small(tmp_path, capsys):
+def test_eval_retrieval_small(tmp_path, cli):
     out = tmp_path / "r.json"
-    assert main(["eval-retrieval", "--dataset", "hotpotqa-distractor", "--kinds", "bm25,hybrid", "--ks", "2,10",
-                 "--n-questions", "10", "--out", str(out)]) == 0
+    r = cli(*["eval-retrieval", "--dataset", "hotpotqa-distractor", "--kinds", "bm25,hybrid", "--ks", "2,10",
+                 "--n-questions", "10", "--out", str(out)])
+    assert r.code == 0, r.err
     res = json.loads(out.read_text())
     assert set(res["metrics"]) == {"bm25", "hybrid"}
     assert set(res["metrics"]["bm25"]) == {"R@2", "R@10", "MRR@10"}
@@ -62,22 +69,23 @@ def test_eval_retrieval_small(tmp_path, capsys):
 
 
 @requires_data
-def test_demo_writes_metrics(tmp_path, tiny_llm_dir, monkeypatch, capsys):
+def test_demo_writes_metrics(tmp_path, tiny_llm_dir, monkeypatch, cli):
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
     cfg = tmp_path / "demo.yaml"
     cfg.write_text(f"llm: {tiny_llm_dir}\nindex_kind: bm25\nn_questions: 3\nmax_new_tokens: 2\n"
                    f"max_prompt_tokens: 450\nout_dir: {tmp_path / 'out'}\n")
-    assert main(["demo", "--config", str(cfg)]) == 0
+    r = cli(*["demo", "--config", str(cfg)])
+    assert r.code == 0, r.err
     res = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert res["n_questions"] == 3 and set(res["metrics"]) == {"closed_book", "rag_top3"}
     for m in res["metrics"].values():
         assert {"accuracy", "em", "f1", "seconds_per_question"} <= set(m)
     assert len((tmp_path / "out" / "predictions.jsonl").read_text().splitlines()) == 6
-    assert "rag_top3" in capsys.readouterr().out
+    assert "rag_top3" in r.out
 
 
 @requires_data
-def test_probe_cli_extract_eval_and_ask_with_cbdr(tmp_path, tiny_llm, tiny_llm_dir, capsys):
+def test_probe_cli_extract_eval_and_ask_with_cbdr(tmp_path, tiny_llm, tiny_llm_dir, cli):
     import numpy as np
 
     from ragsieve.probe.model import ConfidenceProbe, ProbeConfig, ProbeHead
@@ -88,43 +96,49 @@ def test_probe_cli_extract_eval_and_ask_with_cbdr(tmp_path, tiny_llm, tiny_llm_d
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "Who wrote Hamlet?", "correct": 1}\n'
                     '{"question": "Where is Paris?", "context": "Paris is in France.", "correct": 0}\n')
-    assert main(["probe", "extract", "--input", str(rows), "--out", str(tmp_path / "s.npy"), "--llm",
-                 str(tiny_llm_dir), "--layer", "2", "--max-prompt-tokens", "450"]) == 0
+    r = cli(*["probe", "extract", "--input", str(rows), "--out", str(tmp_path / "s.npy"), "--llm",
+                 str(tiny_llm_dir), "--layer", "2", "--max-prompt-tokens", "450"])
+    assert r.code == 0, r.err
     assert np.load(tmp_path / "s.npy").shape == (2, tiny_llm.hidden_size)
-    capsys.readouterr()
-    assert main(["probe", "eval", "--input", str(rows), "--probe", str(tmp_path / "probe"), "--llm",
-                 str(tiny_llm_dir)]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    r = cli(*["probe", "eval", "--input", str(rows), "--probe", str(tmp_path / "probe"), "--llm",
+                 str(tiny_llm_dir)])
+    assert r.code == 0, r.err
+    report = json.loads(r.out.strip().splitlines()[-1])
     assert report["n"] == 2 and 0 <= report["auroc"] <= 1
     rows.write_text('{"question": ""}\n')
-    assert main(["probe", "eval", "--input", str(rows), "--probe", str(tmp_path / "probe"), "--llm",
-                 str(tiny_llm_dir)]) == 2
-    assert "rows.jsonl:1: missing or empty 'question'" in capsys.readouterr().err
+    r = cli(*["probe", "eval", "--input", str(rows), "--probe", str(tmp_path / "probe"), "--llm",
+                 str(tiny_llm_dir)])
+    assert r.code == 2, r.err
+    assert "rows.jsonl:1: missing or empty 'question'" in r.err
 
     index = tmp_path / "idx"
-    assert main(["index", "--out", str(index), "--dataset", "hotpotqa-distractor", "--kind", "bm25"]) == 0
-    capsys.readouterr()
+    r = cli(*["index", "--out", str(index), "--dataset", "hotpotqa-distractor", "--kind", "bm25"])
+    assert r.code == 0, r.err
     # β = 1.0: Conf(Q) can never exceed it, so the gate must retrieve.
-    assert main(["ask", "What does VIVA stand for?", "--index", str(index), "--llm", str(tiny_llm_dir),
-                 "--max-new-tokens", "2", "--cbdr", "1.0", "--probe", str(tmp_path / "probe")]) == 0
-    assert "→ retrieve" in capsys.readouterr().err
+    r = cli(*["ask", "What does VIVA stand for?", "--index", str(index), "--llm", str(tiny_llm_dir),
+                 "--max-new-tokens", "2", "--cbdr", "1.0", "--probe", str(tmp_path / "probe")])
+    assert r.code == 0, r.err
+    assert "→ retrieve" in r.err
 
 
-def test_rerank_query_train_eval_cli(tmp_path, capsys, tiny_cross_encoder_dir):
+def test_rerank_query_train_eval_cli(tmp_path, cli, tiny_cross_encoder_dir):
     """`rerank QUERY` (text, jsonl, bad line, empty), `rerank train` and `rerank eval`."""
     txt = tmp_path / "p.txt"
     txt.write_text("Hamlet is by Shakespeare.\n\nParis is in France.\nHamlet is by Shakespeare.\n")
-    assert main(["rerank", "who wrote hamlet", "--passages", str(txt), "-r", "bm25", "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    r = cli(*["rerank", "who wrote hamlet", "--passages", str(txt), "-r", "bm25", "--json"])
+    assert r.code == 0, r.err
+    rows = [json.loads(line) for line in r.out.splitlines()]
     assert [r["index"] for r in rows] == [0, 2, 1]  # duplicates kept with their own indices, ties stable
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"text": "ok"}\n{"title": "no text"}\n')
-    assert main(["rerank", "q", "--passages", str(bad), "-r", "bm25"]) == 2
-    assert f"{bad}:2" in capsys.readouterr().err
+    r = cli(*["rerank", "q", "--passages", str(bad), "-r", "bm25"])
+    assert r.code == 2, r.err
+    assert f"{bad}:2" in r.err
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert main(["rerank", "q", "--passages", str(empty), "-r", "bm25", "--json"]) == 0
-    assert capsys.readouterr().out == ""
+    r = cli(*["rerank", "q", "--passages", str(empty), "-r", "bm25", "--json"])
+    assert r.code == 0, r.err
+    assert r.out == ""
 
     from ragsieve.prefs import select_preferences, write_preferences
 
@@ -135,18 +149,20 @@ def test_rerank_query_train_eval_cli(tmp_path, capsys, tiny_cross_encoder_dir):
     out = tmp_path / "ce"
     cfg = tmp_path / "train.yaml"
     cfg.write_text("batch_size: 2\nmax_length: 64\ngroup_size: 3\n")
-    assert main(["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
-                 "--config", str(cfg)]) == 0
-    capsys.readouterr()
+    r = cli(*["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
+                 "--config", str(cfg)])
+    assert r.code == 0, r.err
     metrics_path = tmp_path / "m.json"
-    assert main(["rerank", "eval", "--prefs", str(prefs), "-r", "bm25", "-r", str(out), "--ks", "1,2",
-                 "--out", str(metrics_path)]) == 0
+    r = cli(*["rerank", "eval", "--prefs", str(prefs), "-r", "bm25", "-r", str(out), "--ks", "1,2",
+                 "--out", str(metrics_path)])
+    assert r.code == 0, r.err
     metrics = json.loads(metrics_path.read_text())
     assert set(metrics) == {"bm25", str(out)} and metrics["bm25"]["P@1"] == 1.0
     cfg.write_text("batch_sise: 2\n")
-    assert main(["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
-                 "--config", str(cfg)]) == 2
-    assert "unknown key 'batch_sise'" in capsys.readouterr().err
+    r = cli(*["rerank", "train", "--prefs", str(prefs), "--out", str(out), "--init", str(tiny_cross_encoder_dir),
+                 "--config", str(cfg)])
+    assert r.code == 2, r.err
+    assert "unknown key 'batch_sise'" in r.err
 
 
 # ---------------------------------------------------------------- the stages act, seen through `ask`
