@@ -687,3 +687,23 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
         plan_cells(bad)
     with pytest.raises(RagsieveError, match="m0: mixed"):
         plan_cells(build_config(EvolveExperimentConfig, {"m0": "mixed"}))
+
+
+def test_a_step_reports_scoring_and_training_progress(tiny_llm_dir, tmp_path, cli):
+    """`evolve step` used to be silent for minutes: scoring batches and training steps are reported."""
+    from ragsieve.evolve.store import run_step
+    from ragsieve.progress import reporting
+
+    store = tmp_path / "store"
+    result = cli("evolve", "init", "--store", store, "--dataset", "pubmedqa", "--llm", tiny_llm_dir,
+                 "--initial-size", 8, "--round-size", 4, "--rounds", 1, "--judge", "reranker:bm25",
+                 "--max-prompt-tokens", 300)
+    assert result.code == 0, result.err
+    events: list[tuple[str, int, int]] = []
+    with reporting(lambda task, done, total: events.append((task, done, total))):
+        run_step(store)  # round 0: SFT → M0
+        run_step(store)  # round 1: score the batch, label, train
+    tasks = {task for task, _, _ in events}
+    assert {"score", "train"} <= tasks
+    train = [(d, t) for task, d, t in events if task == "train"]
+    assert train[-1][0] == train[-1][1]  # the last training step reported is the last one

@@ -91,3 +91,14 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert run_experiment_file(align)["table2"] == result["table2"]
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").stat().st_mtime_ns == stamp
     assert len((tmp_path / "align" / "generations_nq.jsonl").read_text().splitlines()) == n_gen
+
+
+def test_bad_study_values_are_refused_before_out_dir_exists(tmp_path):
+    from ragsieve.errors import RagsieveError
+
+    out = tmp_path / "never"
+    cfg = tmp_path / "evolve.yaml"
+    cfg.write_text(f"experiment: evolve\nout_dir: {out}\nparams:\n  rounds: -3\n")
+    with pytest.raises(RagsieveError, match="rounds"):
+        run_experiment_file(cfg)
+    assert not out.exists()

@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ragsieve.cli.app import app, console
+from ragsieve.cli.app import app, console, err_console
 from ragsieve.models.specs import DEFAULT_LLM
 
 evolve_app = typer.Typer(help="Evolving LLM reranker: a deployment store advanced round by round.", no_args_is_help=True)
@@ -84,13 +84,24 @@ def step_cmd(
     """Run the next round (resumes an interrupted one from scratch, never twice)."""
     from ragsieve.evolve.live import promote_feedback
     from ragsieve.evolve.store import run_step
+    from ragsieve.progress import reporting
+    from ragsieve.studies.common import progress_bar
 
     # live feedback (/v1/feedback, `feedback add`) since the last round becomes a full-feedback round
     promoted = promote_feedback(store)
     if promoted is not None:
         console.print(f"live feedback queued as round {promoted}")
     while True:
-        report = run_step(store)
+        with progress_bar(err_console) as bar:
+            tasks: dict[str, int] = {}
+
+            def show(task: str, done: int, total: int) -> None:
+                if task not in tasks:
+                    tasks[task] = bar.add_task(task, total=total)
+                bar.update(tasks[task], completed=done, total=total)
+
+            with reporting(show):  # scoring batches and training steps, as they finish
+                report = run_step(store)
         if report.round is None:
             console.print("no queued round: ingest a batch (`evolve ingest`) to continue")
             return

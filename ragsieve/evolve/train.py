@@ -38,6 +38,7 @@ import numpy as np
 
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
+from ragsieve.progress import report
 from ragsieve.models.lora import LoraSettings, attach_lora, merge_lora, save_adapter
 from ragsieve.models.training import TrainResult
 from ragsieve.models.verdict import VerdictScores, VerdictTokens, answer_logits, left_pad_prompts
@@ -88,6 +89,7 @@ class VerdictTrainer(ABC):
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
         rng = random.Random(self.config.seed)
+        total_steps = self.config.epochs * -(-len(prompts) // self.config.batch_size)
         for _ in range(self.config.epochs):
             order = list(range(len(prompts)))
             rng.shuffle(order)
@@ -102,6 +104,7 @@ class VerdictTrainer(ABC):
                 optimizer.step()
                 result.losses.append(float(loss.detach()))
                 result.steps += 1
+                report("train", result.steps, total_steps)
         model.eval()
         result.seconds = time.perf_counter() - start
         return result

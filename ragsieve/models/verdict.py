@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsieve.errors import RagsieveError
+from ragsieve.progress import report
 
 if TYPE_CHECKING:
     import torch
@@ -236,6 +237,7 @@ def score_verdicts(
                 t, f = verdict_log_probs(model, left_pad([rows[i] for i in idx], pad_id), tokens)
                 logp_true[idx] = t.double().numpy()
                 logp_false[idx] = f.double().numpy()
+                report("score", min(lo + batch_size, len(order)), len(order))
     finally:
         model.train(was_training)
     return VerdictScores(logp_true, logp_false)

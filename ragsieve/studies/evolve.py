@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
@@ -65,8 +66,8 @@ ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanc
 
 
 class RoundSizes(StrictConfig):
-    initial: int = 128  # labelled SFT set → M0
-    per_round: int = 64  # D_t, t = 1..rounds
+    initial: int = Field(128, ge=1)  # labelled SFT set → M0
+    per_round: int = Field(64, ge=1)  # D_t, t = 1..rounds
     balanced: Union[bool, None] = None  # None: the experiment's `balanced` (PubMedQA lacks "no"s)
 
 
@@ -89,7 +90,7 @@ class EvolveExperimentConfig(StrictConfig):
     llm: str = DEFAULT_LLM
     datasets: list[str] = ["anli", "fever", "hotpotqa-distractor", "multirc", "pubmedqa", "bioasq"]
     methods: list[str] = list(MAIN_METHODS)
-    rounds: int = 4
+    rounds: int = Field(4, ge=1)
     sizes: RoundSizes = RoundSizes()
     size_overrides: dict[str, RoundSizes] = {}
     balanced: bool = True
