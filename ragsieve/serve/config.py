@@ -54,32 +54,25 @@ class ServeConfig(StrictConfig):
         return self
 
     def expanded(self) -> "ServeConfig":
-        """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved)."""
+        """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved).
+
+        The sieve is read by :meth:`PipelineConfig.expanded`, the one reader of ``sieve.json``.
+        """
         if not self.sieve:
             return self
         from pathlib import Path
 
-        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component
+        from ragsieve.pipeline.config import PipelineConfig
 
-        sc = read_sieve_config(self.sieve)
-
-        def part(value: str | None) -> str | None:
-            return resolve_component(self.sieve, value) if value else None
-
-        gated = sc.probe is not None and sc.beta is not None
+        p = PipelineConfig(sieve=self.sieve).expanded()
+        gated = p.cbdr_beta is not None
         update = {
-            "sieve": None,
-            "reranker": part(sc.reranker) or "none",
-            "grader": part(sc.grader),
-            "llm": sc.llm,
-            "probe": part(sc.probe) if gated else None,
-            "top_k": sc.top_k,
-            "candidates": max(sc.candidates, sc.top_k),
-            "max_new_tokens": sc.max_new_tokens,
-            "model_name": self.model_name or f"sieve:{Path(self.sieve).name}",
+            "sieve": None, "reranker": p.reranker or "none", "grader": p.grader, "llm": p.llm,
+            "probe": p.probe if gated else None, "top_k": p.top_k, "candidates": p.candidates,
+            "max_new_tokens": p.max_new_tokens, "model_name": self.model_name or f"sieve:{Path(self.sieve).name}",
         }
         if gated:
-            update["cbdr_beta"] = sc.beta
+            update["cbdr_beta"] = p.cbdr_beta
         return ServeConfig.model_validate({**self.model_dump(exclude={"api_key"}), **update, "api_key": self.api_key})
 
 
