@@ -23,7 +23,7 @@ from ragsieve.errors import RagsieveError
 EXPERIMENTS: dict[str, str] = {
     "probe_nq": "ragsieve.probe.experiment:ProbeExperiment",
     "cbdr_nq": "ragsieve.gate.experiment:CBDRExperiment",
-    "rerank_base": "ragsieve.rerank.experiment:RerankBaseExperiment",
+    "rerank_base": "ragsieve.studies.rerank_base:RerankBaseStudy",
     "rerank_align": "ragsieve.rerank.experiment:RerankAlignExperiment",
     "grader": "ragsieve.grade.experiment:GraderExperiment",
     "evolve": "ragsieve.evolve.experiment:EvolveExperiment",

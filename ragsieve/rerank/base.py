@@ -65,6 +65,10 @@ class BaseRanker(ABC):
     """
 
     name: str = "base"
+    #: True when ``score`` returns sigmoid outputs (calibration then fits on their logits)
+    score_is_probability: bool = False
+    #: set by :meth:`calibrate` (or shipped with a model); see :mod:`ragsieve.rerank.calibration`
+    calibration = None
 
     @abstractmethod
     def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
@@ -87,3 +91,31 @@ class BaseRanker(ABC):
 
     def top_k(self, query: str, passages: Sequence[Passage | str], k: int) -> list[RankedResult]:
         return self.rank(query, passages).top_k(k)
+
+    def calibrate(self, queries: Sequence[str], passages: Sequence[Passage | str], labels: Sequence[int]):
+        """Fit ``predict_proba``'s temperature and bias on labelled (query, passage) pairs (e.g. a dev split).
+
+        Example::
+
+            ranker.calibrate(["q1", "q1"], ["relevant text", "other text"], [1, 0]).temperature
+        """
+        from ragsieve.rerank.calibration import Calibration
+
+        if not (len(queries) == len(passages) == len(labels)):
+            raise RagsieveError("calibrate needs one query and one label per passage")
+        items = as_passages(passages)
+        scores = np.empty(len(items))
+        by_query: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_query.setdefault(q, []).append(i)
+        for q, idx in by_query.items():  # one score call per query keeps batching
+            scores[idx] = self.score(q, [items[i] for i in idx])
+        self.calibration = Calibration.fit(scores, labels, from_probability=self.score_is_probability)
+        return self.calibration
+
+    def predict_proba(self, query: str, passages: Sequence[Passage | str]) -> np.ndarray:
+        """Calibrated probability that each passage is relevant, in input order (needs a calibration)."""
+        if self.calibration is None:
+            raise RagsieveError(f"{self.name} is not calibrated: call calibrate() on labelled dev pairs first")
+        items = as_passages(passages)
+        return self.calibration.proba(self.score(query, items)) if items else np.zeros(0)

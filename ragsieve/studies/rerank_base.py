@@ -1,0 +1,254 @@
+"""``ragsieve run experiments/rerank_base.yaml``: mine, train, ship and evaluate ``embedded:base``.
+
+Phases, each resumable after a kill (work files under ``<out_dir>/work/``, git-ignored):
+
+1. **mine** — gold groups + BM25/MiniLM hard negatives per dataset (:mod:`ragsieve.rerank.mining`).
+2. **train** — InfoNCE on gold + listwise distillation of MiniLM cosine, early stopping on dev
+   (:mod:`ragsieve.rerank.distill`); checkpoints every ``eval_steps``.
+3. **ship** — fp16 safetensors + int8 ONNX + card into ``ragsieve/assets/base-reranker``
+   (only with ``ship: true``), calibration fitted on the dev groups.
+4. **evaluate** — held-out MRR@10 / nDCG@10 per dataset for BM25, MiniLM cosine, the new model
+   in fp32 and on the ONNX int8 path, with 95 % bootstrap intervals and paired bootstrap
+   differences against cosine → ``metrics.json``; the default backend is the fastest
+   whose nDCG@10 stays within ``backend_tolerance`` of fp32 on every dataset.
+
+Example::
+
+    python -m ragsieve.studies.rerank_base experiments/rerank_base.yaml   # same as ragsieve run
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from pydantic import Field
+from rich.console import Console
+
+from ragsieve.config import StrictConfig
+from ragsieve.models.specs import DEFAULT_ENCODER
+from ragsieve.rerank.distill import DistillConfig
+from ragsieve.rerank.mining import SOURCES, MiningConfig
+
+log = logging.getLogger(__name__)
+
+
+def _recipe_distill() -> DistillConfig:
+    return DistillConfig(time_budget_minutes=55)
+
+
+class RerankBaseStudyConfig(StrictConfig):
+    mining: MiningConfig = Field(default_factory=MiningConfig)
+    distill: DistillConfig = Field(default_factory=_recipe_distill)
+    train_per_dataset: int = 300  # mined train questions used per dataset (dev rows all used)
+    datasets: list[str] = list(SOURCES)
+    ship: bool = True  # write the trained model into the package's asset folder
+    asset_dir: str = ""  # "" = ragsieve/assets/base-reranker
+    backend_tolerance: float = 0.005  # max nDCG@10 loss of the default backend vs fp32, per dataset
+    bootstrap: int = 2000
+    ks: list[int] = [1, 3, 5, 10]
+    encoder: str = DEFAULT_ENCODER
+    data_dir: str | None = None
+    seed: int = 0
+
+
+def load_mined(cfg: RerankBaseStudyConfig, work: Path) -> tuple[list[dict], list[dict]]:
+    """(train rows capped per dataset, dev rows) from the mined files."""
+    from ragsieve.rerank.mining import read_mined
+
+    train, dev = [], []
+    for name in cfg.datasets:
+        rows = read_mined(work / "mined" / f"{name}.jsonl")
+        train += [r for r in rows if r["split"] == "train"][: cfg.train_per_dataset]
+        dev += [r for r in rows if r["split"] == "dev"]
+    return train, dev
+
+
+def dev_pairs(dev: Sequence[dict]) -> tuple[list[str], list[str], list[int]]:
+    """(queries, passages, labels) of every dev group: the calibration set."""
+    qs, ps, ys = [], [], []
+    for m in dev:
+        for _, text, *_ in m["pos"]:
+            qs.append(m["query"]); ps.append(text); ys.append(1)
+        for _, text, *_ in m["neg"]:
+            qs.append(m["query"]); ps.append(text); ys.append(0)
+    return qs, ps, ys
+
+
+def bootstrap_ci(values: np.ndarray, n: int, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of the mean (queries resampled with replacement)."""
+    from scipy.stats import bootstrap
+
+    res = bootstrap((values,), np.mean, n_resamples=n, method="percentile", random_state=seed)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def paired_diff(a: np.ndarray, b: np.ndarray, n: int, seed: int = 0) -> dict[str, float]:
+    """Mean of a - b per query with its 95 % paired bootstrap interval."""
+    d = a - b
+    lo, hi = bootstrap_ci(d, n, seed) if np.any(d != d[0]) else (float(d[0]), float(d[0]))
+    return {"diff": float(d.mean()), "low": lo, "high": hi}
+
+
+def per_query(ranker, queries) -> dict[str, dict[str, float]]:
+    """``{"MRR@10": {qid: v}, "nDCG@10": {...}}`` over the given candidate lists (ranx)."""
+    from ragsieve.eval.ranking import ranking_metrics
+
+    qrels = {q.query_id: {pid: 1 for pid in q.relevant} for q in queries}
+    run = {}
+    for q in queries:
+        ranked = ranker.rank(q.query, list(q.candidates))
+        docs: dict[str, float] = {}
+        for r in ranked.results:  # distinct scores by rank, like evaluate_rankers
+            docs.setdefault(r.passage.id, float(len(ranked) - r.rank))
+        run[q.query_id] = docs
+    return ranking_metrics(qrels, run, ks=(10,), measures=("MRR", "nDCG"), per_query=True)
+
+
+class RerankBaseStudy:
+    Config = RerankBaseStudyConfig
+
+    def run(self, cfg: RerankBaseStudyConfig, out_dir: Path, console: Console) -> dict:
+        from ragsieve.rerank.mining import mine_all
+
+        work = Path(out_dir) / "work"
+        t0 = time.perf_counter()
+        counts = mine_all(cfg.mining, work / "mined", cfg.data_dir, cfg.datasets)
+        console.print(f"mined rows: {counts}")
+        final = self.train(cfg, work, console)
+        asset = Path(cfg.asset_dir) if cfg.asset_dir else None
+        if cfg.ship:
+            asset = self.ship(cfg, final, work, asset, console)
+        result = self.evaluate(cfg, final, asset, console)
+        result["mined_rows"] = counts
+        result["seconds"] = time.perf_counter() - t0
+        (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+        if cfg.ship and asset:
+            self._record_backend(asset, result)
+        return result
+
+    @staticmethod
+    def train(cfg: RerankBaseStudyConfig, work: Path, console: Console) -> Path:
+        from ragsieve.rerank.distill import train_distilled
+
+        final = work / "model" / "final"
+        if (final / "config.json").exists():
+            return final
+        train, dev = load_mined(cfg, work)
+        console.print(f"training on {len(train)} questions × {cfg.distill.passes} passes, dev {len(dev)}")
+        t = time.perf_counter()
+        train_distilled(train, dev, cfg.distill, work / "model")
+        (work / "model" / "train_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}\n")
+        return final
+
+    @staticmethod
+    def ship(cfg: RerankBaseStudyConfig, final: Path, work: Path, asset: Path | None, console: Console) -> Path:
+        from ragsieve.rerank.calibration import Calibration
+        from ragsieve.rerank.shipped import ASSET_DIR, OnnxCrossEncoderRanker, write_asset
+
+        asset = asset or ASSET_DIR
+        state = _trainer_state(work / "model")
+        card = {
+            "recipe": {"experiment": "rerank_base", "params": cfg.model_dump(exclude={"asset_dir", "data_dir"})},
+            "max_length": cfg.distill.max_length,
+            "default_backend": "onnx-int8",  # confirmed (or replaced) by the evaluation
+            "training": state,
+        }
+        write_asset(final, asset, card)
+        _, dev = load_mined(cfg, work)
+        qs, ps, ys = dev_pairs(dev)
+        ranker = OnnxCrossEncoderRanker(asset, max_length=cfg.distill.max_length)
+        cal = ranker.calibrate(qs, ps, ys)
+        card["calibration"] = {"temperature": cal.temperature, "bias": cal.bias, "fitted_on": f"{len(ys)} dev pairs "
+                               f"({sum(ys)} relevant) of {len(dev)} dev questions, on logits"}
+        from ragsieve.rerank.shipped import CARD
+
+        (asset / CARD).write_text(json.dumps(card, indent=2) + "\n")
+        console.print(f"shipped {asset} (calibration T={cal.temperature:.3f}, b={cal.bias:.3f})")
+        return asset
+
+    @staticmethod
+    def evaluate(cfg: RerankBaseStudyConfig, final: Path, asset: Path | None, console: Console) -> dict:
+        from ragsieve.data import load_dataset
+        from ragsieve.rerank.lexical import BM25Ranker
+        from ragsieve.rerank.mining import held_out_sources
+        from ragsieve.rerank.neural import BiEncoderRanker, CrossEncoderRanker
+        from ragsieve.rerank.relevance import ranking_queries, split_questions
+        from ragsieve.rerank.shipped import OnnxCrossEncoderRanker
+
+        ml = cfg.distill.max_length
+        rankers = {
+            "bm25": BM25Ranker(),
+            "cosine": BiEncoderRanker(cfg.encoder),
+            "model-fp32": CrossEncoderRanker(str(final), max_length=ml),
+        }
+        if asset:
+            rankers["model-onnx-int8"] = OnnxCrossEncoderRanker(asset, max_length=ml)
+        sources = held_out_sources()
+        out: dict = {"by_dataset": {}, "sizes": {}}
+        for name in cfg.datasets:
+            ds = load_dataset(name, data_dir=cfg.data_dir)
+            _, test = split_questions(ds, sources[name], cfg.seed)
+            queries = ranking_queries(ds, test, sources[name])
+            out["sizes"][name] = {
+                "queries": len(queries),
+                "mean_candidates": float(np.mean([len(q.candidates) for q in queries])),
+                "with_relevant_candidate": sum(bool(q.relevant & {p.id for p in q.candidates}) for q in queries),
+            }
+            per = {r: per_query(ranker, queries) for r, ranker in rankers.items()}
+            rows = {}
+            for r, m in per.items():
+                rows[r] = {}
+                for metric in ("MRR@10", "nDCG@10"):
+                    v = np.array(list(m[metric].values()))
+                    lo, hi = bootstrap_ci(v, cfg.bootstrap, cfg.seed)
+                    rows[r][metric] = {"mean": float(v.mean()), "low": lo, "high": hi}
+                    if r != "cosine":
+                        c = np.array(list(per["cosine"][metric].values()))
+                        rows[r][metric]["vs_cosine"] = paired_diff(v, c, cfg.bootstrap, cfg.seed)
+            out["by_dataset"][name] = rows
+            console.print(name, {r: round(rows[r]["MRR@10"]["mean"], 3) for r in rows})
+        return out
+
+    @staticmethod
+    def _record_backend(asset: Path, result: dict) -> None:
+        """Keep ONNX int8 as the default only if it is within tolerance of fp32 on every dataset."""
+        from ragsieve.rerank.shipped import CARD
+
+        card = json.loads((asset / CARD).read_text())
+        tol = card["recipe"]["params"]["backend_tolerance"]
+        gaps = {n: rows["model-fp32"]["nDCG@10"]["mean"] - rows["model-onnx-int8"]["nDCG@10"]["mean"]
+                for n, rows in result["by_dataset"].items()}
+        card["default_backend"] = "onnx-int8" if max(gaps.values()) <= tol else "torch"
+        card["backend_ndcg10_gap_vs_fp32"] = gaps
+        card["heldout_mrr10"] = {n: {r: round(v["MRR@10"]["mean"], 4) for r, v in rows.items()}
+                                 for n, rows in result["by_dataset"].items()}
+        (asset / CARD).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def _trainer_state(model_dir: Path) -> dict:
+    """Steps, best dev checkpoint and dev history from the trainer's last checkpoint."""
+    states = sorted(model_dir.glob("checkpoints/checkpoint-*/trainer_state.json"),
+                    key=lambda p: int(p.parent.name.split("-")[1]))
+    if not states:
+        return {}
+    s = json.loads(states[-1].read_text())
+    dev = [{k: h[k] for k in ("step", "eval_dev_ndcg@10", "eval_dev_mrr@10", "eval_dev_base_ndcg@10") if k in h}
+           for h in s["log_history"] if "eval_dev_ndcg@10" in h]
+    seconds = model_dir / "train_seconds.txt"
+    return {"global_step": s["global_step"], "best_checkpoint": Path(s.get("best_model_checkpoint") or "").name,
+            "best_dev_ndcg10": s.get("best_metric"), "dev_history": dev,
+            "train_seconds": float(seconds.read_text()) if seconds.exists() else None}
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ragsieve.experiments import run_experiment_file
+
+    logging.basicConfig(level=logging.INFO)
+    run_experiment_file(sys.argv[1] if len(sys.argv) > 1 else "experiments/rerank_base.yaml")
