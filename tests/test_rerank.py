@@ -320,3 +320,18 @@ def test_embedded_base_loads_shipped_asset_without_training():
     res = ranker.rank("who wrote hamlet", POOL)
     assert res.results[0].passage.id == "p1"
     assert ranker.predict_proba("who wrote hamlet", POOL).argmax() == 1
+
+
+def test_study_bootstrap_intervals_and_dev_pairs():
+    from ragsieve.studies.rerank_base import bootstrap_ci, dev_pairs, paired_diff
+
+    rng = np.random.default_rng(0)
+    a = rng.random(200)
+    lo, hi = bootstrap_ci(a, 500)
+    assert lo < a.mean() < hi and hi - lo < 0.2
+    same = paired_diff(a, a, 500)
+    assert same == {"diff": 0.0, "low": 0.0, "high": 0.0}
+    up = paired_diff(a + 0.1, a, 500)
+    assert np.isclose(up["diff"], 0.1) and up["low"] <= 0.1 <= up["high"]
+    qs, ps, ys = dev_pairs([{"query": "q", "pos": [["p", "P", 0.9]], "neg": [["n", "N", 0.1, "bm25"]]}])
+    assert (qs, ps, ys) == (["q", "q"], ["P", "N"], [1, 0])

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def _recipe_distill() -> DistillConfig:
-    return DistillConfig(time_budget_minutes=55)
+    return DistillConfig(time_budget_minutes=45)
 
 
 class RerankBaseStudyConfig(StrictConfig):
@@ -123,8 +123,9 @@ class RerankBaseStudy:
         asset = Path(cfg.asset_dir) if cfg.asset_dir else None
         if cfg.ship:
             asset = self.ship(cfg, final, work, asset, console)
-        result = self.evaluate(cfg, final, asset, console)
+        result = self.evaluate(cfg, final, asset, console, work / "eval")
         result["mined_rows"] = counts
+        result["training"] = _trainer_state(work / "model")
         result["seconds"] = time.perf_counter() - t0
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
         if cfg.ship and asset:
@@ -172,7 +173,9 @@ class RerankBaseStudy:
         return asset
 
     @staticmethod
-    def evaluate(cfg: RerankBaseStudyConfig, final: Path, asset: Path | None, console: Console) -> dict:
+    def evaluate(cfg: RerankBaseStudyConfig, final: Path, asset: Path | None, console: Console,
+                 cache: Path | None = None) -> dict:
+        """Per-dataset metrics; per-query scores cached in ``cache/<dataset>.json`` so a killed run resumes."""
         from ragsieve.data import load_dataset
         from ragsieve.rerank.lexical import BM25Ranker
         from ragsieve.rerank.mining import held_out_sources
@@ -199,7 +202,14 @@ class RerankBaseStudy:
                 "mean_candidates": float(np.mean([len(q.candidates) for q in queries])),
                 "with_relevant_candidate": sum(bool(q.relevant & {p.id for p in q.candidates}) for q in queries),
             }
-            per = {r: per_query(ranker, queries) for r, ranker in rankers.items()}
+            cached = cache / f"{name}.json" if cache else None
+            if cached and cached.exists():
+                per = json.loads(cached.read_text())
+            else:
+                per = {r: per_query(ranker, queries) for r, ranker in rankers.items()}
+                if cached:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    cached.write_text(json.dumps(per))
             rows = {}
             for r, m in per.items():
                 rows[r] = {}
