@@ -236,6 +236,13 @@ def test_distill_rows_and_dev_samples():
     assert sample["documents"] == ["P1", "P2", "N2"] and sample["positive"] == ["P1", "P2"]
     with pytest.raises(RagsieveError):
         distill_rows(mined, group_size=1, passes=1)
+    # batched layout: every batch holds one dataset, passes stay in order
+    many = [{**mined[0], "dataset": d, "query": f"{d}{i}"} for d in "ab" for i in range(5)]
+    laid = distill_rows(many, group_size=3, passes=2, batch_size=2)
+    assert len(laid) == 24  # 5 rows per dataset fill up to 3 full batches of 2
+    blocks = [laid[i: i + 2] for i in range(0, 24, 2)]
+    assert all(len({r["query"][0] for r in b}) == 1 for b in blocks)
+    assert {r["query"] for r in laid[:12]} == {m["query"] for m in many}
 
 
 def test_calibration_fits_temperature_and_threshold():

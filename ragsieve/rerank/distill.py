@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from sentence_transformers.base.sampler import DefaultBatchSampler
 from torch import nn
 
 from ragsieve.config import StrictConfig
@@ -111,17 +112,21 @@ def group_distill_loss(scores: torch.Tensor, teacher: torch.Tensor, alpha: float
     return info_nce + alpha * kl
 
 
-def distill_rows(mined: Sequence[dict], group_size: int, passes: int, seed: int = 0) -> list[dict]:
+def distill_rows(mined: Sequence[dict], group_size: int, passes: int, seed: int = 0, batch_size: int = 0) -> list[dict]:
     """``{query, docs, label}`` rows: per pass and question, one positive + sampled negatives.
 
     A question with fewer negatives than needed repeats its own (every row needs
-    ``group_size`` docs). Positives rotate across passes.
+    ``group_size`` docs). Positives rotate across passes. With ``batch_size``, each pass is
+    laid out in batches of one dataset and similar length (longest pair in the row), in
+    shuffled batch order: a batch pads to its own longest pair, not to MultiRC's 256 tokens
+    (train with :class:`BlockBatchSampler`, which keeps this order). Passes follow each other.
     """
     if group_size < 2:
         raise RagsieveError(f"group_size must be >= 2 (1 positive + negatives), got {group_size}")
     rng = random.Random(seed)
     rows = []
     for p in range(passes):
+        pass_rows: dict[str, list[dict]] = {}
         for m in mined:
             if not m["pos"] or not m["neg"]:
                 continue
@@ -129,13 +134,43 @@ def distill_rows(mined: Sequence[dict], group_size: int, passes: int, seed: int 
             negs = rng.sample(m["neg"], min(len(m["neg"]), group_size - 1))
             while len(negs) < group_size - 1:
                 negs.append(rng.choice(m["neg"]))
-            rows.append({
+            pass_rows.setdefault(m.get("dataset", ""), []).append({
                 "query": m["query"],
                 "docs": [pos_text] + [n[1] for n in negs],
                 "label": [pos_cos] + [n[2] for n in negs],
             })
-    rng.shuffle(rows)
+        if not batch_size:
+            flat = [r for rs in pass_rows.values() for r in rs]
+            rng.shuffle(flat)
+            rows += flat
+            continue
+        blocks = []
+        for name in sorted(pass_rows):
+            ds_rows = sorted(pass_rows[name], key=lambda r: len(r["query"]) + max(len(d) for d in r["docs"]))
+            ds_blocks = [ds_rows[i: i + batch_size] for i in range(0, len(ds_rows), batch_size)]
+            while len(ds_blocks[-1]) < batch_size:  # full blocks keep batches aligned to datasets
+                ds_blocks[-1].append(rng.choice(ds_rows))
+            blocks += ds_blocks
+        rng.shuffle(blocks)
+        rows += [r for b in blocks for r in b]
     return rows
+
+
+class BlockBatchSampler(DefaultBatchSampler):
+    """Consecutive batches in the dataset's own order (rows are laid out by :func:`distill_rows`).
+
+    Module-level so the trainer can pickle its arguments into checkpoints.
+    """
+
+    def __iter__(self):
+        n = len(self.sampler)
+        for lo in range(0, n, self.batch_size):
+            if lo + self.batch_size <= n or not self.drop_last:
+                yield list(range(lo, min(lo + self.batch_size, n)))
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
 def dev_samples(mined: Sequence[dict], max_docs: int = 12) -> list[dict]:
@@ -185,7 +220,7 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
 
     from ragsieve.models.encoder import resolve_encoder_path
 
-    rows = distill_rows(train, config.group_size, config.passes, config.seed)
+    rows = distill_rows(train, config.group_size, config.passes, config.seed, batch_size=config.batch_size)
     if not rows:
         raise RagsieveError("no training rows: every mined row needs a positive and a negative")
     init = config.init if Path(config.init).exists() else resolve_encoder_path(config.init)
@@ -214,6 +249,7 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
         report_to="none",
         logging_steps=10,
         use_cpu=True,
+        batch_sampler=BlockBatchSampler,
     )
     trainer = CrossEncoderTrainer(
         model=model,

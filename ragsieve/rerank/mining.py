@@ -176,7 +176,11 @@ def mine_dataset(
     by_text: dict[str, list[str]] = {}
     for p in passages:
         by_text.setdefault(p.full_text, []).append(p.id)
-    emb_path = work / f"{ds.name}.{len(passages)}.emb.npy"
+    import hashlib
+
+    # keyed on the exact pool, so a changed pool never reuses stale embeddings
+    pool_key = hashlib.sha1("\x00".join(p.id for p in passages).encode()).hexdigest()[:10]
+    emb_path = work / f"{ds.name}.{pool_key}.emb.npy"
     if emb_path.exists():
         emb = np.load(emb_path)
     else:
@@ -220,8 +224,12 @@ def _capped_pool(ds: Dataset, questions: Sequence[Question], config: MiningConfi
         return passages
     by_id = {p.id: p for p in passages}
     keep: dict[str, None] = {}
+    # every gold if they take at most half the cap, else a few per question (BioASQ has ~15
+    # each, which alone would fill the cap and silently drop the last questions' golds)
+    per_question = None if sum(len(q.gold_passage_ids) for q in questions) <= config.pool_cap // 2 \
+        else config.max_positives + 2
     for q in questions:
-        keep.update((g, None) for g in q.gold_passage_ids if g in by_id)
+        keep.update((g, None) for g in sorted(q.gold_passage_ids)[:per_question] if g in by_id)
     for q in questions:
         keep.update((c, None) for c in _own_candidates(ds, q)[:10] if c in by_id)
     bm25 = BM25Retriever.build(passages)
