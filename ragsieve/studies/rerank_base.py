@@ -112,6 +112,34 @@ def per_query(ranker, queries) -> dict[str, dict[str, float]]:
     return ranking_metrics(qrels, run, ks=(10,), measures=("MRR", "nDCG"), per_query=True)
 
 
+class CosineOverCandidates:
+    """MiniLM cosine (as ``BiEncoderRanker``) with every candidate and query encoded once, in one
+    length-sorted batch call: per-query calls pad each small batch and re-encode repeats."""
+
+    name = "cosine"
+
+    def __init__(self, encoder: str, queries) -> None:
+        from ragsieve.models.encoder import load_encoder
+        from ragsieve.rerank.neural import BiEncoderRanker
+
+        self.ranker = BiEncoderRanker(encoder)
+        model = load_encoder(encoder)
+        texts = sorted({p.full_text for q in queries for p in q.candidates} | {q.query for q in queries})
+        vecs = model.encode(texts, batch_size=64, normalize_embeddings=True)
+        self.vec = dict(zip(texts, vecs))
+
+    def rank(self, query: str, passages):
+        from ragsieve.rerank.base import BaseRanker
+
+        vec = self.vec
+
+        class _Scored(BaseRanker):
+            def score(self, q, items):
+                return np.array([float(vec[p.full_text] @ vec[q]) for p in items])
+
+        return _Scored().rank(query, passages)
+
+
 class RerankBaseStudy:
     Config = RerankBaseStudyConfig
 
@@ -182,14 +210,14 @@ class RerankBaseStudy:
         from ragsieve.data import load_dataset
         from ragsieve.rerank.lexical import BM25Ranker
         from ragsieve.rerank.mining import held_out_sources
-        from ragsieve.rerank.neural import BiEncoderRanker, CrossEncoderRanker
+        from ragsieve.rerank.neural import CrossEncoderRanker
         from ragsieve.rerank.relevance import ranking_queries, split_questions
         from ragsieve.rerank.shipped import OnnxCrossEncoderRanker
 
         ml = cfg.distill.max_length
         rankers = {
             "bm25": BM25Ranker(),
-            "cosine": BiEncoderRanker(cfg.encoder),
+            "cosine": None,  # per dataset: CosineOverCandidates
             "model-fp32": CrossEncoderRanker(str(final), max_length=ml),
         }
         if asset:
@@ -209,6 +237,7 @@ class RerankBaseStudy:
             if cached and cached.exists():
                 per = json.loads(cached.read_text())
             else:
+                rankers["cosine"] = CosineOverCandidates(cfg.encoder, queries)
                 per = {r: per_query(ranker, queries[: cfg.fp32_queries] if r == "model-fp32" else queries)
                        for r, ranker in rankers.items()}
                 if cached:
@@ -271,3 +300,34 @@ if __name__ == "__main__":
 
     logging.basicConfig(level=logging.INFO)
     run_experiment_file(sys.argv[1] if len(sys.argv) > 1 else "experiments/rerank_base.yaml")
+
+
+def markdown_table(result: dict, target: float = 0.02) -> str:
+    """Held-out table: mean [95 % CI] per ranker, the model's paired difference to cosine, the verdict."""
+    lines = ["| dataset (n) | BM25 MRR@10 | cosine MRR@10 | model MRR@10 | model − cosine MRR@10 [95 % CI] "
+             "| nDCG@10 BM25 / cosine / model | model − cosine nDCG@10 [95 % CI] | ≥ +0.02 MRR@10? |",
+             "|---|---|---|---|---|---|---|---|"]
+    model = "model-onnx-int8"
+    for name, rows in result["by_dataset"].items():
+        m = rows.get(model) or rows["model-fp32"]
+
+        def cell(r, metric):
+            v = rows[r][metric]
+            return f"{v['mean']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+
+        def diff(metric):
+            d = m[metric]["vs_cosine"]
+            return f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+        d = m["MRR@10"]["vs_cosine"]
+        if d["low"] > 0:
+            verdict = "yes" if d["diff"] >= target else "better, < +0.02"
+        elif d["high"] < 0:
+            verdict = "no: worse than cosine"
+        else:
+            verdict = "no measurable difference"
+        nd = " / ".join(f"{rows[r]['nDCG@10']['mean']:.3f}" for r in ("bm25", "cosine")) + f" / {m['nDCG@10']['mean']:.3f}"
+        lines.append(f"| {name} ({m['n']}) | {cell('bm25', 'MRR@10')} | {cell('cosine', 'MRR@10')} | "
+                     f"{m['MRR@10']['mean']:.3f} [{m['MRR@10']['low']:.3f}, {m['MRR@10']['high']:.3f}] | "
+                     f"{diff('MRR@10')} | {nd} | {diff('nDCG@10')} | {verdict} |")
+    return "\n".join(lines)
