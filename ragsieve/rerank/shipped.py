@@ -132,6 +132,13 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
         ranker = CrossEncoderRanker(str(folder), max_length=max_length, batch_size=batch_size, backend=backend)
         ranker.model.model.float()  # shipped in fp16 to halve the wheel; CPU inference runs in fp32
         from_probability = True
+    weight = float(card.get("cosine_weight", 0.0))
+    if weight:
+        from ragsieve.rerank.mixed import CosineMixRanker
+
+        # the mixed score is on the logit scale whatever the backend
+        ranker = CosineMixRanker(ranker, weight, scale=float(card.get("cosine_scale", 20.0)))
+        from_probability = False
     if cal:
         # the fit is on logits; a sigmoid-output backend maps its scores back to logits first
         ranker.calibration = Calibration(temperature=cal["temperature"], bias=cal["bias"],

@@ -112,6 +112,22 @@ def per_query(ranker, queries) -> dict[str, dict[str, float]]:
     return ranking_metrics(qrels, run, ks=(10,), measures=("MRR", "nDCG"), per_query=True)
 
 
+class _Memo:
+    """Scores of a ranker remembered per (query, passage texts): the mixed and the
+    cross-encoder-only rows share one cross-encoder pass."""
+
+    def __init__(self, ranker) -> None:
+        self.ranker = ranker
+        self.score_is_probability = ranker.score_is_probability
+        self.memo: dict = {}
+
+    def score(self, query, passages):
+        key = (query, tuple(p.full_text for p in passages))
+        if key not in self.memo:
+            self.memo[key] = self.ranker.score(query, passages)
+        return self.memo[key]
+
+
 class CosineOverCandidates:
     """MiniLM cosine (as ``BiEncoderRanker``) with every candidate and query encoded once, in one
     length-sorted batch call: per-query calls pad each small batch and re-encode repeats."""
@@ -128,14 +144,19 @@ class CosineOverCandidates:
         vecs = model.encode(texts, batch_size=64, normalize_embeddings=True)
         self.vec = dict(zip(texts, vecs))
 
+    score_is_probability = False
+
+    def score(self, query: str, passages) -> np.ndarray:
+        return np.array([float(self.vec[p.full_text] @ self.vec[query]) for p in passages])
+
     def rank(self, query: str, passages):
         from ragsieve.rerank.base import BaseRanker
 
-        vec = self.vec
+        outer = self
 
         class _Scored(BaseRanker):
             def score(self, q, items):
-                return np.array([float(vec[p.full_text] @ vec[q]) for p in items])
+                return outer.score(q, items)
 
         return _Scored().rank(query, passages)
 
@@ -192,15 +213,29 @@ class RerankBaseStudy:
         }
         write_asset(final, asset, card)
         _, dev = load_mined(cfg, work)
-        qs, ps, ys = dev_pairs(dev)
         ranker = OnnxCrossEncoderRanker(asset, max_length=cfg.distill.max_length)
-        cal = ranker.calibrate(qs, ps, ys)
+        # dev groups: cross-encoder logits next to the mined MiniLM cosines of the same docs
+        logits, cosines, rel = [], [], []
+        for m in dev:
+            docs = m["pos"] + m["neg"]
+            logits.append(ranker.score_pairs([(m["query"], d[1]) for d in docs]))
+            cosines.append(np.array([d[2] for d in docs]))
+            rel.append(np.array([1] * len(m["pos"]) + [0] * len(m["neg"])))
+        from ragsieve.rerank.mixed import tune_cosine_weight
+
+        weight, by_w = tune_cosine_weight(logits, cosines, rel, scale=cfg.distill.teacher_scale)
+        mixed = np.concatenate([lg + weight * cfg.distill.teacher_scale * cs for lg, cs in zip(logits, cosines)])
+        ys = np.concatenate(rel)
+        cal = Calibration.fit(mixed, ys)
+        card["cosine_weight"] = weight
+        card["cosine_scale"] = cfg.distill.teacher_scale
+        card["dev_ndcg10_by_cosine_weight"] = by_w
         card["calibration"] = {"temperature": cal.temperature, "bias": cal.bias, "fitted_on": f"{len(ys)} dev pairs "
-                               f"({sum(ys)} relevant) of {len(dev)} dev questions, on logits"}
+                               f"({int(ys.sum())} relevant) of {len(dev)} dev questions, on the mixed logit"}
         from ragsieve.rerank.shipped import CARD
 
         (asset / CARD).write_text(json.dumps(card, indent=2) + "\n")
-        console.print(f"shipped {asset} (calibration T={cal.temperature:.3f}, b={cal.bias:.3f})")
+        console.print(f"shipped {asset} (cosine weight {weight}, calibration T={cal.temperature:.3f}, b={cal.bias:.3f})")
         return asset
 
     @staticmethod
@@ -214,14 +249,14 @@ class RerankBaseStudy:
         from ragsieve.rerank.relevance import ranking_queries, split_questions
         from ragsieve.rerank.shipped import OnnxCrossEncoderRanker
 
+        from ragsieve.rerank.mixed import CosineMixRanker
+        from ragsieve.rerank.shipped import read_card
+
         ml = cfg.distill.max_length
-        rankers = {
-            "bm25": BM25Ranker(),
-            "cosine": None,  # per dataset: CosineOverCandidates
-            "model-fp32": CrossEncoderRanker(str(final), max_length=ml),
-        }
-        if asset:
-            rankers["model-onnx-int8"] = OnnxCrossEncoderRanker(asset, max_length=ml)
+        weight = float(read_card(asset).get("cosine_weight", 0.0)) if asset else 0.0
+        scale = cfg.distill.teacher_scale
+        fp32 = _Memo(CrossEncoderRanker(str(final), max_length=ml))
+        int8 = _Memo(OnnxCrossEncoderRanker(asset, max_length=ml)) if asset else None
         sources = held_out_sources()
         out: dict = {"by_dataset": {}, "sizes": {}}
         for name in cfg.datasets:
@@ -237,8 +272,15 @@ class RerankBaseStudy:
             if cached and cached.exists():
                 per = json.loads(cached.read_text())
             else:
-                rankers["cosine"] = CosineOverCandidates(cfg.encoder, queries)
-                per = {r: per_query(ranker, queries[: cfg.fp32_queries] if r == "model-fp32" else queries)
+                cosine = CosineOverCandidates(cfg.encoder, queries)
+                # "model" = what embedded:base ships (int8 cross-encoder + weighted cosine)
+                rankers = {"bm25": BM25Ranker(), "cosine": cosine,
+                           "model-fp32": CosineMixRanker(fp32, weight, scale, cosine=cosine),
+                           "ce-only-fp32": CosineMixRanker(fp32, 0.0, scale, cosine=cosine)}
+                if int8:
+                    rankers["model-onnx-int8"] = CosineMixRanker(int8, weight, scale, cosine=cosine)
+                    rankers["ce-only-onnx-int8"] = CosineMixRanker(int8, 0.0, scale, cosine=cosine)
+                per = {r: per_query(ranker, queries[: cfg.fp32_queries] if r.endswith("fp32") else queries)
                        for r, ranker in rankers.items()}
                 if cached:
                     cached.parent.mkdir(parents=True, exist_ok=True)
