@@ -342,3 +342,29 @@ def test_study_bootstrap_intervals_and_dev_pairs():
     assert np.isclose(up["diff"], 0.1) and up["low"] <= 0.1 <= up["high"]
     qs, ps, ys = dev_pairs([{"query": "q", "pos": [["p", "P", 0.9]], "neg": [["n", "N", 0.1, "bm25"]]}])
     assert (qs, ps, ys) == (["q", "q"], ["P", "N"], [1, 0])
+
+
+def test_cosine_mix_ranker_and_weight_tuning():
+    from ragsieve.rerank.mixed import CosineMixRanker, tune_cosine_weight
+
+    class Fixed(BaseRanker):
+        def __init__(self, values, prob=False):
+            self.values, self.score_is_probability = np.asarray(values), prob
+
+        def score(self, query, passages):
+            return self.values
+
+    cross, cosine = Fixed([1.0, 0.0, 0.0]), Fixed([0.0, 0.5, 0.0])
+    assert CosineMixRanker(cross, 0.0, cosine=cosine).rank("q", POOL).results[0].index == 0
+    mixed = CosineMixRanker(cross, 1.0, scale=20.0, cosine=cosine)
+    assert np.allclose(mixed.score("q", POOL), [1.0, 10.0, 0.0])
+    # sigmoid outputs are mixed on the logit scale
+    assert np.allclose(CosineMixRanker(Fixed([0.5, 0.5, 0.5], prob=True), 0.0, cosine=cosine).score("q", POOL), 0.0)
+    # dev: cosine finds the gold where the cross-encoder does not, so a positive weight wins
+    logits = [np.array([0.0, 1.0]), np.array([1.0, 0.0])]
+    cosines = [np.array([0.9, 0.1]), np.array([0.9, 0.1])]
+    rel = [np.array([1, 0]), np.array([1, 0])]
+    w, by_w = tune_cosine_weight(logits, cosines, rel, grid=(0.0, 1.0))
+    assert w == 1.0 and by_w[1.0] > by_w[0.0]
+    assert tune_cosine_weight([np.array([1.0, 0.0])], [np.array([0.1, 0.9])], [np.array([1, 0])],
+                              grid=(0.0, 1.0))[0] == 0.0

@@ -106,7 +106,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
 
 def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = None, threads: int | None = None,
-                          batch_size: int = 32) -> BaseRanker:
+                          batch_size: int = 32, max_length: int | None = None) -> BaseRanker:
     """The shipped base reranker with its calibration; ``backend`` defaults to the card's choice.
 
     ``onnx-int8`` reads the shipped ONNX file; ``torch`` (fp32) and the other
@@ -116,7 +116,7 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
 
     card = read_card(folder)
     backend = backend or card.get("default_backend", "onnx-int8")
-    max_length = int(card.get("max_length", 256))
+    max_length = int(max_length or card.get("max_length", 256))
     cal = card.get("calibration")
     if backend == "onnx-int8":
         ranker: BaseRanker = OnnxCrossEncoderRanker(folder, max_length=max_length, threads=threads,

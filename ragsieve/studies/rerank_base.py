@@ -51,7 +51,7 @@ class RerankBaseStudyConfig(StrictConfig):
     backend_tolerance: float = 0.005  # max nDCG@10 loss of the default backend vs fp32, per dataset
     # fp32 is scored only on the first n held-out queries per dataset (for the backend check):
     # a full fp32 pass costs ~10 min on a shared 2-core machine
-    fp32_queries: int = 60
+    fp32_queries: int = 30
     bootstrap: int = 2000
     ks: list[int] = [1, 3, 5, 10]
     encoder: str = DEFAULT_ENCODER
