@@ -172,16 +172,27 @@ class RerankBaseStudy:
         counts = mine_all(cfg.mining, work / "mined", cfg.data_dir, cfg.datasets)
         console.print(f"mined rows: {counts}")
         final = self.train(cfg, work, console)
-        asset = Path(cfg.asset_dir) if cfg.asset_dir else None
-        if cfg.ship:
-            asset = self.ship(cfg, final, work, asset, console)
-        result = self.evaluate(cfg, final, asset, console, work / "eval")
+        from ragsieve.rerank.shipped import ASSET_DIR
+
+        target = Path(cfg.asset_dir) if cfg.asset_dir else ASSET_DIR
+        # a candidate folder first: the shipped asset is replaced only by a model measured better
+        candidate = self.ship(cfg, final, work, work / "asset-candidate", console)
+        key = _weights_key(final)
+        result = self.evaluate(cfg, final, candidate, console, work / "eval" / key)
         result["mined_rows"] = counts
         result["training"] = _trainer_state(work / "model")
         result["seconds"] = time.perf_counter() - t0
+        self._record_backend(candidate, result)
+        old = _mean_model_mrr(target)
+        new = float(np.mean([rows["model-onnx-int8"]["MRR@10"]["mean"] for rows in result["by_dataset"].values()]))
+        result["shipped"] = cfg.ship and (old is None or new > old)
+        if result["shipped"]:
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(candidate, target)
+        console.print(f"held-out mean MRR@10 {new:.4f} vs shipped {old}: {'shipped' if result['shipped'] else 'kept'}")
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-        if cfg.ship and asset:
-            self._record_backend(asset, result)
         return result
 
     @staticmethod
@@ -318,6 +329,28 @@ class RerankBaseStudy:
         card["heldout_mrr10"] = {n: {r: round(v["MRR@10"]["mean"], 4) for r, v in rows.items()}
                                  for n, rows in result["by_dataset"].items()}
         (asset / CARD).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def _weights_key(final: Path) -> str:
+    """Evaluation cache key: a new model never reuses another model's cached scores."""
+    import hashlib
+
+    f = final / "model.safetensors"
+    with f.open("rb") as fh:
+        head = fh.read(1 << 20)
+    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
+
+
+def _mean_model_mrr(asset: Path) -> float | None:
+    """Mean held-out MRR@10 recorded in a shipped card (None if nothing is shipped)."""
+    from ragsieve.rerank.shipped import CARD
+
+    path = asset / CARD
+    if not path.exists():
+        return None
+    by = json.loads(path.read_text()).get("heldout_mrr10", {})
+    vals = [v["model-onnx-int8"] for v in by.values() if "model-onnx-int8" in v]
+    return float(np.mean(vals)) if vals else None
 
 
 def _trainer_state(model_dir: Path) -> dict:
