@@ -194,3 +194,178 @@ def test_base_reranker_is_trained_once_and_cached(tmp_path, monkeypatch, tiny_cr
     stamp = (path / "ragsieve_base.json").stat().st_mtime_ns
     assert ensure_base_reranker(cfg) == path and (path / "ragsieve_base.json").stat().st_mtime_ns == stamp
     assert load_reranker(f"cross-encoder:{path}").rank("q", ["a", "b"]).results
+
+
+# --- base reranker: mining, distillation, calibration, shipped asset --------------------------
+
+
+def test_interleave_round_robin_skips_gold_and_repeats():
+    from ragsieve.rerank.mining import _interleave
+
+    got = _interleave([("own", ["a", "g"]), ("dense", ["a", "b", "c"]), ("bm25", ["b", "d"])], {"g"}, 4)
+    assert got == [("a", "own"), ("b", "dense"), ("d", "bm25"), ("c", "dense")]
+    assert _interleave([("x", ["g"])], {"g"}, 3) == []
+
+
+def test_group_distill_loss_is_infonce_plus_kl():
+    import torch
+
+    from ragsieve.rerank.distill import group_distill_loss
+
+    scores = torch.tensor([[2.0, 0.5, -1.0]])
+    teacher = torch.tensor([[0.6, 0.5, 0.1]])
+    ce = -torch.log_softmax(scores, -1)[0, 0]
+    p_t = torch.softmax(teacher * 20, -1)
+    kl = (p_t * (torch.log(p_t) - torch.log_softmax(scores, -1))).sum()
+    assert torch.isclose(group_distill_loss(scores, teacher, 0.5, 20.0), ce + 0.5 * kl, atol=1e-5)
+    assert torch.isclose(group_distill_loss(scores, teacher, 0.0, 20.0), ce)
+    # a student matching the teacher's logits pays no distillation cost
+    assert torch.isclose(group_distill_loss(teacher * 20, teacher, 1.0, 20.0),
+                         -torch.log_softmax(teacher * 20, -1)[0, 0], atol=1e-5)
+
+
+def test_distill_rows_and_dev_samples():
+    from ragsieve.rerank.distill import dev_samples, distill_rows
+
+    mined = [{"query": "q", "pos": [["p1", "P1", 0.9], ["p2", "P2", 0.8]],
+              "neg": [["n1", "N1", 0.5, "bm25"], ["n2", "N2", 0.7, "dense"]]}]
+    rows = distill_rows(mined, group_size=4, passes=2)
+    assert len(rows) == 2 and all(len(r["docs"]) == len(r["label"]) == 4 for r in rows)
+    assert {r["docs"][0] for r in rows} == {"P1", "P2"}  # positives rotate over passes
+    assert all(r["label"][0] in (0.9, 0.8) for r in rows)
+    sample = dev_samples(mined, max_docs=3)[0]
+    assert sample["documents"] == ["P1", "P2", "N2"] and sample["positive"] == ["P1", "P2"]
+    with pytest.raises(RagsieveError):
+        distill_rows(mined, group_size=1, passes=1)
+    # batched layout: every batch holds one dataset, passes stay in order
+    many = [{**mined[0], "dataset": d, "query": f"{d}{i}"} for d in "ab" for i in range(5)]
+    laid = distill_rows(many, group_size=3, passes=2, batch_size=2)
+    assert len(laid) == 24  # 5 rows per dataset fill up to 3 full batches of 2
+    blocks = [laid[i: i + 2] for i in range(0, 24, 2)]
+    assert all(len({r["query"][0] for r in b}) == 1 for b in blocks)
+    assert {r["query"] for r in laid[:12]} == {m["query"] for m in many}
+
+
+def test_calibration_fits_temperature_and_threshold():
+    from ragsieve.rerank.calibration import Calibration, threshold_for_precision
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 4000)
+    logits = np.where(y == 1, 3.0, -3.0) + rng.normal(0, 2.0, len(y))
+    cal = Calibration.fit(logits, y)
+    p = cal.proba(logits)
+    for lo, hi in ((0.1, 0.3), (0.7, 0.9)):  # well calibrated: observed rate ≈ mean prob per bin
+        m = (p >= lo) & (p < hi)
+        assert abs(y[m].mean() - p[m].mean()) < 0.05
+    # the same calibration applies to sigmoid outputs when fitted on their logits
+    cal_p = Calibration.fit(1 / (1 + np.exp(-logits)), y, from_probability=True)
+    assert np.isclose(cal_p.temperature, cal.temperature, rtol=1e-3)
+    assert threshold_for_precision([0.9, 0.8, 0.3], [1, 1, 0], 0.9) == 0.8
+    assert threshold_for_precision([0.9], [0], 0.5) is None
+    with pytest.raises(RagsieveError, match="both classes"):
+        Calibration.fit([1.0, 2.0], [1, 1])
+
+
+def test_ranker_calibrate_and_predict_proba():
+    ranker = load_reranker("bm25")
+    with pytest.raises(RagsieveError, match="not calibrated"):
+        ranker.predict_proba("hamlet", POOL)
+    qs = ["who wrote hamlet"] * 3 + ["capital of france"] * 3
+    ys = [0, 1, 1, 1, 0, 0]
+    cal = ranker.calibrate(qs, POOL + POOL, ys)
+    p = ranker.predict_proba("who wrote hamlet", POOL)
+    assert cal.temperature > 0 and p.shape == (3,) and p.argmax() == 1 and np.all((p >= 0) & (p <= 1))
+
+
+def test_shipped_asset_roundtrip(tmp_path, monkeypatch, tiny_cross_encoder_dir):
+    """write_asset → ONNX int8 ranker matches the torch model's order; torch backend loads fp16 as fp32."""
+    import shutil
+
+    from ragsieve.rerank.fast import export_onnx
+    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.rerank.shipped import OnnxCrossEncoderRanker, load_shipped_reranker, read_card, write_asset
+
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
+    asset = write_asset(tiny_cross_encoder_dir, tmp_path / "asset", {"max_length": 64, "default_backend": "onnx-int8",
+                                                                        "calibration": {"temperature": 2.0, "bias": 0.1}})
+    assert read_card(asset)["max_length"] == 64 and (asset / "model.int8.onnx").exists()
+    passages = [p.text for p in POOL] + ["a much longer passage " * 30, "x"]
+    ref = CrossEncoderRanker(str(tiny_cross_encoder_dir), max_length=64)
+    onnx = OnnxCrossEncoderRanker(asset, max_length=64, batch_size=2)  # batches over length-sorted pairs
+    # the tokenizers path gives exactly CrossEncoder.preprocess's ids (truncation included)
+    pairs = [("who wrote hamlet", p) for p in passages]
+    feats = ref.model.preprocess(pairs)
+    for row, e in enumerate(onnx.encode_pairs(pairs)):
+        n = int(feats["attention_mask"][row].sum())
+        assert feats["input_ids"][row, :n].tolist() == e.ids
+    probs = ref.score_pairs(pairs)
+    # the batching/padding path reproduces the fp32 model's logits exactly on the unquantised export
+    shutil.copy(export_onnx(ref.model, str(tiny_cross_encoder_dir)), asset / "model.onnx")
+    fp32 = OnnxCrossEncoderRanker(asset, onnx_file="model.onnx", max_length=64, batch_size=2)
+    assert np.allclose(1 / (1 + np.exp(-fp32.score_pairs(pairs))), probs, atol=1e-4)
+    assert np.isfinite(onnx.score_pairs(pairs)).all()
+    shipped = load_shipped_reranker(asset)
+    assert isinstance(shipped, OnnxCrossEncoderRanker) and shipped.calibration.temperature == 2.0
+    torch_ranker = load_shipped_reranker(asset, backend="torch")
+    assert next(torch_ranker.model.model.parameters()).dtype.is_floating_point
+    assert np.allclose(torch_ranker.score_pairs(pairs), probs, atol=5e-3)  # fp16 weights, fp32 compute
+    assert np.allclose(shipped.predict_proba("who wrote hamlet", passages),
+                       torch_ranker.predict_proba("who wrote hamlet", passages), atol=0.05)
+    with pytest.raises(ModelNotAvailable):
+        load_shipped_reranker(tmp_path / "nothing")
+
+
+def test_embedded_base_loads_shipped_asset_without_training():
+    import time
+
+    from ragsieve.rerank.shipped import ASSET_DIR
+
+    if not (ASSET_DIR / "ragsieve_reranker.json").exists():
+        pytest.skip("no shipped asset in this checkout")
+    t = time.perf_counter()
+    ranker = load_reranker("embedded:base")
+    assert time.perf_counter() - t < 5
+    res = ranker.rank("who wrote hamlet", POOL)
+    assert res.results[0].passage.id == "p1"
+    assert ranker.predict_proba("who wrote hamlet", POOL).argmax() == 1
+
+
+def test_study_bootstrap_intervals_and_dev_pairs():
+    from ragsieve.studies.rerank_base import bootstrap_ci, dev_pairs, paired_diff
+
+    rng = np.random.default_rng(0)
+    a = rng.random(200)
+    lo, hi = bootstrap_ci(a, 500)
+    assert lo < a.mean() < hi and hi - lo < 0.2
+    same = paired_diff(a, a, 500)
+    assert same == {"diff": 0.0, "low": 0.0, "high": 0.0}
+    up = paired_diff(a + 0.1, a, 500)
+    assert np.isclose(up["diff"], 0.1) and up["low"] <= 0.1 <= up["high"]
+    qs, ps, ys = dev_pairs([{"query": "q", "pos": [["p", "P", 0.9]], "neg": [["n", "N", 0.1, "bm25"]]}])
+    assert (qs, ps, ys) == (["q", "q"], ["P", "N"], [1, 0])
+
+
+def test_cosine_mix_ranker_and_weight_tuning():
+    from ragsieve.rerank.mixed import CosineMixRanker, tune_cosine_weight
+
+    class Fixed(BaseRanker):
+        def __init__(self, values, prob=False):
+            self.values, self.score_is_probability = np.asarray(values), prob
+
+        def score(self, query, passages):
+            return self.values
+
+    cross, cosine = Fixed([1.0, 0.0, 0.0]), Fixed([0.0, 0.5, 0.0])
+    assert CosineMixRanker(cross, 0.0, cosine=cosine).rank("q", POOL).results[0].index == 0
+    mixed = CosineMixRanker(cross, 1.0, scale=20.0, cosine=cosine)
+    assert np.allclose(mixed.score("q", POOL), [1.0, 10.0, 0.0])
+    # sigmoid outputs are mixed on the logit scale
+    assert np.allclose(CosineMixRanker(Fixed([0.5, 0.5, 0.5], prob=True), 0.0, cosine=cosine).score("q", POOL), 0.0)
+    # dev: cosine finds the gold where the cross-encoder does not, so a positive weight wins
+    logits = [np.array([0.0, 1.0]), np.array([1.0, 0.0])]
+    cosines = [np.array([0.9, 0.1]), np.array([0.9, 0.1])]
+    rel = [np.array([1, 0]), np.array([1, 0])]
+    w, by_w = tune_cosine_weight(logits, cosines, rel, grid=(0.0, 1.0))
+    assert w == 1.0 and by_w[1.0] > by_w[0.0]
+    assert tune_cosine_weight([np.array([1.0, 0.0])], [np.array([0.1, 0.9])], [np.array([1, 0])],
+                              grid=(0.0, 1.0))[0] == 0.0

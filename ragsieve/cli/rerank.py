@@ -123,9 +123,9 @@ def rerank_train_cmd(
 
     values = read_mapping(config) if config else {}
     if init == "embedded:base":
-        from ragsieve.rerank.embedded import ensure_base_reranker
+        from ragsieve.rerank.shipped import base_reranker_dir
 
-        init = str(ensure_base_reranker())
+        init = str(base_reranker_dir())
     values["init"] = init
     cfg = build_config(CrossEncoderTrainConfig, values, source=str(config or "options"))
     records = read_preferences(prefs, skip_bad=skip_bad)

@@ -385,9 +385,9 @@ def _reranker_folder(spec: str) -> str:
     if spec.startswith("cross-encoder:") and Path(spec.partition(":")[2]).is_dir():
         return spec.partition(":")[2]
     if spec == "embedded:base":
-        from ragsieve.rerank.embedded import ensure_base_reranker
+        from ragsieve.rerank.shipped import base_reranker_dir
 
-        return str(ensure_base_reranker())
+        return str(base_reranker_dir())
     raise RagsieveError(f"align.init '{spec}': give a cross-encoder folder or embedded:base")
 
 

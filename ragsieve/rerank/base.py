@@ -82,6 +82,11 @@ class BaseRanker(ABC):
     #: a passage's score does not depend on the other passages, so a long list may be scored in parts
     pointwise: bool = True
 
+    #: True when ``score`` returns sigmoid outputs (calibration then fits on their logits)
+    score_is_probability: bool = False
+    #: set by :meth:`calibrate` (or shipped with a model); see :mod:`ragsieve.rerank.calibration`
+    calibration = None
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.score is BaseRanker.score and cls.score_pairs is BaseRanker.score_pairs:
@@ -117,6 +122,28 @@ class BaseRanker(ABC):
 
     def top_k(self, query: str, passages: Sequence[Passage | str], k: int) -> list[RankedResult]:
         return self.rank(query, passages).top_k(k)
+
+    def calibrate(self, queries: Sequence[str], passages: Sequence[Passage | str], labels: Sequence[int]):
+        """Fit ``predict_proba``'s temperature and bias on labelled (query, passage) pairs (e.g. a dev split).
+
+        Example::
+
+            ranker.calibrate(["q1", "q1"], ["relevant text", "other text"], [1, 0]).temperature
+        """
+        from ragsieve.rerank.calibration import Calibration
+
+        if not (len(queries) == len(passages) == len(labels)):
+            raise RagsieveError("calibrate needs one query and one label per passage")
+        scores = self.score_pairs(queries, passages)
+        self.calibration = Calibration.fit(scores, labels, from_probability=self.score_is_probability)
+        return self.calibration
+
+    def predict_proba(self, query: str, passages: Sequence[Passage | str]) -> np.ndarray:
+        """Calibrated probability that each passage is relevant, in input order (needs a calibration)."""
+        if self.calibration is None:
+            raise RagsieveError(f"{self.name} is not calibrated: call calibrate() on labelled dev pairs first")
+        items = as_passages(passages)
+        return self.calibration.proba(self.score(query, items)) if items else np.zeros(0)
 
 
 class RetrievalOrder(BaseRanker):

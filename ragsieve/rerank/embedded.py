@@ -109,18 +109,19 @@ EMBEDDED_RERANKERS: dict[str, type[BaseRerankerConfig]] = {"base": BaseRerankerC
 
 
 def load_embedded_reranker(name: str = "base", **kwargs):
-    """``load_reranker("embedded:base")``: the cached base cross-encoder (trained on first use).
+    """``load_reranker("embedded:base")``: the base cross-encoder shipped in the package (never trains).
+
+    Keyword arguments (``backend``, ``threads``, ``batch_size``) go to
+    :func:`~ragsieve.rerank.shipped.load_shipped_reranker`.
 
     Example::
 
         load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
     """
-    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.rerank.shipped import load_shipped_reranker
 
-    try:
-        config_cls = EMBEDDED_RERANKERS[name]
-    except KeyError:
+    if name not in EMBEDDED_RERANKERS:
         raise ModelNotAvailable(
             f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}"
         ) from None
-    return CrossEncoderRanker(str(ensure_base_reranker(config_cls())), **kwargs)
+    return load_shipped_reranker(**kwargs)

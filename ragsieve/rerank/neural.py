@@ -58,6 +58,7 @@ class CrossEncoderRanker(BaseRanker):
     """
 
     name = "cross-encoder"
+    score_is_probability = True  # the 1-logit head's sigmoid
 
     def __init__(self, model: str = "", max_length: int = 512, batch_size: int = 32, backend: str = "torch"):
         from sentence_transformers import CrossEncoder

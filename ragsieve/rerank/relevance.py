@@ -114,6 +114,8 @@ CANDIDATES: dict[str, Callable[[Dataset, Sequence[Question], int], list[list[Pas
     "hotpotqa-distractor": _hotpot_paragraphs,
     "bioasq": retrieved_candidates("bm25"),
     "fever": _fever_documents,
+    "multirc": retrieved_candidates("bm25"),
+    "pubmedqa": retrieved_candidates("bm25"),
 }
 
 

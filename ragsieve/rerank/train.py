@@ -66,6 +66,7 @@ def train_cross_encoder(
         train_cross_encoder(read_preferences("prefs.jsonl"), CrossEncoderTrainConfig(), "models/aligned")
         load_reranker("cross-encoder:models/aligned")
     """
+    import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import (
         CrossEncoder,
@@ -81,7 +82,9 @@ def train_cross_encoder(
         raise RagsieveError("no training groups: every record needs at least one positive and one negative")
     init = config.init if Path(config.init).exists() else resolve_encoder_path(config.init)
     # From a bi-encoder folder, CrossEncoder keeps the BERT weights and adds a new 1-logit head.
-    model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu")
+    # fp32 on CPU even from the shipped fp16 weights: fp16 training on CPU is slow and lossy
+    model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu",
+                         model_kwargs={"dtype": torch.float32})
     out_dir = Path(out_dir)
     args = CrossEncoderTrainingArguments(
         output_dir=str(out_dir / "checkpoints"),

@@ -24,12 +24,12 @@ from ragsieve.studies.evolve import EvolveExperiment
 from ragsieve.studies.grader import GraderExperiment
 from ragsieve.studies.probe_nq import ProbeExperiment
 from ragsieve.studies.rerank_align import RerankAlignExperiment
-from ragsieve.studies.rerank_base import RerankBaseExperiment
+from ragsieve.studies.rerank_base import RerankBaseStudy
 
 EXPERIMENTS: dict[str, type["Experiment"]] = {
     "probe_nq": ProbeExperiment,
     "cbdr_nq": CBDRExperiment,
-    "rerank_base": RerankBaseExperiment,
+    "rerank_base": RerankBaseStudy,
     "rerank_align": RerankAlignExperiment,
     "grader": GraderExperiment,
     "evolve": EvolveExperiment,

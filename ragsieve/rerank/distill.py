@@ -1,0 +1,267 @@
+"""Train the base cross-encoder on gold groups while distilling MiniLM cosine.
+
+Why the distillation term: trained on gold groups alone, the cross-encoder learned these
+datasets' shortcuts and ordered a web-search benchmark's candidates worse than BM25,
+while the MiniLM cosine it starts from is far above BM25 there. The loss per group
+(1 gold passage + N mined negatives, each with its MiniLM cosine ``c``) is
+
+    InfoNCE(s)  +  alpha * KL( softmax(c * teacher_scale) || softmax(s) )
+
+so the cross-encoder keeps the bi-encoder's ordering of the candidates (listwise, the
+way cosine ranks them) and moves away from it only where gold labels say so.
+
+Rows: :func:`distill_rows` turns mined rows (:mod:`.mining`) into ``query, docs, label``
+rows (``docs[0]`` the positive, ``label`` the teacher cosines), resampling negatives in
+each pass. Training checkpoints every ``save_steps``, evaluates on the dev rows at the
+same steps, stops early on dev nDCG@10 and resumes from the last checkpoint after a kill.
+
+Example::
+
+    rows = read_mined("work/mined/fever.jsonl")
+    train_distilled(rows, DistillConfig(max_steps=20), "work/model")
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from sentence_transformers.base.sampler import DefaultBatchSampler
+from torch import nn
+
+from ragsieve.config import StrictConfig
+from ragsieve.errors import RagsieveError
+from ragsieve.models.specs import DEFAULT_ENCODER
+
+log = logging.getLogger(__name__)
+
+
+class DistillConfig(StrictConfig):
+    init: str = DEFAULT_ENCODER
+    group_size: int = 8  # 1 positive + 7 negatives
+    passes: int = 2  # over the train questions, fresh negatives (and positive) each pass
+    alpha: float = 1.0  # weight of the cosine distillation term
+    teacher_scale: float = 20.0  # cosine → teacher logits (MiniLM was trained at scale 20)
+    lr: float = 7e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.05
+    batch_size: int = 8  # groups per step
+    max_length: int = 256  # query + passage; p50 passage ≈ 35–120 tokens except MultiRC (330)
+    max_steps: int = -1  # -1 = all passes
+    eval_steps: int = 100  # dev evaluation and checkpoint interval
+    patience: int = 3  # evaluations without dev improvement before stopping
+    # wall-clock cap per (re)start: the machine is shared, so steps cost 5–40 s; a constant
+    # LR after warmup lets the run stop at any step, and the best dev checkpoint is kept
+    time_budget_minutes: float = 0.0  # 0 = no cap
+    lr_scheduler: str = "constant_with_warmup"
+    dev_docs: int = 12  # per dev query (its positives + the best-cosine negatives), to keep evaluation cheap
+    seed: int = 0
+
+
+class DistilInfoNCELoss(nn.Module):
+    """Group InfoNCE on the gold positive plus listwise KL to the teacher's cosines.
+
+    Inputs: columns ``(query, docs)`` with ``docs[0]`` the positive, and ``label`` the
+    teacher cosine of every doc; every row has the same number of docs.
+    """
+
+    def __init__(self, model, alpha: float = 1.0, teacher_scale: float = 20.0) -> None:
+        super().__init__()
+        self.model = model
+        self.alpha = alpha
+        self.teacher_scale = teacher_scale
+
+    def forward(self, inputs, labels, prompt=None, task=None) -> torch.Tensor:
+        queries, docs_list = inputs
+        group = len(docs_list[0])
+        if any(len(d) != group for d in docs_list):
+            raise RagsieveError("every row needs the same number of docs")
+        pairs = [(q, d) for q, docs in zip(queries, docs_list) for d in docs]
+        from sentence_transformers.util import batch_to_device
+
+        tokens = batch_to_device(self.model.preprocess(pairs, prompt=prompt, task=task), self.model.device)
+        scores = self.model(tokens)["scores"].view(len(queries), group).float()
+        teacher = torch.stack([torch.as_tensor(lab, dtype=torch.float32) for lab in labels]).to(scores.device)
+        return group_distill_loss(scores, teacher, self.alpha, self.teacher_scale)
+
+    def get_config_dict(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "teacher_scale": self.teacher_scale}
+
+    @property
+    def citation(self) -> str | None:
+        return None
+
+
+def group_distill_loss(scores: torch.Tensor, teacher: torch.Tensor, alpha: float, teacher_scale: float) -> torch.Tensor:
+    """``CE(scores, 0) + alpha * KL(softmax(teacher * scale) || softmax(scores))``, batch mean.
+
+    Example::
+
+        group_distill_loss(torch.zeros(2, 8), torch.rand(2, 8), 1.0, 20.0)
+    """
+    target = torch.zeros(len(scores), dtype=torch.long, device=scores.device)
+    info_nce = nn.functional.cross_entropy(scores, target)
+    if alpha == 0:
+        return info_nce
+    log_student = torch.log_softmax(scores, dim=-1)
+    log_teacher = torch.log_softmax(teacher * teacher_scale, dim=-1)
+    kl = nn.functional.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
+    return info_nce + alpha * kl
+
+
+def distill_rows(mined: Sequence[dict], group_size: int, passes: int, seed: int = 0, batch_size: int = 0) -> list[dict]:
+    """``{query, docs, label}`` rows: per pass and question, one positive + sampled negatives.
+
+    A question with fewer negatives than needed repeats its own (every row needs
+    ``group_size`` docs). Positives rotate across passes. With ``batch_size``, each pass is
+    laid out in batches of one dataset and similar length (longest pair in the row), in
+    shuffled batch order: a batch pads to its own longest pair, not to MultiRC's 256 tokens
+    (train with :class:`BlockBatchSampler`, which keeps this order). Passes follow each other.
+    """
+    if group_size < 2:
+        raise RagsieveError(f"group_size must be >= 2 (1 positive + negatives), got {group_size}")
+    rng = random.Random(seed)
+    rows = []
+    for p in range(passes):
+        pass_rows: dict[str, list[dict]] = {}
+        for m in mined:
+            if not m["pos"] or not m["neg"]:
+                continue
+            _, pos_text, pos_cos = m["pos"][p % len(m["pos"])]
+            negs = rng.sample(m["neg"], min(len(m["neg"]), group_size - 1))
+            while len(negs) < group_size - 1:
+                negs.append(rng.choice(m["neg"]))
+            pass_rows.setdefault(m.get("dataset", ""), []).append({
+                "query": m["query"],
+                "docs": [pos_text] + [n[1] for n in negs],
+                "label": [pos_cos] + [n[2] for n in negs],
+            })
+        if not batch_size:
+            flat = [r for rs in pass_rows.values() for r in rs]
+            rng.shuffle(flat)
+            rows += flat
+            continue
+        blocks = []
+        for name in sorted(pass_rows):
+            ds_rows = sorted(pass_rows[name], key=lambda r: len(r["query"]) + max(len(d) for d in r["docs"]))
+            ds_blocks = [ds_rows[i: i + batch_size] for i in range(0, len(ds_rows), batch_size)]
+            while len(ds_blocks[-1]) < batch_size:  # full blocks keep batches aligned to datasets
+                ds_blocks[-1].append(rng.choice(ds_rows))
+            blocks += ds_blocks
+        rng.shuffle(blocks)
+        rows += [r for b in blocks for r in b]
+    return rows
+
+
+class BlockBatchSampler(DefaultBatchSampler):
+    """Consecutive batches in the dataset's own order (rows are laid out by :func:`distill_rows`).
+
+    Module-level so the trainer can pickle its arguments into checkpoints.
+    """
+
+    def __iter__(self):
+        n = len(self.sampler)
+        for lo in range(0, n, self.batch_size):
+            if lo + self.batch_size <= n or not self.drop_last:
+                yield list(range(lo, min(lo + self.batch_size, n)))
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def dev_samples(mined: Sequence[dict], max_docs: int = 12) -> list[dict]:
+    """Reranking-evaluator samples, documents in cosine order (so its ``base_*`` = MiniLM cosine)."""
+    out = []
+    for m in mined:
+        negs = sorted(m["neg"], key=lambda n: -n[2])[: max(1, max_docs - len(m["pos"]))]
+        docs = sorted([(p[2], p[1]) for p in m["pos"]] + [(n[2], n[1]) for n in negs], reverse=True)
+        out.append({"query": m["query"], "positive": [p[1] for p in m["pos"]], "documents": [d for _, d in docs]})
+    return out
+
+
+def _time_budget_callback():
+    import time
+
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        """Stop (after an evaluation and a save) once the wall-clock budget is spent."""
+
+        def __init__(self, minutes: float):
+            self.minutes = minutes
+            self.start = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.minutes and time.monotonic() - self.start > self.minutes * 60:
+                log.warning("time budget of %.0f min spent at step %d: stopping", self.minutes, state.global_step)
+                control.should_evaluate = control.should_save = control.should_training_stop = True
+            return control
+
+    return TimeBudget
+
+
+def _TimeBudget(minutes: float):
+    return _time_budget_callback()(minutes)
+
+
+def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillConfig, out_dir: str | Path) -> Path:
+    """Train from mined rows into ``out_dir`` (checkpoints in ``out_dir/checkpoints``, resumed if present).
+
+    The best dev checkpoint (nDCG@10 on ``dev``) is loaded at the end and saved to ``out_dir/final``.
+    """
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+    from transformers import EarlyStoppingCallback
+
+    from ragsieve.models.encoder import resolve_encoder_path
+
+    rows = distill_rows(train, config.group_size, config.passes, config.seed, batch_size=config.batch_size)
+    if not rows:
+        raise RagsieveError("no training rows: every mined row needs a positive and a negative")
+    init = config.init if Path(config.init).exists() else resolve_encoder_path(config.init)
+    model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu")
+    out_dir = Path(out_dir)
+    ckpt_dir = out_dir / "checkpoints"
+    evaluator = CrossEncoderRerankingEvaluator(dev_samples(dev, config.dev_docs), at_k=10, name="dev", batch_size=32)
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(ckpt_dir),
+        num_train_epochs=1,  # the passes are already in the rows
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.lr,
+        weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_ratio,  # transformers 5: a float < 1 is a ratio
+        lr_scheduler_type=config.lr_scheduler,
+        seed=config.seed,
+        eval_strategy="steps",
+        eval_steps=config.eval_steps,
+        save_strategy="steps",
+        save_steps=config.eval_steps,
+        save_total_limit=2,  # the best one is kept on top of this
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_dev_ndcg@10",
+        greater_is_better=True,
+        report_to="none",
+        logging_steps=10,
+        use_cpu=True,
+        batch_sampler=BlockBatchSampler,
+    )
+    trainer = CrossEncoderTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        evaluator=evaluator,
+        loss=DistilInfoNCELoss(model, config.alpha, config.teacher_scale),
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=config.patience),
+                   _TimeBudget(config.time_budget_minutes)],
+    )
+    resume = ckpt_dir.exists() and any(ckpt_dir.glob("checkpoint-*"))
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    final = out_dir / "final"
+    model.save_pretrained(str(final))
+    return final
