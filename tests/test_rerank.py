@@ -298,17 +298,17 @@ def test_shipped_asset_roundtrip(tmp_path, monkeypatch, tiny_cross_encoder_dir):
     for row, e in enumerate(onnx.encode_pairs(pairs)):
         n = int(feats["attention_mask"][row].sum())
         assert feats["input_ids"][row, :n].tolist() == e.ids
-    probs = ref.score_pairs(pairs)
+    probs = ref.predict_pairs(pairs)
     # the batching/padding path reproduces the fp32 model's logits exactly on the unquantised export
     shutil.copy(export_onnx(ref.model, str(tiny_cross_encoder_dir)), asset / "model.onnx")
     fp32 = OnnxCrossEncoderRanker(asset, onnx_file="model.onnx", max_length=64, batch_size=2)
-    assert np.allclose(1 / (1 + np.exp(-fp32.score_pairs(pairs))), probs, atol=1e-4)
-    assert np.isfinite(onnx.score_pairs(pairs)).all()
+    assert np.allclose(1 / (1 + np.exp(-fp32.predict_pairs(pairs))), probs, atol=1e-4)
+    assert np.isfinite(onnx.predict_pairs(pairs)).all()
     shipped = load_shipped_reranker(asset)
     assert isinstance(shipped, OnnxCrossEncoderRanker) and shipped.calibration.temperature == 2.0
     torch_ranker = load_shipped_reranker(asset, backend="torch")
     assert next(torch_ranker.model.model.parameters()).dtype.is_floating_point
-    assert np.allclose(torch_ranker.score_pairs(pairs), probs, atol=5e-3)  # fp16 weights, fp32 compute
+    assert np.allclose(torch_ranker.predict_pairs(pairs), probs, atol=5e-3)  # fp16 weights, fp32 compute
     assert np.allclose(shipped.predict_proba("who wrote hamlet", passages),
                        torch_ranker.predict_proba("who wrote hamlet", passages), atol=0.05)
     with pytest.raises(ModelNotAvailable):
