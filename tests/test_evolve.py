@@ -689,6 +689,7 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
         plan_cells(build_config(EvolveExperimentConfig, {"m0": "mixed"}))
 
 
+@requires_data
 def test_a_step_reports_scoring_and_training_progress(tiny_llm_dir, tmp_path, cli):
     """`evolve step` used to be silent for minutes: scoring batches and training steps are reported."""
     from ragsieve.evolve.store import run_step
