@@ -183,27 +183,16 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
             usage={"total_tokens": 0, "documents": len(docs)},
         )
 
-    @app.post(
-        "/v1/rerank",
-        response_model=RerankResponse,
-        response_model_exclude_none=True,
-        responses=ERRORS,
-        tags=["rerank"],
-        summary="Rerank documents (Cohere v1 / Jina shape)",
-    )
-    async def rerank_v1(request: Request, body: RerankRequest = Body(...)):
+    async def cohere_rerank_route(request: Request, body: RerankRequest = Body(...)):
         return await cohere_rerank(body, request)
 
-    @app.post(
-        "/v2/rerank",
-        response_model=RerankResponse,
-        response_model_exclude_none=True,
-        responses=ERRORS,
-        tags=["rerank"],
-        summary="Rerank documents (Cohere v2 shape)",
-    )
-    async def rerank_v2(request: Request, body: RerankRequest = Body(...)):
-        return await cohere_rerank(body, request)
+    # one handler, two paths: Cohere v1 / Jina and Cohere v2 share the request and response shape
+    for path, shape in (("/v1/rerank", "Cohere v1 / Jina"), ("/v2/rerank", "Cohere v2")):
+        app.add_api_route(
+            path, cohere_rerank_route, methods=["POST"], response_model=RerankResponse,
+            response_model_exclude_none=True, responses=ERRORS, tags=["rerank"],
+            summary=f"Rerank documents ({shape} shape)", name=f"rerank_{path.split('/')[1]}",
+        )
 
     @app.post(
         "/rerank",
