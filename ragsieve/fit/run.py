@@ -276,12 +276,13 @@ class Fit:
         init = _reranker_folder(a.init)
         config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
                                          batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed)
-        tmp = self.out / ".reranker.training"
-        train_cross_encoder(self.prefs["train"], config, tmp)
         import shutil
 
-        shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
-        tmp.rename(target)
+        from ragsieve.atomic import atomic_directory
+
+        with atomic_directory(target) as tmp:  # a killed training leaves nothing half-written behind
+            train_cross_encoder(self.prefs["train"], config, tmp)
+            shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
         self.progress("rerank", 1, 1)
 
     def _reranker(self):
