@@ -46,10 +46,10 @@ def resolve_model(spec: str, workdir: Path) -> str:
         target = workdir / "minilm-ce"
         CrossEncoder(str(get_embedded("all-minilm-l6-v2").path()), num_labels=1, max_length=512).save(str(target))
         return str(target)
-    if spec == "embedded:base":  # like bench/rerank.py: trained once on first use, then cached
-        from ragsieve.rerank.embedded import ensure_base_reranker
+    if spec == "embedded:base":  # the shipped cross-encoder (its fp16 safetensors folder), never trained here
+        from ragsieve.rerank.shipped import base_reranker_dir
 
-        return str(ensure_base_reranker())
+        return str(base_reranker_dir())
     return spec
 
 
@@ -177,7 +177,9 @@ def plain_server(model_dir: str) -> None:
 
     from ragsieve.serve.runner import bind
 
-    model = CrossEncoder(model_dir, max_length=512, device="cpu")
+    import torch
+
+    model = CrossEncoder(model_dir, max_length=512, device="cpu", model_kwargs={"dtype": torch.float32})
     app = FastAPI()
 
     @app.post("/v1/rerank")

@@ -61,6 +61,7 @@ class CrossEncoderRanker(BaseRanker):
     score_is_probability = True  # the 1-logit head's sigmoid
 
     def __init__(self, model: str = "", max_length: int = 512, batch_size: int = 32, backend: str = "torch"):
+        import torch
         from sentence_transformers import CrossEncoder
 
         from ragsieve.rerank.fast import make_forward
@@ -70,7 +71,8 @@ class CrossEncoderRanker(BaseRanker):
         if Path(model).is_dir():  # a truncated copy fails here in one line, not deep inside transformers
             check_model_folder(model, f"retrain it (`ragsieve rerank train`) or copy it again to {model}")
         try:
-            self.model = CrossEncoder(model, max_length=max_length, device="cpu")
+            # fp32 even from fp16 folders (the shipped one): fp16 on CPU is slower, not faster
+            self.model = CrossEncoder(model, max_length=max_length, device="cpu", model_kwargs={"dtype": torch.float32})
         except OSError as exc:
             raise ModelNotAvailable(f"cannot load cross-encoder '{model}': {str(exc).splitlines()[0]}") from exc
         self.batch_size = batch_size
