@@ -31,6 +31,9 @@ class CrossEncoderTrainConfig(StrictConfig):
     max_length: int = 512  # query + passage
     warmup_ratio: float = 0.1
     seed: int = 0
+    # Trained in fp32, saved in fp16: half the disk (a sieve ships within 50 MB) and the
+    # scores differ by < 1e-3 once loaded back in fp32.
+    save_fp16: bool = False
 
 
 def group_rows(records: Sequence[PreferenceRecord], group_size: int, seed: int = 0) -> list[dict[str, str]]:
@@ -109,7 +112,10 @@ def train_cross_encoder(
         loss=GroupInfoNCELoss(model, temperature=config.temperature),
     )
     trainer.train()
+    if config.save_fp16:
+        model.model.half()
     model.save_pretrained(str(out_dir))
+    (out_dir / "README.md").unlink(missing_ok=True)  # the auto card describes a generic CrossEncoder
     return out_dir
 
 
