@@ -24,6 +24,9 @@ def fit_cmd(
     max_questions: int = typer.Option(0, help="Use only the first N questions (0 = all)."),
     top_k: int = typer.Option(3, help="Passages that reach the LLM."),
     candidates: int = typer.Option(20, help="Passages retrieved per question for the reranker."),
+    ray: Optional[str] = typer.Option(
+        None, "--ray", help="Run Conf(Q+C) and the generations on Ray Data: 'local' or a cluster address."
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of FitConfig fields (options win)."),
 ) -> None:
     """Fit the knowledge-boundary method to one LLM: probe, gate β, aligned reranker, grader → SIEVE."""
@@ -33,8 +36,8 @@ def fit_cmd(
 
     values = read_mapping(config) if config else {}
     values.update({"index": str(index), "questions": str(questions), "out": str(out), "llm": llm, "gate": gate,
-                   "generator": generator,
                    "max_questions": max_questions, "top_k": top_k, "candidates": candidates})
+    values.update({k: v for k, v in (("generator", generator), ("ray", ray)) if v is not None})  # unset: the file's
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads
     with progress_bar(err_console) as bar:
         tasks = {name: bar.add_task(name, total=None) for name in PHASES}

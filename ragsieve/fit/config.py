@@ -63,6 +63,8 @@ class FitConfig(StrictConfig):
     batch_size: int = Field(8, ge=1)
     seed: int = 0
     data_dir: Optional[str] = None
+    # Ray Data for the heavy phases (Conf(Q+C), generations): "local" or a cluster address.
+    ray: Optional[str] = None
 
     @field_validator("gate")
     @classmethod

@@ -139,10 +139,27 @@ class Fit:
             done["n"] += n
             self.progress(phase, done["n"], len(requests))
 
+        if self.config.ray and not self.config.generator:
+            self._ray_label(requests, path)
         return label_generations(
             self.generator, self.builder, requests, path, max_new_tokens=self.config.max_new_tokens,
             batch_size=self.config.batch_size, progress=advance,
         )
+
+    def _ray_label(self, requests, path: Path) -> None:
+        """The requests not yet in ``path`` answered on Ray and appended (label_generations then reads them)."""
+        from dataclasses import asdict
+
+        from ragsieve.data.jsonl import append_jsonl
+        from ragsieve.fit.scale import ray_answer_requests
+        from ragsieve.probe.labels import read_generations
+
+        done = read_generations(path)
+        todo = list({r.key: r for r in requests if r.key not in done}.values())
+        for g in ray_answer_requests(self.config.ray, todo, llm=self.config.llm,
+                                     max_prompt_tokens=self.config.max_prompt_tokens,
+                                     max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size):
+            append_jsonl(path, asdict(g))
 
     def phase_label(self) -> None:
         from ragsieve.probe.labels import LabelRequest
@@ -240,6 +257,20 @@ class Fit:
         path = self.work / "shifts.jsonl"
         done = {row["question_id"]: row for row in read_jsonl(path, skip_bad=True)} if path.exists() else {}
         questions = self.splits["train"] + self.splits["dev"]
+        if self.config.ray:  # every missing question on Ray, then the loop below only reads them
+            from ragsieve.fit.scale import ray_confidence_shifts
+
+            todo = [q for q in questions if q.id not in done]
+            scored = ray_confidence_shifts(
+                self.config.ray, [{"question_id": q.id, "question": q.text, "passages": self.candidates[q.id]}
+                                  for q in todo],
+                llm=self.config.llm, probe=str(self.out / "probe"), batch_size=self.config.batch_size)
+            for q in todo:
+                scores = scored[q.id]
+                row = {"question_id": q.id, "conf_q": float(scores[0]), "inc": [s - scores[0] for s in scores[1:]],
+                       "candidate_ids": [p.id for p in self.candidates[q.id]]}
+                append_jsonl(path, row)
+                done[q.id] = row
         for i, q in enumerate(questions):
             if q.id not in done:
                 cands = self.candidates[q.id]
@@ -275,7 +306,8 @@ class Fit:
         a = self.config.align
         init = _reranker_folder(a.init)
         config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
-                                         batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed)
+                                         batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed,
+                                         save_fp16=True)
         import shutil
 
         from ragsieve.atomic import atomic_directory

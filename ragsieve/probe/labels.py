@@ -63,6 +63,48 @@ def read_generations(path: str | Path) -> dict[str, LabeledGeneration]:
     return out
 
 
+def answer_requests(
+    llm: "LocalLLM",
+    builder: "PromptBuilder",
+    batch: Sequence[LabelRequest],
+    *,
+    max_new_tokens: int = 16,
+    batch_size: int = 16,
+    state_layer: int | None = None,
+    state_cache: "StateCache | None" = None,
+) -> list[LabeledGeneration]:
+    """Answer one batch of requests greedily and label each answer (no file, no resume: see below)."""
+    from ragsieve.eval.qa import contains_answer, exact_match, token_f1
+    from ragsieve.prompts import first_line
+
+    built = [builder.with_context(r.question, r.contexts) for r in batch]
+    messages = [b.text for b in built]
+    system = builder.prompts.system
+    if state_layer and state_cache is not None:
+        from ragsieve.probe.hidden import prompt_key
+
+        texts, states = llm.generate_with_states(
+            messages, state_layer, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
+        )
+        state_cache.put_many({prompt_key(llm.spec, state_layer, builder.to_chat(m)): v for m, v in zip(messages, states)})
+    else:
+        texts = llm.generate(messages, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    out = []
+    for r, b, text in zip(batch, built, texts):
+        answer = first_line(text)
+        out.append(LabeledGeneration(
+            question_id=r.question_id,
+            variant=r.variant,
+            context_ids=[p.id for p in r.contexts],
+            generation=answer,
+            correct=int(contains_answer(answer, r.answers)),
+            em=float(exact_match(answer, r.answers)),
+            f1=float(token_f1(answer, r.answers)),
+            truncated_contexts=b.truncated_contexts,
+        ))
+    return out
+
+
 def label_generations(
     llm: "LocalLLM",
     builder: "PromptBuilder",
@@ -82,8 +124,6 @@ def label_generations(
     the probe's training states cost no extra forward pass.
     """
     from ragsieve.data import append_jsonl
-    from ragsieve.eval.qa import contains_answer, exact_match, token_f1
-    from ragsieve.prompts import first_line
 
     done = read_generations(out_path)
     # identical requests (same question, variant and contexts) are answered once
@@ -95,32 +135,8 @@ def label_generations(
         progress(len(requests) - len(todo))
     for lo in range(0, len(todo), batch_size):
         batch = todo[lo : lo + batch_size]
-        built = [builder.with_context(r.question, r.contexts) for r in batch]
-        messages = [b.text for b in built]
-        system = builder.prompts.system
-        if state_layer and state_cache is not None:
-            from ragsieve.probe.hidden import prompt_key
-
-            texts, states = llm.generate_with_states(
-                messages, state_layer, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
-            )
-            state_cache.put_many(
-                {prompt_key(llm.spec, state_layer, builder.to_chat(m)): v for m, v in zip(messages, states)}
-            )
-        else:
-            texts = llm.generate(messages, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        for r, b, text in zip(batch, built, texts):
-            answer = first_line(text)
-            g = LabeledGeneration(
-                question_id=r.question_id,
-                variant=r.variant,
-                context_ids=[p.id for p in r.contexts],
-                generation=answer,
-                correct=int(contains_answer(answer, r.answers)),
-                em=float(exact_match(answer, r.answers)),
-                f1=float(token_f1(answer, r.answers)),
-                truncated_contexts=b.truncated_contexts,
-            )
+        for g in answer_requests(llm, builder, batch, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                 state_layer=state_layer, state_cache=state_cache):
             append_jsonl(out_path, asdict(g))
             done[g.key] = g
         if progress:

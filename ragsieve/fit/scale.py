@@ -1,0 +1,161 @@
+"""Ray Data scale-out for the two heavy phases of ``ragsieve fit`` (``--ray ADDRESS|local``).
+
+* **Conf(Q+C)** over question × candidate (the prefs phase): one row per question, scored
+  by :class:`ConfidenceShiftScorer`, an actor that loads the LLM and the probe once.
+* **Correctness generations** (the label and evaluate phases): one row per prompt,
+  answered by :class:`RequestAnswerer`, an actor that loads the LLM once.
+
+Each actor computes exactly what the single-process path computes for its rows (the same
+:meth:`~ragsieve.probe.model.ConfidenceProbe.score_batch` call per question, the same
+:func:`~ragsieve.probe.labels.answer_requests` per batch), so the scores do not depend on
+where they ran; rows carry their key and results are matched back by it, never by order.
+Resuming stays the caller's: only the rows not yet written are sent.
+
+Needs the optional extra ``ragsieve[ray]``. Example (a local Ray instance on this machine)::
+
+    from ragsieve.fit.scale import ray_confidence_shifts
+    rows = [{"question_id": "q1", "question": "who wrote hamlet?", "passages": [passage_dict, ...]}]
+    scores = ray_confidence_shifts("local", rows, llm="embedded:smollm2-135m-instruct", probe="sieve/probe")
+    scores["q1"]   # [Conf(Q), Conf(Q+C_1), ...]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.probe.labels import LabeledGeneration, LabelRequest
+
+
+def init_ray(address: str, num_cpus: int | None = None) -> None:
+    """Connect to ``address`` (``ray://...`` or ``host:port``) or start a local instance (``local``)."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RagsieveError("--ray needs Ray Data: pip install 'ragsieve[ray]'") from exc
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address == "local":
+        ray.init(num_cpus=num_cpus, **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
+    import logging
+
+    ray.data.DataContext.get_current().enable_progress_bars = False  # fit draws its own per phase
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(max(1, threads))  # one actor per CPU: no oversubscription
+
+
+class ConfidenceShiftScorer:
+    """Ray actor: [Conf(Q), Conf(Q+C_1), ...] for each row (question + its candidate passages)."""
+
+    def __init__(self, llm: str, probe: str, batch_size: int = 8, threads: int = 1):
+        from ragsieve.models import load_local_llm
+        from ragsieve.probe.model import ConfidenceProbe
+
+        _set_threads(threads)
+        self.probe = ConfidenceProbe.load(probe, load_local_llm(llm), batch_size=batch_size)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        scores = []
+        for question, passages in zip(batch["question"], batch["passages"]):
+            cands = [Passage(**p) for p in json.loads(passages)]
+            scores.append(json.dumps(self.probe.score_batch([question] * (len(cands) + 1), [None, *cands]).tolist()))
+        return {"question_id": batch["question_id"], "scores": np.array(scores, dtype=object)}
+
+
+class RequestAnswerer:
+    """Ray actor: greedy answers + correctness labels for a batch of label requests."""
+
+    def __init__(self, llm: str, max_prompt_tokens: int = 1024, max_new_tokens: int = 16, batch_size: int = 8,
+                 threads: int = 1):
+        from ragsieve.models import load_local_llm
+        from ragsieve.prompts.builder import PromptBuilder
+
+        _set_threads(threads)
+        self.llm = load_local_llm(llm)
+        self.builder = PromptBuilder(self.llm, None, max_prompt_tokens)
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from ragsieve.probe.labels import answer_requests
+
+        requests = [request_from_json(r) for r in batch["request"]]
+        gens = answer_requests(self.llm, self.builder, requests, max_new_tokens=self.max_new_tokens,
+                               batch_size=self.batch_size)
+        return {"generation": np.array([json.dumps(asdict(g)) for g in gens], dtype=object)}
+
+
+def request_to_json(request: LabelRequest) -> str:
+    return json.dumps({**asdict(request), "answers": list(request.answers)})
+
+
+def request_from_json(text: str) -> LabelRequest:
+    row = json.loads(text)
+    row["answers"] = tuple(row["answers"])
+    row["contexts"] = [Passage(**p) for p in row["contexts"]]
+    return LabelRequest(**row)
+
+
+def _workers(address: str) -> int:
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def ray_confidence_shifts(
+    address: str, rows: Sequence[dict], *, llm: str, probe: str, batch_size: int = 8
+) -> dict[str, list[float]]:
+    """question_id → [Conf(Q), Conf(Q+C_1), ...] for rows ``{question_id, question, passages: [dict]}``."""
+    if not rows:
+        return {}
+    init_ray(address)
+    import ray
+
+    items = [{"question_id": r["question_id"], "question": r["question"],
+              "passages": json.dumps([p if isinstance(p, dict) else asdict(p) for p in r["passages"]])} for r in rows]
+    workers = min(_workers(address), len(items))
+    # one block per actor and no repartition: on a small cluster the actors hold every CPU, so a
+    # shuffle task would wait for a CPU forever
+    out = ray.data.from_items(items, override_num_blocks=workers).map_batches(
+        ConfidenceShiftScorer, fn_constructor_kwargs={"llm": llm, "probe": str(probe), "batch_size": batch_size},
+        batch_size=max(1, len(items) // workers), concurrency=workers, num_cpus=1,
+    ).take_all()
+    return {row["question_id"]: json.loads(row["scores"]) for row in out}
+
+
+def ray_answer_requests(
+    address: str, requests: Sequence[LabelRequest], *, llm: str, max_prompt_tokens: int = 1024,
+    max_new_tokens: int = 16, batch_size: int = 8,
+) -> list[LabeledGeneration]:
+    """Every request answered and labelled on Ray, returned in the order given."""
+    if not requests:
+        return []
+    init_ray(address)
+    import ray
+
+    workers = min(_workers(address), len(requests))
+    rows = [{"request": request_to_json(r)} for r in requests]
+    out = ray.data.from_items(rows, override_num_blocks=workers).map_batches(
+        RequestAnswerer,
+        fn_constructor_kwargs={"llm": llm, "max_prompt_tokens": max_prompt_tokens,
+                               "max_new_tokens": max_new_tokens, "batch_size": batch_size},
+        batch_size=batch_size, concurrency=workers, num_cpus=1,
+    ).take_all()
+    by_key: dict[str, LabeledGeneration] = {}
+    for row in out:
+        g = LabeledGeneration(**json.loads(row["generation"]))
+        by_key[g.key] = g
+    return [by_key[r.key] for r in requests]
