@@ -429,7 +429,7 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
     calls = []
     def record(self, job):
         calls.append(job.name)
-        return np.zeros(15), {}
+        return np.zeros(15), {}, None
 
     monkeypatch.setattr(experiment_module._Runner, "_lm", record)
     GraderExperiment().run(cfg, out, console)
@@ -504,3 +504,50 @@ def test_smollm2_verdict_tokens_and_classifier_padding():
     batched = classifier.score_pairs(["who wrote hamlet?"] * 2, passages)
     single = [classifier.score_pairs(["who wrote hamlet?"], [p])[0] for p in passages]
     np.testing.assert_allclose(batched, single, atol=1e-4)  # left padding + position ids: batch-invariant
+
+
+@requires_data
+def test_experiment_selects_and_ships_the_default_grader_at_a_precision_floor(tmp_path, tiny_llm_dir, monkeypatch,
+                                                                             index_cache):
+    """Every grader tuned on train for the best F1 at precision >= floor, compared on test with intervals;
+    the best one that can ship is written as a grader folder that loads with its tuned threshold."""
+    from rich.console import Console
+
+    from ragsieve.config import build_config
+    from ragsieve.registry import load_grader
+    from ragsieve.studies.grader import GraderExperiment, GraderExperimentConfig
+
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(index_cache))
+    params = {
+        "llm": str(tiny_llm_dir),
+        "data": {"sources": ["nq-oracle", "fever"], "queries_per_source": 6, "retriever": "bm25",
+                 "reranker_unseen": True},
+        **TINY, "train": {"max_steps": 2, "batch_size": 4},
+        "configs": {"prompted": {"kind": "prompted"}, "B": {"kind": "head", "train": {"lr": 1e-3, "epochs": 2}},
+                    "C": {"kind": "classifier"}},
+        "loss_comparison": [], "sampling_comparison": [], "lora_grid": None, "cosine_baseline": False,
+        "save_models": ["prompted", "B"], "target_config": "C",
+        "select_precision": 0.5, "threshold_pairs": 10, "bootstrap": 50, "ship_to": str(tmp_path / "ship"),
+    }
+    out = tmp_path / "grader"
+    metrics = GraderExperiment().run(build_config(GraderExperimentConfig, params), out, Console(quiet=True))
+
+    for m in metrics["configs"].values():
+        op = m["operating_point"]
+        assert op["f1_ci95"][0] <= op["f1"] <= op["f1_ci95"][1] and len(op["precision_ci95"]) == 2
+    assert metrics["configs"]["C"]["operating_point"]["tuned_on_pairs"] <= 10  # a sample of train, not all of it
+    selection = metrics["selection"]
+    ranked = [(r["meets_floor"], r["f1"]) for r in selection["ranking"]]
+    assert ranked == sorted(ranked, reverse=True) and selection["best"] == selection["ranking"][0]["config"]
+    assert selection["best_shippable"] in ("prompted", "B")  # a full fine-tune (C) never ships
+    assert "ci95" in selection["versus_runner_up"] and "verdict" in selection["versus_runner_up"]
+    shipped = load_grader(tmp_path / "ship")
+    chosen = metrics["configs"][selection["best_shippable"]]["operating_point"]
+    assert shipped.config.threshold == chosen["threshold"] and metrics["target"]["config"] == selection["best_shippable"]
+    assert shipped.config.trained["operating_point"]["f1"] == chosen["f1"]
+    # none of the queries is one the base reranker trained on
+    from ragsieve.rerank.mining import unseen_question_ids
+
+    queries = {json.loads(line)["query_id"] for line in (out / "pairs.jsonl").read_text().splitlines()}
+    unseen = {f"{name}:{q}" for name in ("nq-oracle", "fever") for q in unseen_question_ids(name)}
+    assert queries <= unseen

@@ -111,7 +111,9 @@ def accuracy_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[f
     return float(ci.low), float(ci.high)
 
 
-def best_threshold(y_true: Sequence[int], scores: Sequence[float], metric: str = "f1") -> float:
+def best_threshold(
+    y_true: Sequence[int], scores: Sequence[float], metric: str = "f1", min_precision: float | None = None
+) -> float:
     """The score threshold (predict 1 iff ``score >= threshold``) maximising ``metric``.
 
     Meant for tuning on a training split. Every distinct cut of the sorted scores is
@@ -125,9 +127,13 @@ def best_threshold(y_true: Sequence[int], scores: Sequence[float], metric: str =
         y_true: gold 0/1 labels (both classes must be present).
         scores: scores for class 1, higher = more likely relevant.
         metric: one of ``"f1"``, ``"accuracy"``, ``"balanced_accuracy"``.
+        min_precision: only cuts whose precision reaches this are eligible (an operating point
+            such as "precision >= 0.75"); when none does, the cut with the highest precision.
 
     >>> best_threshold([0, 0, 1, 1], [0.125, 0.5, 0.375, 0.875])  # keeps 0.875, 0.5, 0.375
     0.25
+    >>> best_threshold([0, 0, 1, 1], [0.125, 0.5, 0.375, 0.875], min_precision=0.9)  # keeps only 0.875
+    0.6875
     """
     if metric not in THRESHOLD_METRICS:
         raise RagsieveError(f"unknown threshold metric {metric!r}; use one of {THRESHOLD_METRICS}")
@@ -155,6 +161,13 @@ def best_threshold(y_true: Sequence[int], scores: Sequence[float], metric: str =
     else:
         value = (tp / n_pos + tn / n_neg) / 2
 
+    if min_precision is not None:
+        kept = tp + fp
+        precision = np.divide(tp, kept, out=np.zeros_like(tp), where=kept > 0)
+        eligible = (precision >= min_precision) & (kept > 0)
+        if not eligible.any():  # unreachable: the cuts with the highest precision
+            eligible = (precision >= precision.max() - 1e-12) & (kept > 0)
+        value = np.where(eligible, value, -np.inf)
     best = int(np.flatnonzero(value >= value.max() - 1e-12)[-1])
     if best == 0:
         return float(np.nextafter(s[0], np.inf))

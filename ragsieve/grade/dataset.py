@@ -42,6 +42,9 @@ class GradingDataConfig(StrictConfig):
     test_fraction: float = 0.2
     seed: int = 0
     data_dir: str | None = None
+    # Only questions the shipped base reranker never trained on, so the cross-encoder grader
+    # built on it is not scored on its own training queries.
+    reranker_unseen: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,12 +118,13 @@ def label_rule(source: str, answer_containment: Sequence[str]) -> LabelRule:
     return _gold_or_answer if source in answer_containment else _gold_only
 
 
-def select_questions(ds: Dataset, n: int, seed: int = 0) -> list[Question]:
-    """Up to ``n`` questions that have gold passages, chosen by id hash (stable under re-ordering)."""
+def select_questions(ds: Dataset, n: int, seed: int = 0, allowed: set[str] | None = None) -> list[Question]:
+    """Up to ``n`` questions that have gold passages (and are ``allowed``), chosen by id hash (stable under re-ordering)."""
     from ragsieve.data.splits import id_unit
 
     pool = {p.id for p in ds.passages}
-    usable = [q for q in ds.questions if any(pid in pool for pid in q.gold_passage_ids)]
+    usable = [q for q in ds.questions if any(pid in pool for pid in q.gold_passage_ids)
+              and (allowed is None or q.id in allowed)]
     if not usable:
         raise DataError(f"dataset '{ds.name}' has no questions with gold passages in its pool; it cannot be graded")
     usable.sort(key=lambda q: (id_unit(q.id, seed), q.id))
@@ -147,7 +151,12 @@ def build_grading_pairs(
         ds = load_dataset(source, data_dir=config.data_dir)
         if not ds.passages:
             raise DataError(f"dataset '{source}' has no passage pool to retrieve from")
-        questions = select_questions(ds, config.queries_per_source, config.seed)
+        allowed = None
+        if config.reranker_unseen:
+            from ragsieve.rerank.mining import unseen_question_ids
+
+            allowed = unseen_question_ids(source, config.data_dir)
+        questions = select_questions(ds, config.queries_per_source, config.seed, allowed)
         if progress:
             progress(f"{source}: indexing {len(ds.passages)} passages ({config.retriever}), {len(questions)} queries")
         retriever, _ = build_or_load_index(source, ds.passages, config.retriever, config.encoder)

@@ -102,6 +102,14 @@ class GraderExperimentConfig(StrictConfig):
     target_config: str = "C"
     target_precision: float = 0.75
     target_recall: float = 0.60
+    # The operating point every grader is also compared at: its threshold tuned on train for
+    # the best F1 with precision >= select_precision (None: only the configs' own thresholds).
+    select_precision: float | None = None
+    threshold_pairs: int = 800  # train pairs a trained LLM grader scores to tune that threshold
+    bootstrap: int = 1000  # resamples for the 95 % intervals of precision / recall / F1
+    # Ship the best grader at that operating point that can ship (≤ 50 MB: a ranker + threshold,
+    # a head, an adapter) to this folder, e.g. ragsieve/assets/graders/default.
+    ship_to: str | None = None
 
 
 @dataclass
@@ -203,8 +211,10 @@ class GraderExperiment:
         for job in jobs:
             results[job.name] = runner.run(job)
 
+        selection = runner.select(results, jobs) if cfg.select_precision is not None else None
         out = {
             "configs": results,
+            "selection": selection,
             "loss_comparison": _comparison(jobs, results, "loss", cfg.loss_comparison, cfg.losses),
             "sampling_comparison": _comparison(jobs, results, "sampling", cfg.sampling_comparison, cfg.samplings),
             "lora_grid": [
@@ -213,7 +223,7 @@ class GraderExperiment:
             ],
             "label_skew": skew,
             "teacher": teacher,
-            "target": _target(cfg, results),
+            "target": _target(cfg, results, selection),
             "data": {
                 "sources": cfg.data.sources, "queries_per_source": cfg.data.queries_per_source,
                 "top_k": cfg.data.top_k, "retriever": cfg.data.retriever, "train_pairs": len(train.pairs),
@@ -224,6 +234,9 @@ class GraderExperiment:
         }
         (out_dir / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
         _print_table(console, results, test)
+        if selection:
+            console.print(f"default grader at precision >= {cfg.select_precision}: [bold]{selection['best_shippable']}[/]"
+                          f" ({selection['versus_runner_up']})")
         console.print(f"wrote {out_dir / 'metrics.json'} in {out['seconds']:.0f}s")
         return out
 
@@ -287,6 +300,9 @@ class _Runner:
         self.train, self.test, self.data_key = train, test, data_key
         self._states: tuple[np.ndarray, np.ndarray] | None = None
         self._empty_test = np.array([not p.strip() for p in test.passages], dtype=bool)
+        self.graders: dict[str, Any] = {}  # name → grader object, for shipping the chosen one
+        self.test_scores: dict[str, np.ndarray] = {}  # name → test scores (paired comparisons)
+        self.operating_thresholds: dict[str, float] = {}
         self.kind_runners: dict[str, Callable[[Job], tuple[np.ndarray, dict]]] = {
             "prompted": self._prompted,
             "head": self._head,
@@ -310,14 +326,43 @@ class _Runner:
         if stored.get("settings") != settings:
             self.console.print(f"[yellow]{name}: settings or data changed since the stored result; rerunning[/]")
             return None
+        if "operating_point" in stored["metrics"] and "test_scores" in stored:
+            self.test_scores[name] = np.asarray(stored["test_scores"], dtype=np.float64)
+            self.operating_thresholds[name] = stored["metrics"]["operating_point"]["threshold"]
         return stored["metrics"]
 
-    def _finish(self, name: str, settings: dict, scores: np.ndarray, threshold: float, extra: dict) -> dict:
-        from ragsieve.eval.classification import classification_metrics, plot_confusion_matrix
+    def _point(self, scores: np.ndarray, threshold: float) -> dict:
+        """Test precision / recall / F1 at ``threshold``, each with a bootstrap 95 % interval (pairs resampled)."""
+        from sklearn.metrics import f1_score, precision_score, recall_score
+
+        from ragsieve.eval.classification import classification_metrics
+        from ragsieve.eval.stats import bootstrap_metric
 
         predicted = ((scores >= threshold) & ~self._empty_test).astype(int)
         metrics = classification_metrics(self.test.labels, predicted, scores)
-        metrics.update(threshold=float(threshold), **extra)
+        metrics["threshold"] = float(threshold)
+        for key, fn in (("precision", precision_score), ("recall", recall_score), ("f1", f1_score)):
+            _, lo, hi = bootstrap_metric(lambda y, p, fn=fn: fn(y, p, zero_division=0), self.test.labels, predicted,
+                                         n_boot=self.cfg.bootstrap)
+            metrics[f"{key}_ci95"] = [lo, hi]
+        return metrics
+
+    def _finish(self, name: str, settings: dict, scores: np.ndarray, threshold: float, extra: dict,
+                train_scores: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+        """Test metrics at the config's own threshold and, given (train scores, their labels), at the
+        operating point: the threshold tuned on train for the best F1 with precision >= select_precision."""
+        from ragsieve.eval.classification import best_threshold, plot_confusion_matrix
+
+        metrics = self._point(scores, threshold)
+        metrics.update(**extra)
+        if self.cfg.select_precision is not None and train_scores is not None:
+            tuned = best_threshold(train_scores[1], train_scores[0], "f1", min_precision=self.cfg.select_precision)
+            point = self._point(scores, tuned)
+            metrics["operating_point"] = {k: point[k] for k in (
+                "threshold", "precision", "recall", "f1", "precision_ci95", "recall_ci95", "f1_ci95", "positive_rate")}
+            metrics["operating_point"]["tuned_on_pairs"] = int(len(train_scores[0]))
+            self.test_scores[name] = scores
+            self.operating_thresholds[name] = tuned
         plot_confusion_matrix(
             metrics["confusion_matrix"], self.out_dir / "confusion" / f"{name}.png",
             f"{name}: test (n={metrics['n']})",
@@ -325,7 +370,8 @@ class _Runner:
         file = self._result_file(name)
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"settings": settings, "metrics": metrics}, indent=2) + "\n")
+        stored = {"settings": settings, "metrics": metrics, "test_scores": [round(float(x), 6) for x in scores]}
+        tmp.write_text(json.dumps(stored, indent=2) + "\n")
         tmp.replace(file)  # atomic: a crash never leaves a half-written result to be trusted
         self.console.print(
             f"[bold]{name}[/]: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in METRIC_KEYS)
@@ -345,19 +391,19 @@ class _Runner:
 
     # -- runs ----------------------------------------------------------------------------
     def run(self, job: Job) -> dict:
-        settings = job.settings(self.cfg, self.data_key)
+        settings = {**job.settings(self.cfg, self.data_key), **self._point_settings()}
         if (done := self._cached(job.name, settings)) is not None:
             self.console.print(f"[dim]{job.name}: done earlier, skipped[/]")
             return done
         start = time.perf_counter()
-        scores, extra = self.kind_runners[job.kind](job)
+        scores, extra, train_scores = self.kind_runners[job.kind](job)
         extra["seconds_total"] = time.perf_counter() - start
-        return self._finish(job.name, settings, scores, 0.5, extra)
+        return self._finish(job.name, settings, scores, 0.5, extra, train_scores)
 
     def baseline(self, kind: str, base: str) -> dict:
         from ragsieve.registry import new_grader
 
-        settings = {"kind": kind, "base": base, "data": self.data_key}
+        settings = {"kind": kind, "base": base, "data": self.data_key, **self._point_settings()}
         if (done := self._cached(kind, settings)) is not None:
             return done
         start = time.perf_counter()
@@ -371,7 +417,77 @@ class _Runner:
             "seconds_total": time.perf_counter() - start, "eval_seconds": eval_seconds,
             "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9), "tuned_on": "train f1",
         }
-        return self._finish(kind, settings, scores, threshold, extra)
+        self.graders[kind] = grader
+        return self._finish(kind, settings, scores, threshold, extra, (train_scores, self.train.labels))
+
+    def select(self, results: dict[str, dict], jobs: list[Job]) -> dict:
+        """The best grader at the operating point (precision floor met first, then F1), the paired
+        bootstrap of its F1 against the runner-up, and the best one that can ship (shipped if asked)."""
+        from sklearn.metrics import f1_score
+
+        from ragsieve.eval.stats import bootstrap_metric, verdict
+
+        kinds = {j.name: j.kind for j in jobs}
+        floor = self.cfg.select_precision
+        ranked = sorted(
+            (n for n in results if "operating_point" in results[n] and n in self.test_scores),
+            key=lambda n: (results[n]["operating_point"]["precision"] >= floor, results[n]["operating_point"]["f1"]),
+            reverse=True,
+        )
+        if not ranked:
+            return {}
+
+        def predicted(name: str) -> np.ndarray:
+            return ((self.test_scores[name] >= self.operating_thresholds[name]) & ~self._empty_test).astype(int)
+
+        def versus(a: str, b: str) -> dict:
+            diff = lambda y, pa, pb: f1_score(y, pa, zero_division=0) - f1_score(y, pb, zero_division=0)  # noqa: E731
+            est, lo, hi = bootstrap_metric(diff, self.test.labels, predicted(a), predicted(b), n_boot=self.cfg.bootstrap)
+            # paired bootstrap (the same resampled pairs for both): the interval alone decides
+            return {"a": a, "b": b, "f1_diff": est, "ci95": [lo, hi], "verdict": verdict(0.0, est, lo, hi)}
+
+        shippable = [n for n in ranked if n in ("cosine", "cross-encoder") or kinds.get(n) in ("head", "prompted", "lora")]
+        out = {
+            "precision_floor": floor,
+            "ranking": [{"config": n, **{k: results[n]["operating_point"][k] for k in ("precision", "recall", "f1")},
+                         "meets_floor": results[n]["operating_point"]["precision"] >= floor} for n in ranked],
+            "best": ranked[0],
+            "versus_runner_up": versus(ranked[0], ranked[1]) if len(ranked) > 1 else None,
+            "best_shippable": shippable[0] if shippable else None,
+        }
+        if shippable and shippable[0] != ranked[0]:
+            out["best_shippable_vs_best"] = versus(shippable[0], ranked[0])
+        if shippable and self.cfg.ship_to:
+            out["shipped_to"] = str(self.ship(shippable[0], kinds.get(shippable[0]), results[shippable[0]]))
+        return out
+
+    def ship(self, name: str, kind: str | None, metrics: dict) -> Path:
+        """Save the chosen grader with its operating-point threshold where the package ships it."""
+        from ragsieve.atomic import atomic_directory
+        from ragsieve.registry import load_grader, new_grader
+
+        if name in ("cosine", "cross-encoder"):
+            grader = new_grader(name, self.cfg.encoder if name == "cosine" else self.cfg.cross_encoder)
+        elif (self.out_dir / "models" / name).is_dir():
+            grader = load_grader(self.out_dir / "models" / name)
+        else:
+            raise RagsieveError(f"ship: '{name}' was not saved; add it to save_models and rerun")
+        op = metrics["operating_point"]
+        grader.config = grader.config.model_copy(update={"threshold": op["threshold"], "trained": {
+            **grader.config.trained, "chosen_by": "experiments/grader_scale.yaml",
+            "operating_point": {k: op[k] for k in ("precision", "recall", "f1", "precision_ci95", "recall_ci95",
+                                                     "f1_ci95")},
+            "precision_floor": self.cfg.select_precision, "test_pairs": len(self.test.pairs),
+        }})
+        target = Path(self.cfg.ship_to)
+        with atomic_directory(target) as tmp:
+            grader.save(tmp)
+        self.console.print(f"shipped {name} (threshold {op['threshold']:.4f}) to {target}")
+        return target
+
+    def _point_settings(self) -> dict:
+        return {"select_precision": self.cfg.select_precision, "threshold_pairs": self.cfg.threshold_pairs,
+                "bootstrap": self.cfg.bootstrap}
 
     def _new(self, job: Job):
         from ragsieve.registry import new_grader
@@ -413,12 +529,14 @@ class _Runner:
         return states
 
     def _prompted(self, job: Job) -> tuple[np.ndarray, dict]:
-        _, test_states = self._final_states()
+        train_states, test_states = self._final_states()
         grader = self._new(job)
         scores = grader.scores_from_states(test_states)
         scores[self._empty_test] = 0.0  # the empty-passage policy
         self._maybe_save(job.name, grader)
-        return scores, {"note": "next-token P(yes) vs P(no), read from the cached final states"}
+        self.graders[job.name] = grader
+        train_scores = (grader.scores_from_states(train_states), self.train.labels)
+        return scores, {"note": "next-token P(yes) vs P(no), read from the cached final states"}, train_scores
 
     def _head(self, job: Job) -> tuple[np.ndarray, dict]:
         train_states, test_states = self._final_states()
@@ -430,7 +548,8 @@ class _Runner:
         scores = grader.state_scores(test_states)
         scores[self._empty_test] = 0.0
         self._maybe_save(job.name, grader)
-        return scores, {"train": result.summary()}
+        self.graders[job.name] = grader
+        return scores, {"train": result.summary()}, (grader.state_scores(train_states[keep]), self.train.labels[keep])
 
     def _lm(self, job: Job) -> tuple[np.ndarray, dict]:
         grader = self._new(job)
@@ -442,11 +561,20 @@ class _Runner:
         scores = grader.score_pairs(self.test.queries, self.test.passages)
         eval_seconds = time.perf_counter() - start
         self._maybe_save(job.name, grader)
+        train_scores = None
+        if self.cfg.select_precision is not None:  # a fixed sample of train pairs, the same for every config
+            rng = np.random.default_rng(0)
+            idx = [i for i in rng.permutation(len(self.train.pairs)) if self.train.passages[i].strip()]
+            idx = idx[: self.cfg.threshold_pairs]
+            train_scores = (grader.score_pairs([self.train.queries[i] for i in idx],
+                                               [self.train.passages[i] for i in idx]), self.train.labels[idx])
+        if job.kind == "lora":
+            self.graders[job.name] = grader  # an adapter + head ships; a full fine-tune does not
         return scores, {
             "train": result.summary(), "eval_seconds": eval_seconds,
             "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9),
             "test_truncated_passages": grader.stats.truncated_passages - truncated_before,
-        }
+        }, train_scores
 
     def _maybe_save(self, name: str, grader) -> None:
         if name in self.cfg.save_models:
@@ -466,12 +594,17 @@ def _headline(metrics: dict) -> dict:
     return {k: metrics[k] for k in METRIC_KEYS}
 
 
-def _target(cfg: GraderExperimentConfig, results: dict[str, dict]) -> dict | None:
-    m = results.get(cfg.target_config)
+def _target(cfg: GraderExperimentConfig, results: dict[str, dict], selection: dict | None = None) -> dict | None:
+    """The target precision / recall checked on ``target_config`` or, with a selection, on the chosen
+    default grader at its operating point."""
+    name = (selection or {}).get("best_shippable") or cfg.target_config
+    m = results.get(name)
     if m is None:
         return None
+    if selection and "operating_point" in m:
+        m = m["operating_point"]
     return {
-        "config": cfg.target_config, "precision": m["precision"], "recall": m["recall"],
+        "config": name, "precision": m["precision"], "recall": m["recall"],
         "precision_target": cfg.target_precision, "recall_target": cfg.target_recall,
         "met": m["precision"] >= cfg.target_precision and m["recall"] >= cfg.target_recall,
         "precision_gap": max(0.0, cfg.target_precision - m["precision"]),
