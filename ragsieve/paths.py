@@ -24,6 +24,7 @@ ASSETS_DIR = PACKAGE_DIR / "assets"
 _HOW_TO_BUILD = {
     "probes": "build one with `ragsieve run experiments/probe_nq.yaml` (or `ragsieve fit`) and pass its folder",
     "graders": "train one with `ragsieve grader train` (or `ragsieve fit`) and pass its folder",
+    "sieves": "build one with `ragsieve fit` and pass its folder",
 }
 
 
@@ -32,6 +33,8 @@ def resolve_artifact(kind: str, spec: str | Path) -> Path:
     text = str(spec)
     if not text.startswith("embedded:"):
         path = Path(text).expanduser()
+        if not path.exists() and "/" not in text and (ASSETS_DIR / kind / text).is_dir():
+            return ASSETS_DIR / kind / text  # a bare shipped name: `--grader default`
         if not path.exists():
             raise ModelNotAvailable(f"no {kind[:-1]} at {path}; {_HOW_TO_BUILD.get(kind, 'build it first')}")
         return path

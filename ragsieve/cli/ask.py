@@ -60,7 +60,9 @@ def ask_cmd(
         print(json.dumps(answer.to_dict(), ensure_ascii=False))
         return
     if explain:
-        _explain(answer)
+        from ragsieve.pipeline.explain import print_explain
+
+        print_explain(answer, console)
     if answer.confidence is not None and not explain:
         verdict = "retrieve" if answer.retrieved else "answer closed-book"
         err_console.print(f"[dim]Conf(Q) = {answer.confidence:.3f}, β = {answer.beta} → {verdict}[/]")
@@ -74,30 +76,3 @@ def ask_cmd(
     if answer.truncated_contexts:
         err_console.print(f"[yellow]{answer.truncated_contexts} passage(s) truncated to fit the prompt[/]")
     console.print(answer.answer)
-
-
-def _explain(answer) -> None:
-    """Each stage's decision, in pipeline order (stdout: it is what the user asked for)."""
-    from rich.table import Table
-
-    if answer.confidence is not None:
-        side = "≤" if answer.retrieved else ">"
-        verdict = "retrieve" if answer.retrieved else "answer closed-book"
-        console.print(f"[bold]gate[/]  Conf(Q) = {answer.confidence:.3f} {side} β = {answer.beta:.3f} → {verdict}")
-    else:
-        console.print(f"[bold]gate[/]  none → {'retrieve' if answer.retrieved else 'closed-book'}")
-    if answer.candidates:
-        table = Table(title="candidates", show_edge=False)
-        for col in ("id", "retriever rank", "rerank rank", "rerank score", "in top-k", "grader", "grade score"):
-            table.add_column(col)
-        rows = sorted(answer.candidates, key=lambda c: (c.rerank_rank if c.rerank_rank is not None else c.retriever_rank))
-        for c in rows:
-            table.add_row(
-                c.id, str(c.retriever_rank + 1), "-" if c.rerank_rank is None else str(c.rerank_rank + 1),
-                "-" if c.rerank_score is None else f"{c.rerank_score:.3f}", "yes" if c.selected else "",
-                "-" if c.relevant is None else ("relevant" if c.relevant else "dropped"),
-                "-" if c.grade_score is None else f"{c.grade_score:.3f}",
-            )
-        console.print(table)
-    console.print(f"[bold]prompt[/]  {answer.prompt_tokens} tokens, {len(answer.contexts)} passage(s)")
-    console.print("[bold]answer[/]", end="  ")

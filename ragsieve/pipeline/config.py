@@ -51,12 +51,13 @@ class PipelineConfig(StrictConfig):
         """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved)."""
         if not self.sieve:
             return self
-        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component
+        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component, sieve_folder
 
-        sc = read_sieve_config(self.sieve)
+        folder = sieve_folder(self.sieve)
+        sc = read_sieve_config(folder)
 
         def part(value: str | None) -> str | None:
-            return resolve_component(self.sieve, value) if value else None
+            return resolve_component(folder, value) if value else None
 
         gated = sc.probe is not None and sc.beta is not None
         return self.model_copy(update={

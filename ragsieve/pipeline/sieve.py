@@ -54,8 +54,12 @@ class Sieve:
 
     @classmethod
     def load(cls, path: str | Path, *, llm: "Generator | None" = None) -> "Sieve":
-        """The sieve in folder ``path``; ``llm`` reuses an already loaded LLM (it must be the sieve's)."""
-        return cls(read_sieve_config(path), path, llm=llm)
+        """The sieve in folder ``path`` (or ``embedded:default``, the one shipped for the embedded SmolLM2);
+        ``llm`` reuses an already loaded LLM (it must be the sieve's)."""
+        from ragsieve.pipeline.sieve_config import sieve_folder
+
+        folder = sieve_folder(path)
+        return cls(read_sieve_config(folder), folder, llm=llm)
 
     def save(self, path: str | Path) -> Path:
         """Write ``sieve.json`` into ``path`` (the weights are written by whoever fitted them)."""

@@ -35,11 +35,22 @@ class SieveConfig(StrictConfig):
     created: str = ""
 
 
+def sieve_folder(spec: str | Path) -> Path:
+    """A sieve's folder: ``embedded:<name>`` (shipped or cached), a bare shipped name, or a path as given."""
+    from ragsieve.paths import ASSETS_DIR, resolve_artifact
+
+    text = str(spec)
+    if text.startswith("embedded:") or ("/" not in text and not Path(text).exists()
+                                        and (ASSETS_DIR / "sieves" / text).is_dir()):
+        return resolve_artifact("sieves", spec)
+    return Path(spec).expanduser()
+
+
 def read_sieve_config(path: str | Path) -> SieveConfig:
-    """``sieve.json`` of a sieve folder; one-line errors for anything that is not one."""
+    """``sieve.json`` of a sieve folder (or ``embedded:<name>``); one-line errors for anything that is not one."""
     from ragsieve.artifacts import read_json_artifact
 
-    folder = Path(path).expanduser()
+    folder = sieve_folder(path)
     file = folder / SIEVE_FILE
     if not file.is_file():
         why = "folder not found" if not folder.exists() else f"no {SIEVE_FILE}"
