@@ -6,7 +6,11 @@ used), runs the full fit into ``--out`` and times it. LLM forward time is measur
 forward hooks on the LLM itself (generation, probe states and Conf(Q+C) passes alike).
 Target (issue #13): 300 questions in ≤ 60 min on 2 cores. Writes ``bench/results/fit.json``.
 
-    python bench/fit.py [--questions 300] [--out /tmp/ragsieve-fit-bench]
+    python bench/fit.py [--questions 300] [--out /tmp/ragsieve-fit-bench] [--config FIT.yaml] [--ship]
+
+``--config`` gives the FitConfig fields (``experiments/sieve_default.yaml`` by default);
+``--ship`` then copies the fitted sieve (without ``work/``) to ``ragsieve/assets/sieves/default``
+and its metrics to ``results/fit/metrics.json``: how the shipped default sieve is built.
 
 A rerun resumes the fit (the phases already done take no time): pass a fresh ``--out`` to
 time a whole fit.
@@ -36,7 +40,10 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/ragsieve-fit-bench")
     parser.add_argument("--gate", default="parity")
     parser.add_argument("--result", default="bench/results/fit.json")
+    parser.add_argument("--config", default="experiments/sieve_default.yaml", help="FitConfig fields (YAML/JSON)")
+    parser.add_argument("--ship", action="store_true", help="copy the sieve into the package as embedded:default")
     args = parser.parse_args()
+    from ragsieve.config import build_config, read_mapping
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -50,7 +57,9 @@ def main() -> None:
     index_seconds = time.perf_counter() - t0
     index_dir = cached_index_dir("nq-oracle", ds.passages, "hybrid", DEFAULT_ENCODER)
 
-    config = FitConfig(index=str(index_dir), questions=str(qa), out=str(out / "sieve"), gate=args.gate)
+    values = read_mapping(args.config) if args.config else {"gate": args.gate}
+    values.update({"index": str(index_dir), "questions": str(qa), "out": str(out / "sieve")})
+    config = build_config(FitConfig, values, source=args.config or "options")
     fit = Fit(config)
     fit.load()
     forward = {"seconds": 0.0, "calls": 0}
@@ -85,6 +94,7 @@ def main() -> None:
         "llm_forward_share": round(forward["seconds"] / seconds, 3) if seconds else None,
         "llm_forward_calls": forward["calls"],
         "index_seconds": round(index_seconds, 1),
+        "config": args.config,
         "sieve_metrics": fit.sieve.metrics,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
@@ -93,6 +103,30 @@ def main() -> None:
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("questions", "minutes_total", "llm_forward_share", "seconds_by_phase")}))
+    if args.ship:
+        ship(out / "sieve", fit.sieve, result)
+
+
+def ship(sieve_dir: Path, sieve, result: dict) -> None:
+    """The fitted sieve → ragsieve/assets/sieves/default (weights ≤ 50 MB each) + results/fit/metrics.json."""
+    import shutil
+
+    from ragsieve.paths import ASSETS_DIR
+
+    target = ASSETS_DIR / "sieves" / "default"
+    big = [p for p in sieve_dir.rglob("*") if p.is_file() and "work" not in p.relative_to(sieve_dir).parts
+           and p.stat().st_size > 50 * 2**20]
+    if big:
+        raise SystemExit(f"not shipped: {', '.join(map(str, big))} over 50 MB")
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(sieve_dir, target, ignore=shutil.ignore_patterns("work", "checkpoints", "README.md"))
+    results = Path("results/fit")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "metrics.json").write_text(json.dumps({"sieve": json.loads(sieve.model_dump_json()),
+                                                      "bench": {k: v for k, v in result.items() if k != "sieve_metrics"}},
+                                                     indent=2) + "\n")
+    print(f"shipped {target} ({sum(p.stat().st_size for p in target.rglob('*') if p.is_file()) / 2**20:.1f} MB)")
 
 
 if __name__ == "__main__":

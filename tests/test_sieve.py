@@ -95,3 +95,35 @@ def test_not_a_sieve_is_one_line(tmp_path):
     (tmp_path / "sieve.json").write_text('{"beta": 3}')
     with pytest.raises(RagsieveError, match="beta"):
         Sieve.load(tmp_path)
+
+
+def test_the_shipped_default_sieve_is_complete_small_and_loads_by_name():
+    """`embedded:default` (and a bare `default`) resolve to the shipped sieve: safetensors weights
+    only, each ≤ 50 MB, every component it names present, fitted for the embedded SmolLM2."""
+    from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
+    from ragsieve.paths import ASSETS_DIR
+    from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component, sieve_folder
+
+    folder = sieve_folder("embedded:default")
+    assert folder == ASSETS_DIR / "sieves" / "default" == sieve_folder("default")
+    config = read_sieve_config("embedded:default")
+    assert str(ModelSpec.parse(config.llm)) == str(ModelSpec.parse(DEFAULT_LLM))
+    for part in (config.probe, config.reranker, config.grader):
+        assert part and (folder / part).is_dir(), part
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    assert not any("work" in f.relative_to(folder).parts for f in files)
+    assert all(f.suffix in {".json", ".safetensors", ".txt"} for f in files), files
+    assert all(f.stat().st_size <= 50 * 2**20 for f in files)
+    assert {"test", "retrieval_rate", "sieve_vs_plain"} <= set(config.metrics)
+    assert resolve_component(folder, config.reranker) == str(folder / config.reranker)
+
+
+@pytest.mark.integration
+def test_the_shipped_default_sieve_gates_reranks_and_grades_with_smollm2(smollm2):
+    from ragsieve import Sieve
+
+    sieve = Sieve.load("embedded:default", llm=smollm2)
+    decision = sieve.should_retrieve(QUESTIONS[0])
+    assert 0.0 <= decision.confidence <= 1.0 and decision.retrieve == (decision.confidence <= sieve.config.beta)
+    kept = sieve.filter(QUESTIONS[0], DOCS)
+    assert sorted(r.index for r in kept.ranked.results) == [0, 1, 2] and len(kept.verdicts) == len(kept.selected)

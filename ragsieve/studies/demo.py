@@ -1,8 +1,13 @@
 """`make demo`: the main job on embedded defaults.
 
-Builds a hybrid index over the NQ oracle passage pool, answers held-out NQ questions
-closed-book and with top-k retrieval using the embedded SmolLM2, prints a table and
-writes ``results/demo/metrics.json`` plus every prediction (for auditing).
+Builds a hybrid index over the NQ oracle passage pool and answers held-out NQ questions
+with the embedded SmolLM2 three ways: closed-book, plain top-k retrieval, and through the
+shipped default sieve (``embedded:default``: CBDR gate → rerank 20 candidates → grade →
+generate). Prints accuracy with 95 % intervals, the paired McNemar test of the sieve against
+plain top-k, and one question's stage-by-stage trace (what ``ask --explain`` shows), then
+writes ``metrics.json`` plus every prediction (for auditing) to ``$RAGSIEVE_CACHE/demo``, so a
+demo run leaves the checkout untouched (``--config`` with ``out_dir: results/demo`` refreshes
+the committed copy).
 """
 
 from __future__ import annotations
@@ -33,12 +38,17 @@ class DemoConfig(StrictConfig):
     max_prompt_tokens: int = 1024
     batch_size: int = 8
     data_dir: str | None = None
-    out_dir: str = "results/demo"
+    sieve: str | None = "embedded:default"  # None: only closed-book and plain top-k
+    out_dir: str = ""  # "" = $RAGSIEVE_CACHE/demo (outside the checkout)
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     from ragsieve.data import held_out_questions, load_dataset, write_jsonl
     from ragsieve.eval import qa_metrics
+    from ragsieve.eval.classification import accuracy_interval
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.eval.stats import mcnemar_exact
+    from ragsieve.paths import cache_dir
     from ragsieve.pipeline import PipelineConfig, RAGPipeline
     from ragsieve.retrieve.cached import build_or_load_index
 
@@ -63,25 +73,39 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     pipe = RAGPipeline.from_config(pipeline, retriever=retriever)
     texts = [q.text for q in questions]
     golds = [q.answers for q in questions]
-    modes = {"closed_book": False, f"rag_top{cfg.top_k}": True}
+    modes: dict[str, tuple[RAGPipeline, bool]] = {"closed_book": (pipe, False), f"rag_top{cfg.top_k}": (pipe, True)}
+    if cfg.sieve and _sieve_fits(cfg, console):  # gate → rerank → grade, sharing the loaded LLM and index
+        sieve_config = PipelineConfig(sieve=cfg.sieve, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+        modes["sieve"] = (RAGPipeline.from_config(sieve_config, llm=pipe.llm, retriever=retriever), True)
     metrics: dict[str, dict] = {}
     predictions: list[dict] = []
-    for mode, use_retrieval in modes.items():
+    outcomes: dict[str, list[int]] = {}
+    traced = None
+    for mode, (runner, use_retrieval) in modes.items():
         start = time.perf_counter()
-        answers = pipe.answer_many(texts, retrieve=use_retrieval)
+        answers = runner.answer_many(texts, retrieve=use_retrieval)
         seconds = time.perf_counter() - start
         m = qa_metrics([a.answer for a in answers], golds)
+        outcomes[mode] = [int(contains_answer(a.answer, g)) for a, g in zip(answers, golds)]
+        m["ci95"] = list(accuracy_interval(sum(outcomes[mode]), len(answers)))
         m["seconds_per_question"] = seconds / max(len(questions), 1)
         if use_retrieval:
             hit = [bool(set(q.gold_passage_ids) & {p.id for p in a.contexts}) for q, a in zip(questions, answers)]
             m[f"gold_in_top{cfg.top_k}"] = sum(hit) / max(len(hit), 1)
             m["truncated_contexts"] = sum(a.truncated_contexts for a in answers)
+        if mode == "sieve":
+            m["retrieval_rate"] = sum(a.retrieved for a in answers) / len(answers)
+            m["graded_out_per_question"] = sum(a.graded_out for a in answers) / len(answers)
+            traced = next((a for a in answers if a.retrieved and a.candidates), answers[0])
         metrics[mode] = m
         for q, a in zip(questions, answers):
             predictions.append(
                 {"mode": mode, "id": q.id, "question": q.text, "answers": list(q.answers), "prediction": a.answer,
                  "contexts": [p.id for p in a.contexts]}
             )
+    paired = {}
+    if "sieve" in outcomes:
+        paired["sieve_vs_rag"] = mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{cfg.top_k}"]).to_dict()
 
     result = {
         "config": cfg.model_dump(),
@@ -90,20 +114,51 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         "index_seconds": index_seconds,
         "index_reused": index_reused,
         "metrics": metrics,
+        "paired": paired,
         "total_seconds": time.perf_counter() - t0,
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out_dir) if cfg.out_dir else cache_dir() / "demo"
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
     write_jsonl(out / "predictions.jsonl", predictions)
 
     table = Table(title=f"{cfg.dataset}: {len(questions)} held-out questions, {cfg.llm}")
-    for col in ("mode", "accuracy (contains)", "EM", "F1", "s / question"):
+    for col in ("mode", "accuracy (contains)", "95 % CI", "EM", "F1", "retrieved", "s / question"):
         table.add_column(col, justify="right" if col != "mode" else "left")
     for mode, m in metrics.items():
-        table.add_row(mode, f"{m['accuracy']:.3f}", f"{m['em']:.3f}", f"{m['f1']:.3f}", f"{m['seconds_per_question']:.2f}")
+        rate = m.get("retrieval_rate", 1.0 if mode != "closed_book" else 0.0)
+        table.add_row(mode, f"{m['accuracy']:.3f}", f"[{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]", f"{m['em']:.3f}",
+                      f"{m['f1']:.3f}", f"{rate:.0%}", f"{m['seconds_per_question']:.2f}")
     console.print(table)
+    if paired:
+        t = paired["sieve_vs_rag"]
+        console.print(f"sieve vs rag_top{cfg.top_k}, paired McNemar on the same {t['n']} questions: right only with "
+                      f"the sieve {t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → "
+                      + {"A better": "the sieve is better", "B better": "plain top-k is better"}.get(t["verdict"], t["verdict"]))
+    if traced is not None:
+        from ragsieve.pipeline.explain import print_explain
+
+        console.rule(f"one question through the sieve: {traced.question}")
+        print_explain(traced, console)
+        console.print(traced.answer)
     console.print(f"wrote {out / 'metrics.json'} ({result['total_seconds']:.0f}s total)")
     return result
+
+
+def _sieve_fits(cfg: DemoConfig, console: Console) -> bool:
+    """The sieve was fitted for the demo's LLM (its probe reads that LLM's states); else it is skipped, said why."""
+    from ragsieve.errors import RagsieveError
+    from ragsieve.models.specs import ModelSpec
+    from ragsieve.pipeline.sieve_config import read_sieve_config
+
+    try:
+        fitted_for = read_sieve_config(cfg.sieve).llm
+    except RagsieveError as exc:
+        console.print(f"[yellow]sieve skipped: {exc}[/]")
+        return False
+    if str(ModelSpec.parse(fitted_for)) != str(ModelSpec.parse(cfg.llm)):
+        console.print(f"[dim]sieve skipped: {cfg.sieve} was fitted for {fitted_for}, not {cfg.llm}[/]")
+        return False
+    return True
