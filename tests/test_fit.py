@@ -70,7 +70,13 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert {d.retrieve for d in decisions} == {True, False}  # the gate skips the confident half
     ranked = sieve.rerank("what do you know about comets?", _corpus()[:6])
     assert sorted(r.index for r in ranked.results) == list(range(6))
-    assert written["reranker"] == "reranker" and (out / "reranker" / "model.safetensors").is_file()  # aligned
+    check = written["metrics"]["alignment_check"]  # aligned, then kept only if it ranks answers no worse
+    if check["kept"]:
+        assert written["reranker"] == "reranker" and (out / "reranker" / "model.safetensors").is_file()
+    else:
+        assert written["reranker"] == str(tiny_cross_encoder_dir) and not (out / "reranker").exists()
+        assert (out / "work" / "reranker-rejected" / "model.safetensors").is_file()
+    assert "n" in check and written["metrics"]["gate_dev"] is None  # a budget policy: no parity search
     assert written["grader"] == "grader" and sieve.grader is not None  # threshold calibrated on dev
     assert len(sieve.filter("what do you know about comets?", _corpus()[:6]).verdicts) == 3
 

@@ -52,3 +52,21 @@ def test_pipeline_with_gate_retrieves_only_unconfident(tiny_llm):
     low, high = pipe.answer_many(["Who wrote Hamlet?", "Where is Paris?"])
     assert low.retrieved and [p.id for p in low.contexts] == ["p0"] and low.confidence == pytest.approx(0.2)
     assert not high.retrieved and high.contexts == [] and high.confidence == pytest.approx(0.99)
+
+
+def test_parity_with_a_confidence_level_must_be_shown_not_just_observed():
+    """On 61 dev questions a skip that loses nothing observed is still not parity at 95 %; on 2,000
+    questions where the confident third is answered closed-book as well, it is."""
+    rng = np.random.default_rng(0)
+    conf = rng.random(61)
+    closed = np.zeros(61, dtype=int)
+    rag = (np.arange(61) < 8).astype(int)  # retrieval answers 8 of them, closed-book none
+    observed = skip_at_parity(conf, closed, rag)
+    shown = skip_at_parity(conf, closed, rag, confidence_level=0.95)
+    assert observed["skip"] > 0 and shown == {**shown, "skip": 0.0, "beta": 1.0}
+    n = 2000
+    conf = rng.random(n)
+    closed = (conf > 0.7).astype(int)
+    rag = np.where(conf > 0.7, 1, (rng.random(n) < 0.3).astype(int))
+    big = skip_at_parity(conf, closed, rag, confidence_level=0.95)
+    assert 0.25 < big["skip"] < 0.35 and big["loss_upper"] <= 0.005

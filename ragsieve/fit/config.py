@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
@@ -27,6 +27,15 @@ class AlignConfig(StrictConfig):
     max_length: int = Field(256, ge=32)
     n_pos: int = Field(5, ge=1)
     n_neg: int = Field(5, ge=1)
+    # "rank": top n_pos / bottom n_neg by Inc (the method's definition); "signed": only Inc > 0 /
+    # Inc < 0, which drops every question whose Conf(Q) is below all its Conf(Q+C): most of them
+    # for a weak LLM (85 % of NQ questions for SmolLM2)
+    selection: Literal["rank", "signed"] = "rank"
+    # Keep the aligned reranker only if it ranks the dev candidates that contain an answer
+    # (MRR@10) no worse than max_mrr_drop below the reranker it started from; else the sieve
+    # keeps the start (alignment must not cost relevance, issue #18).
+    guard: bool = True
+    max_mrr_drop: float = Field(0.02, ge=0)
 
 
 class FitConfig(StrictConfig):
@@ -50,6 +59,9 @@ class FitConfig(StrictConfig):
     generator: Optional[str] = None
     gate: str = "parity"
     parity_tolerance: float = Field(0.005, ge=0, le=1)
+    # parity must be shown on dev at this level (upper bound of the accuracy lost by skipping);
+    # None: the observed dev loss alone (overfits a small dev set: it skipped half of NQ for SmolLM2)
+    parity_confidence: Optional[float] = Field(0.95, gt=0, lt=1)
     split: dict[str, float] = {"train": 0.6, "dev": 0.2, "test": 0.2}
     max_questions: int = Field(0, ge=0, description="0 = every question in the file")
     top_k: int = Field(3, ge=1)

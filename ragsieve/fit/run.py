@@ -7,9 +7,12 @@ rerun, so a fit killed at any point resumes where it stopped):
 2. **retrieve** the top ``candidates`` passages per question;
 3. **label** closed-book and top-k answers (greedy, answer containment), every generation kept;
 4. **probe**: hidden states at each candidate layer, an MLP per layer, the best on dev kept;
-5. **gate**: β for the policy, chosen on dev;
+5. **gate**: β for the policy, chosen on dev (``parity`` must be shown at ``parity_confidence``:
+   the upper bound of the accuracy lost by skipping stays within the tolerance);
 6. **prefs**: Inc = Conf(Q+C) − Conf(Q) over the candidates; top-5 / bottom-5 per train question;
-7. **rerank**: the reranker fine-tuned on those preferences (InfoNCE) from the shipped base;
+7. **rerank**: the reranker fine-tuned on those preferences (InfoNCE) from the shipped base, kept
+   only if it ranks the dev candidates that contain an answer no worse (MRR@10, paired bootstrap)
+   than the reranker it started from (else the sieve keeps that one, and says so);
 8. **grade**: the reranker's score threshold calibrated on dev (a passage that contains a gold
    answer counts as relevant);
 9. **evaluate** on the test split: closed-book, plain top-k and the sieve, with 95 % intervals and
@@ -235,6 +238,7 @@ class Fit:
         from ragsieve.gate.cbdr import skip_at_parity
 
         dev = self.splits["dev"]
+        self.gate_dev: Optional[dict] = None
         conf = self._conf_q(dev)
         closed = np.array([self.closed[q.id] for q in dev])
         plain = np.array([self.plain[q.id] for q in dev])
@@ -245,8 +249,11 @@ class Fit:
             # retrieve when Conf(Q) <= β: β at the budget's quantile retrieves for that share
             self.beta = 1.0 if budget >= 1.0 else float(np.quantile(conf, budget))
         else:
-            best = skip_at_parity(conf, closed, plain, tolerance=self.config.parity_tolerance)
+            best = skip_at_parity(conf, closed, plain, tolerance=self.config.parity_tolerance,
+                                  confidence_level=self.config.parity_confidence)
             self.beta = float(best["beta"])
+            self.gate_dev = {**best, "n": len(dev), "tolerance": self.config.parity_tolerance,
+                             "confidence_level": self.config.parity_confidence}
         self.progress("gate", 1, 1)
 
     # -- 6. prefs ---------------------------------------------------------------------------------
@@ -285,7 +292,8 @@ class Fit:
             records = []
             for q in self.splits[name]:
                 rec = select_preferences(q.text, self.candidates[q.id], done[q.id]["inc"],
-                                         n_pos=self.config.align.n_pos, n_neg=self.config.align.n_neg, question_id=q.id)
+                                         n_pos=self.config.align.n_pos, n_neg=self.config.align.n_neg, question_id=q.id,
+                                         signed=self.config.align.selection == "signed")
                 if rec is not None:
                     records.append(rec)
             self.prefs[name] = records
@@ -295,27 +303,93 @@ class Fit:
         from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
 
         target = self.out / "reranker"
+        check_file = self.work / "align_check.json"
         self.reranker_spec = "reranker"
-        if (target / "config.json").is_file():
+        self.align_check: Optional[dict] = None
+        self._forget_stale_alignment(target, check_file)
+        if check_file.is_file():  # trained and checked before: the decision stands
+            self.align_check = _read_json(check_file)
+            if not self.align_check["kept"]:
+                self.reranker_spec = self.config.align.init
             return
-        if len(self.prefs["train"]) < 2:
-            log.warning("fit: %d preference group(s): too few to align, the sieve keeps %s",
-                        len(self.prefs["train"]), self.config.align.init)
-            self.reranker_spec = self.config.align.init
-            return
-        a = self.config.align
-        init = _reranker_folder(a.init)
-        config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
-                                         batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed,
-                                         save_fp16=True)
+        if not (target / "config.json").is_file():
+            if len(self.prefs["train"]) < 2:
+                log.warning("fit: %d preference group(s): too few to align, the sieve keeps %s",
+                            len(self.prefs["train"]), self.config.align.init)
+                self.reranker_spec = self.config.align.init
+                return
+            a = self.config.align
+            init = _reranker_folder(a.init)
+            config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
+                                             batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed,
+                                             save_fp16=True)
+            import shutil
+
+            from ragsieve.atomic import atomic_directory
+
+            with atomic_directory(target) as tmp:  # a killed training leaves nothing half-written behind
+                train_cross_encoder(self.prefs["train"], config, tmp)
+                shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
+        if self.config.align.guard:
+            self.align_check = self._relevance_check(target)
+            if not self.align_check["kept"]:
+                import shutil
+
+                log.warning("fit: the aligned reranker ranks answer-bearing dev passages %.3f MRR@10 below %s; "
+                            "the sieve keeps %s", -self.align_check["diff"], self.config.align.init,
+                            self.config.align.init)
+                shutil.rmtree(self.work / "reranker-rejected", ignore_errors=True)
+                shutil.move(str(target), str(self.work / "reranker-rejected"))  # kept for inspection, not shipped
+                self.reranker_spec = self.config.align.init
+            _write_json(check_file, self.align_check)
+        self.progress("rerank", 1, 1)
+
+    def _forget_stale_alignment(self, target: Path, check_file: Path) -> None:
+        """A reranker trained on other preferences or settings is not resumed: it is trained again."""
+        import hashlib
         import shutil
 
-        from ragsieve.atomic import atomic_directory
+        records = [[r.query_id, r.pos_ids, r.neg_ids] for r in self.prefs["train"]]
+        key = hashlib.sha1(json.dumps([records, self.config.align.model_dump()], sort_keys=True).encode()).hexdigest()
+        stamp = self.work / "align_key.txt"
+        if stamp.is_file() and stamp.read_text().strip() == key:
+            return
+        if target.exists() or check_file.exists():
+            log.info("fit: preferences or align settings changed; training the reranker again")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(self.work / "reranker-rejected", ignore_errors=True)
+        check_file.unlink(missing_ok=True)
+        stamp.write_text(key + "\n")
 
-        with atomic_directory(target) as tmp:  # a killed training leaves nothing half-written behind
-            train_cross_encoder(self.prefs["train"], config, tmp)
-            shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
-        self.progress("rerank", 1, 1)
+    def _relevance_check(self, aligned: Path) -> dict:
+        """MRR@10 of the dev candidates that contain a gold answer: aligned vs the reranker it started
+        from, per question, with a paired bootstrap; ``kept`` says whether alignment may stay."""
+        from ragsieve.eval.qa import contains_answer
+        from ragsieve.eval.stats import paired_bootstrap
+        from ragsieve.registry import load_reranker
+
+        qs = [q for q in self.splits["dev"]
+              if any(contains_answer(p.full_text, q.answers) for p in self.candidates[q.id])]
+        if len(qs) < 5:
+            return {"kept": True, "n": len(qs), "why": "fewer than 5 dev questions with an answer-bearing candidate"}
+
+        def reciprocal_ranks(spec: str) -> list[float]:
+            ranker = load_reranker(spec)
+            out = []
+            for q in qs:
+                order = [r.index for r in ranker.rank(q.text, self.candidates[q.id]).results][:10]
+                hits = [i for i, idx in enumerate(order)
+                        if contains_answer(self.candidates[q.id][idx].full_text, q.answers)]
+                out.append(1.0 / (hits[0] + 1) if hits else 0.0)
+            return out
+
+        aligned_rr = reciprocal_ranks(str(aligned))
+        base_rr = reciprocal_ranks(self.config.align.init)
+        result = paired_bootstrap(aligned_rr, base_rr).to_dict()
+        worse = result["diff"] < -self.config.align.max_mrr_drop or result["high"] < 0
+        return {**result, "metric": "MRR@10 of answer-bearing dev candidates", "aligned_mrr": result["a"],
+                "start_mrr": result["b"], "start": self.config.align.init, "kept": not worse,
+                "max_mrr_drop": self.config.align.max_mrr_drop}
 
     def _reranker(self):
         from ragsieve.registry import load_reranker
@@ -402,6 +476,8 @@ class Fit:
         except ValueError:
             metrics["probe_test_auroc"] = None  # one class only in the test split
         metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
+        metrics["gate_dev"] = getattr(self, "gate_dev", None)
+        metrics["alignment_check"] = getattr(self, "align_check", None)
         metrics["seconds_by_phase"] = self.timings
         self.sieve = sieve.model_copy(update={
             "metrics": metrics, "versions": _versions(),
