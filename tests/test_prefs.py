@@ -25,6 +25,16 @@ def test_select_top_and_bottom_by_inc():
         select_preferences("q", CANDS[:3], [0.1, 0.2])
 
 
+def test_rank_selection_keeps_questions_whose_every_context_raises_confidence():
+    """A weak LLM: Conf(Q) ≈ 0, so every Inc is positive; ranking still yields top-5 vs bottom-5."""
+    inc = [0.5, 0.02, 0.1, 0.01, 0.03, 0.3, 0.04, 0.2, 0.4, 0.06, 0.05, 0.07]
+    assert select_preferences("q", CANDS, inc) is None  # the signed rule drops it
+    rec = select_preferences("q", CANDS, inc, signed=False)
+    assert rec.pos_ids == ["p0", "p8", "p5", "p7", "p2"] and rec.neg_ids == ["p3", "p1", "p4", "p6", "p10"]
+    assert select_preferences("q", CANDS[:9], inc[:9], signed=False) is None  # fewer than 5 + 5 candidates
+    assert select_preferences("q", CANDS, [0.1] * 12, signed=False) is None  # no spread
+
+
 def test_confidence_shift_uses_closed_book_baseline():
     class _Probe:
         def score_batch(self, questions, contexts):

@@ -49,8 +49,14 @@ def select_preferences(
     n_pos: int = 5,
     n_neg: int = 5,
     question_id: str = "",
+    signed: bool = True,
 ) -> PreferenceRecord | None:
     """Top ``n_pos`` contexts with Inc > 0 and bottom ``n_neg`` with Inc < 0; None if either side is empty.
+
+    ``signed=False`` ranks instead: the top ``n_pos`` by Inc are positives and the bottom
+    ``n_neg`` negatives whatever their sign (None only when fewer than ``n_pos + n_neg``
+    candidates or no spread). For a weak LLM Conf(Q) is ≈ 0, so nearly every context raises
+    confidence and the signed rule keeps almost no question (26 of 183 for SmolLM2 on NQ).
 
     Example::
 
@@ -61,8 +67,15 @@ def select_preferences(
     if len(inc) != len(candidates):
         raise DataError(f"{len(candidates)} candidates but {len(inc)} confidence shifts")
     order = np.argsort(-inc, kind="stable")  # ties keep retrieval order
-    pos = [i for i in order if inc[i] > 0][:n_pos]
-    neg = [i for i in order[::-1] if inc[i] < 0][:n_neg]
+    if signed:
+        pos = [i for i in order if inc[i] > 0][:n_pos]
+        neg = [i for i in order[::-1] if inc[i] < 0][:n_neg]
+    else:
+        if len(inc) < n_pos + n_neg:
+            return None
+        pos, neg = list(order[:n_pos]), list(order[::-1][:n_neg])
+        if inc[pos[-1]] <= inc[neg[-1]]:  # no spread between the two sides
+            return None
     if not pos or not neg:
         return None
     return PreferenceRecord(
