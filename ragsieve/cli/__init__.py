@@ -8,6 +8,7 @@ code inside the commands, so ``ragsieve --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import typer
@@ -20,6 +21,8 @@ from ragsieve.errors import RagsieveError
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # transformers draws a "Loading weights" bar per model load (four per demo); ragsieve draws its own
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app(args=argv, standalone_mode=False)
     except RagsieveError as exc:
