@@ -551,3 +551,24 @@ def test_experiment_selects_and_ships_the_default_grader_at_a_precision_floor(tm
     queries = {json.loads(line)["query_id"] for line in (out / "pairs.jsonl").read_text().splitlines()}
     unseen = {f"{name}:{q}" for name in ("nq-oracle", "fever") for q in unseen_question_ids(name)}
     assert queries <= unseen
+
+
+def test_the_default_grader_ships_and_grades_from_a_fresh_clone(tmp_path, cli):
+    """`ragsieve grade` with no --grader uses embedded:default, which is in the package (≤ 50 MB)
+    with the threshold chosen by experiments/grader_scale.yaml."""
+    from ragsieve.paths import resolve_artifact
+
+    folder = resolve_artifact("graders", "embedded:default")
+    assert folder == resolve_artifact("graders", "default")  # `--grader default` too
+    assert all(f.stat().st_size <= 50 * 2**20 and f.suffix in {".json", ".safetensors"}
+               for f in folder.rglob("*") if f.is_file())
+    config = json.loads((folder / "grader_config.json").read_text())
+    assert config["trained"]["chosen_by"] == "experiments/grader_scale.yaml"
+    if config["kind"] not in ("cosine", "cross-encoder", "ranker"):
+        pytest.skip("an LLM grader: graded with the real SmolLM2 in the integration tests")
+    passages = tmp_path / "p.txt"
+    passages.write_text("Hamlet is a tragedy written by William Shakespeare.\nThe Nile flows through Egypt.\n")
+    r = cli("grade", "who wrote hamlet", "--passages", passages, "--json")
+    assert r.code == 0, r.err
+    rows = [json.loads(line) for line in r.out.splitlines()]
+    assert len(rows) == 2 and rows[0]["score"] > rows[1]["score"] and rows[0]["relevant"] >= rows[1]["relevant"]

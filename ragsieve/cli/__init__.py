@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # transformers draws a "Loading weights" bar per model load (four per demo); ragsieve draws its own
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import warnings  # ... and libraries that re-enable them would warn about the variable once per call
+
+    warnings.filterwarnings("ignore", message="Cannot enable progress bars")
     try:
         app(args=argv, standalone_mode=False)
     except RagsieveError as exc:
