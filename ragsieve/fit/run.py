@@ -417,12 +417,13 @@ class Fit:
             log.warning("fit: dev passages are all %s: no grader threshold can be calibrated",
                         "relevant" if labels and labels[0] else "irrelevant")
             return
-        base = str(self.out / self.reranker_spec) if (self.out / self.reranker_spec).exists() else self.reranker_spec
+        # the sieve's own reranker folder, or what the guard kept instead (a spec or an outside folder)
+        inside = self.reranker_spec == "reranker"
+        base = str(self.out / "reranker") if inside else self.reranker_spec
         grader = new_grader("ranker", base=base)
         grader.fit(queries, passages, labels)
         # the grader names its ranker relative to the sieve, so the folder can move
-        grader.config = grader.config.model_copy(update={"base": f"../{self.reranker_spec}"
-                                                         if (self.out / self.reranker_spec).exists() else base})
+        grader.config = grader.config.model_copy(update={"base": "../reranker" if inside else base})
         grader.save(self.out / "grader")
         self.grader_spec = "grader"
         self.progress("grade", 1, 1)
