@@ -300,9 +300,7 @@ class _Runner:
         self.train, self.test, self.data_key = train, test, data_key
         self._states: tuple[np.ndarray, np.ndarray] | None = None
         self._empty_test = np.array([not p.strip() for p in test.passages], dtype=bool)
-        self.graders: dict[str, Any] = {}  # name → grader object, for shipping the chosen one
         self.test_scores: dict[str, np.ndarray] = {}  # name → test scores (paired comparisons)
-        self.operating_thresholds: dict[str, float] = {}
         self.kind_runners: dict[str, Callable[[Job], tuple[np.ndarray, dict]]] = {
             "prompted": self._prompted,
             "head": self._head,
@@ -326,9 +324,8 @@ class _Runner:
         if stored.get("settings") != settings:
             self.console.print(f"[yellow]{name}: settings or data changed since the stored result; rerunning[/]")
             return None
-        if "operating_point" in stored["metrics"] and "test_scores" in stored:
+        if "test_scores" in stored:
             self.test_scores[name] = np.asarray(stored["test_scores"], dtype=np.float64)
-            self.operating_thresholds[name] = stored["metrics"]["operating_point"]["threshold"]
         return stored["metrics"]
 
     def _point(self, scores: np.ndarray, threshold: float) -> dict:
@@ -338,7 +335,7 @@ class _Runner:
         from ragsieve.eval.classification import classification_metrics
         from ragsieve.eval.stats import bootstrap_metric
 
-        predicted = ((scores >= threshold) & ~self._empty_test).astype(int)
+        predicted = self._predict(scores, threshold)
         metrics = classification_metrics(self.test.labels, predicted, scores)
         metrics["threshold"] = float(threshold)
         for key, fn in (("precision", precision_score), ("recall", recall_score), ("f1", f1_score)):
@@ -346,6 +343,10 @@ class _Runner:
                                          n_boot=self.cfg.bootstrap)
             metrics[f"{key}_ci95"] = [lo, hi]
         return metrics
+
+    def _predict(self, scores: np.ndarray, threshold: float) -> np.ndarray:
+        """Test verdicts at ``threshold``; an empty passage is never relevant."""
+        return ((scores >= threshold) & ~self._empty_test).astype(int)
 
     def _finish(self, name: str, settings: dict, scores: np.ndarray, threshold: float, extra: dict,
                 train_scores: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
@@ -361,8 +362,7 @@ class _Runner:
             metrics["operating_point"] = {k: point[k] for k in (
                 "threshold", "precision", "recall", "f1", "precision_ci95", "recall_ci95", "f1_ci95", "positive_rate")}
             metrics["operating_point"]["tuned_on_pairs"] = int(len(train_scores[0]))
-            self.test_scores[name] = scores
-            self.operating_thresholds[name] = tuned
+        self.test_scores[name] = scores
         plot_confusion_matrix(
             metrics["confusion_matrix"], self.out_dir / "confusion" / f"{name}.png",
             f"{name}: test (n={metrics['n']})",
@@ -417,7 +417,6 @@ class _Runner:
             "seconds_total": time.perf_counter() - start, "eval_seconds": eval_seconds,
             "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9), "tuned_on": "train f1",
         }
-        self.graders[kind] = grader
         return self._finish(kind, settings, scores, threshold, extra, (train_scores, self.train.labels))
 
     def select(self, results: dict[str, dict], jobs: list[Job]) -> dict:
@@ -438,7 +437,7 @@ class _Runner:
             return {}
 
         def predicted(name: str) -> np.ndarray:
-            return ((self.test_scores[name] >= self.operating_thresholds[name]) & ~self._empty_test).astype(int)
+            return self._predict(self.test_scores[name], results[name]["operating_point"]["threshold"])
 
         def versus(a: str, b: str) -> dict:
             diff = lambda y, pa, pb: f1_score(y, pa, zero_division=0) - f1_score(y, pb, zero_division=0)  # noqa: E731
@@ -458,10 +457,10 @@ class _Runner:
         if shippable and shippable[0] != ranked[0]:
             out["best_shippable_vs_best"] = versus(shippable[0], ranked[0])
         if shippable and self.cfg.ship_to:
-            out["shipped_to"] = str(self.ship(shippable[0], kinds.get(shippable[0]), results[shippable[0]]))
+            out["shipped_to"] = str(self.ship(shippable[0], results[shippable[0]]))
         return out
 
-    def ship(self, name: str, kind: str | None, metrics: dict) -> Path:
+    def ship(self, name: str, metrics: dict) -> Path:
         """Save the chosen grader with its operating-point threshold where the package ships it."""
         from ragsieve.atomic import atomic_directory
         from ragsieve.registry import load_grader, new_grader
@@ -534,7 +533,6 @@ class _Runner:
         scores = grader.scores_from_states(test_states)
         scores[self._empty_test] = 0.0  # the empty-passage policy
         self._maybe_save(job.name, grader)
-        self.graders[job.name] = grader
         train_scores = (grader.scores_from_states(train_states), self.train.labels)
         return scores, {"note": "next-token P(yes) vs P(no), read from the cached final states"}, train_scores
 
@@ -548,7 +546,6 @@ class _Runner:
         scores = grader.state_scores(test_states)
         scores[self._empty_test] = 0.0
         self._maybe_save(job.name, grader)
-        self.graders[job.name] = grader
         return scores, {"train": result.summary()}, (grader.state_scores(train_states[keep]), self.train.labels[keep])
 
     def _lm(self, job: Job) -> tuple[np.ndarray, dict]:
@@ -568,8 +565,6 @@ class _Runner:
             idx = idx[: self.cfg.threshold_pairs]
             train_scores = (grader.score_pairs([self.train.queries[i] for i in idx],
                                                [self.train.passages[i] for i in idx]), self.train.labels[idx])
-        if job.kind == "lora":
-            self.graders[job.name] = grader  # an adapter + head ships; a full fine-tune does not
         return scores, {
             "train": result.summary(), "eval_seconds": eval_seconds,
             "eval_pairs_per_s": len(scores) / max(eval_seconds, 1e-9),
