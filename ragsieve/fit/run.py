@@ -80,6 +80,7 @@ class Fit:
         self.out = Path(config.out)
         self.work = config.work
         self.timings: dict[str, float] = {}
+        self._bearing: dict[str, set[int]] = {}  # question id → answer-bearing candidate indices
 
     # -- shared parts, loaded once ---------------------------------------------------------------
     def load(self) -> None:
@@ -264,29 +265,15 @@ class Fit:
         path = self.work / "shifts.jsonl"
         done = {row["question_id"]: row for row in read_jsonl(path, skip_bad=True)} if path.exists() else {}
         questions = self.splits["train"] + self.splits["dev"]
-        if self.config.ray:  # every missing question on Ray, then the loop below only reads them
-            from ragsieve.fit.scale import ray_confidence_shifts
-
-            todo = [q for q in questions if q.id not in done]
-            scored = ray_confidence_shifts(
-                self.config.ray, [{"question_id": q.id, "question": q.text, "passages": self.candidates[q.id]}
-                                  for q in todo],
-                llm=self.config.llm, probe=str(self.out / "probe"), batch_size=self.config.batch_size)
-            for q in todo:
-                scores = scored[q.id]
-                row = {"question_id": q.id, "conf_q": float(scores[0]), "inc": [s - scores[0] for s in scores[1:]],
-                       "candidate_ids": [p.id for p in self.candidates[q.id]]}
-                append_jsonl(path, row)
-                done[q.id] = row
-        for i, q in enumerate(questions):
-            if q.id not in done:
-                cands = self.candidates[q.id]
-                scores = self.probe.score_batch([q.text] * (len(cands) + 1), [None, *cands])
-                row = {"question_id": q.id, "conf_q": float(scores[0]),
-                       "inc": (scores[1:] - scores[0]).tolist(), "candidate_ids": [p.id for p in cands]}
-                append_jsonl(path, row)  # a kill loses at most this question
-                done[q.id] = row
-            self.progress("prefs", i + 1, len(questions))
+        todo = [q for q in questions if q.id not in done]
+        self.progress("prefs", len(questions) - len(todo), len(questions))
+        for q, scores in self._confidence_scores(todo):
+            scores = np.asarray(scores, dtype=np.float64)
+            row = {"question_id": q.id, "conf_q": float(scores[0]), "inc": (scores[1:] - scores[0]).tolist(),
+                   "candidate_ids": [p.id for p in self.candidates[q.id]]}
+            append_jsonl(path, row)  # a kill loses at most the questions not yet written
+            done[q.id] = row
+            self.progress("prefs", sum(q.id in done for q in questions), len(questions))
         self.prefs = {}
         for name in ("train", "dev"):
             records = []
@@ -297,6 +284,30 @@ class Fit:
                 if rec is not None:
                     records.append(rec)
             self.prefs[name] = records
+
+    def _confidence_scores(self, questions: list[Question]):
+        """(question, [Conf(Q), Conf(Q+C_1), ...]) for each: on Ray when configured, else one question at a time."""
+        if self.config.ray:
+            from ragsieve.fit.scale import ray_confidence_shifts
+
+            scored = ray_confidence_shifts(
+                self.config.ray, [{"question_id": q.id, "question": q.text, "passages": self.candidates[q.id]}
+                                  for q in questions],
+                llm=self.config.llm, probe=str(self.out / "probe"), batch_size=self.config.batch_size)
+            yield from ((q, scored[q.id]) for q in questions)
+            return
+        for q in questions:
+            cands = self.candidates[q.id]
+            yield q, self.probe.score_batch([q.text] * (len(cands) + 1), [None, *cands])
+
+    def _answer_bearing(self, q: Question) -> set[int]:
+        """Indices of ``q``'s candidates that contain a gold answer (computed once per question)."""
+        from ragsieve.eval.qa import contains_answer
+
+        if q.id not in self._bearing:
+            self._bearing[q.id] = {i for i, p in enumerate(self.candidates[q.id])
+                                   if contains_answer(p.full_text, q.answers)}
+        return self._bearing[q.id]
 
     # -- 7. rerank --------------------------------------------------------------------------------
     def phase_rerank(self) -> None:
@@ -364,12 +375,10 @@ class Fit:
     def _relevance_check(self, aligned: Path) -> dict:
         """MRR@10 of the dev candidates that contain a gold answer: aligned vs the reranker it started
         from, per question, with a paired bootstrap; ``kept`` says whether alignment may stay."""
-        from ragsieve.eval.qa import contains_answer
         from ragsieve.eval.stats import paired_bootstrap
         from ragsieve.registry import load_reranker
 
-        qs = [q for q in self.splits["dev"]
-              if any(contains_answer(p.full_text, q.answers) for p in self.candidates[q.id])]
+        qs = [q for q in self.splits["dev"] if self._answer_bearing(q)]
         if len(qs) < 5:
             return {"kept": True, "n": len(qs), "why": "fewer than 5 dev questions with an answer-bearing candidate"}
 
@@ -378,9 +387,8 @@ class Fit:
             out = []
             for q in qs:
                 order = [r.index for r in ranker.rank(q.text, self.candidates[q.id]).results][:10]
-                hits = [i for i, idx in enumerate(order)
-                        if contains_answer(self.candidates[q.id][idx].full_text, q.answers)]
-                out.append(1.0 / (hits[0] + 1) if hits else 0.0)
+                first = next((rank for rank, idx in enumerate(order) if idx in self._answer_bearing(q)), None)
+                out.append(0.0 if first is None else 1.0 / (first + 1))
             return out
 
         aligned_rr = reciprocal_ranks(str(aligned))
@@ -401,7 +409,6 @@ class Fit:
 
     # -- 8. grade ---------------------------------------------------------------------------------
     def phase_grade(self) -> None:
-        from ragsieve.eval.qa import contains_answer
         from ragsieve.registry import new_grader
 
         self.grader_spec = None
@@ -409,10 +416,10 @@ class Fit:
             return
         queries, passages, labels = [], [], []
         for q in self.splits["dev"]:  # every candidate, not only the top-k: both labels, more of them
-            for p in self.candidates[q.id]:
+            for i, p in enumerate(self.candidates[q.id]):
                 queries.append(q.text)
                 passages.append(p.full_text)
-                labels.append(int(contains_answer(p.full_text, q.answers)))
+                labels.append(int(i in self._answer_bearing(q)))
         if len(set(labels)) < 2:
             log.warning("fit: dev passages are all %s: no grader threshold can be calibrated",
                         "relevant" if labels and labels[0] else "irrelevant")
@@ -477,8 +484,8 @@ class Fit:
         except ValueError:
             metrics["probe_test_auroc"] = None  # one class only in the test split
         metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
-        metrics["gate_dev"] = getattr(self, "gate_dev", None)
-        metrics["alignment_check"] = getattr(self, "align_check", None)
+        metrics["gate_dev"] = self.gate_dev
+        metrics["alignment_check"] = self.align_check
         metrics["seconds_by_phase"] = self.timings
         self.sieve = sieve.model_copy(update={
             "metrics": metrics, "versions": _versions(),
