@@ -28,16 +28,21 @@ _HOW_TO_BUILD = {
 }
 
 
+def shipped_name(kind: str, text: str) -> bool:
+    """``text`` is not a path but the bare name of an artifact shipped in the package (``default``)."""
+    return "/" not in text and not Path(text).expanduser().exists() and (ASSETS_DIR / kind / text).is_dir()
+
+
 def resolve_artifact(kind: str, spec: str | Path) -> Path:
     """``embedded:<name>`` → ``assets/<kind>/<name>`` or ``$RAGSIEVE_CACHE/<kind>/<name>``; else a path."""
     text = str(spec)
     if not text.startswith("embedded:"):
         path = Path(text).expanduser()
-        if not path.exists() and "/" not in text and (ASSETS_DIR / kind / text).is_dir():
-            return ASSETS_DIR / kind / text  # a bare shipped name: `--grader default`
-        if not path.exists():
-            raise ModelNotAvailable(f"no {kind[:-1]} at {path}; {_HOW_TO_BUILD.get(kind, 'build it first')}")
-        return path
+        if path.exists():
+            return path
+        if shipped_name(kind, text):  # a bare shipped name: `--grader default`
+            return ASSETS_DIR / kind / text
+        raise ModelNotAvailable(f"no {kind[:-1]} at {path}; {_HOW_TO_BUILD.get(kind, 'build it first')}")
     name = text.partition(":")[2] or "default"
     for root in (ASSETS_DIR / kind, cache_dir() / kind):
         if (root / name).is_dir():

@@ -37,13 +37,12 @@ class SieveConfig(StrictConfig):
 
 def sieve_folder(spec: str | Path) -> Path:
     """A sieve's folder: ``embedded:<name>`` (shipped or cached), a bare shipped name, or a path as given."""
-    from ragsieve.paths import ASSETS_DIR, resolve_artifact
+    from ragsieve.paths import resolve_artifact, shipped_name
 
     text = str(spec)
-    if text.startswith("embedded:") or ("/" not in text and not Path(text).exists()
-                                        and (ASSETS_DIR / "sieves" / text).is_dir()):
+    if text.startswith("embedded:") or shipped_name("sieves", text):
         return resolve_artifact("sieves", spec)
-    return Path(spec).expanduser()
+    return Path(spec).expanduser()  # read_sieve_config says what is missing
 
 
 def read_sieve_config(path: str | Path) -> SieveConfig:
