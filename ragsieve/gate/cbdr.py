@@ -99,6 +99,8 @@ def skip_at_parity(
     candidates = sorted(set(betas) if betas is not None else set(confidence.tolist()) | {1.0})
     best = {"skip": 0.0, "beta": 1.0, "accuracy": always, "always_retrieve_accuracy": always}
     if confidence_level is not None:
+        from scipy.stats import beta as beta_dist
+
         best["loss_upper"] = 0.0
     for beta in candidates:
         acc, rr = gate_accuracy(confidence, closed_correct, rag_correct, beta)
@@ -106,8 +108,6 @@ def skip_at_parity(
             continue
         loss = always - acc
         if confidence_level is not None:
-            from scipy.stats import beta as beta_dist
-
             skipped = confidence > beta
             lost = int(np.sum(skipped & (rag_correct == 1) & (closed_correct == 0)))
             gained = int(np.sum(skipped & (closed_correct == 1) & (rag_correct == 0)))

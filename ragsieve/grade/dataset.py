@@ -155,7 +155,7 @@ def build_grading_pairs(
         if config.reranker_unseen:
             from ragsieve.rerank.mining import unseen_question_ids
 
-            allowed = unseen_question_ids(source, config.data_dir)
+            allowed = unseen_question_ids(source, ds)
         questions = select_questions(ds, config.queries_per_source, config.seed, allowed)
         if progress:
             progress(f"{source}: indexing {len(ds.passages)} passages ({config.retriever}), {len(questions)} queries")

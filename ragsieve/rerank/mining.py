@@ -63,15 +63,15 @@ def held_out_sources() -> dict[str, RelevanceSource]:
     return sources
 
 
-def unseen_question_ids(name: str, data_dir: str | Path | None = None, seed: int = 0) -> set[str]:
-    """Ids of dataset ``name``'s questions that the mined base reranker never trained (or early-stopped) on.
+def unseen_question_ids(name: str, ds: Dataset, seed: int = 0) -> set[str]:
+    """Ids of the questions of ``ds`` (dataset ``name``) that the mined base reranker never trained
+    (or early-stopped) on.
 
     Its held-out split for the six mined sources; every question of HotpotQA's 100-question
     sample (training mines the 1,517-question file minus them) and of any other dataset.
     """
-    from ragsieve.data import held_out_questions, load_dataset
+    from ragsieve.data import held_out_questions
 
-    ds = load_dataset(name, data_dir=data_dir)
     if name not in SOURCES or name == "hotpotqa-distractor":
         return {q.id for q in ds.questions}
     with_gold = [q for q in ds.questions if q.gold_passage_ids]
