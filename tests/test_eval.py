@@ -314,3 +314,15 @@ def test_stats_doctests_and_paired_tests():
     assert (same.a_only, same.b_only, same.p_value) == (0, 0, 1.0)
     with pytest.raises(RagsieveError, match="equal-length"):
         mcnemar_exact([1, 0], [1])
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.UndefinedMetricWarning")
+def test_bootstrap_metric_skips_resamples_where_auroc_is_undefined():
+    """scikit-learn returns nan (not an error) for one class; such resamples must not poison the interval."""
+    from sklearn.metrics import roc_auc_score
+
+    from ragsieve.eval.stats import bootstrap_metric
+
+    y, s = np.array([1, 0, 0, 0, 0, 0]), np.array([0.9, 0.1, 0.2, 0.3, 0.4, 0.5])  # 1/3 of resamples lack a 1
+    est, low, high = bootstrap_metric(roc_auc_score, y, s, n_boot=200)
+    assert est == 1.0 and math.isfinite(low) and math.isfinite(high)

@@ -70,3 +70,42 @@ def test_parity_with_a_confidence_level_must_be_shown_not_just_observed():
     rag = np.where(conf > 0.7, 1, (rng.random(n) < 0.3).astype(int))
     big = skip_at_parity(conf, closed, rag, confidence_level=0.95)
     assert 0.25 < big["skip"] < 0.35 and big["loss_upper"] <= 0.005
+
+
+def test_random_and_oracle_gates_on_hand_made_outcomes():
+    from itertools import combinations
+
+    from ragsieve.eval.classification import accuracy_interval
+    from ragsieve.gate import gate_table, oracle_gate, random_gate, skip_at_parity_interval
+
+    closed = np.array([1, 0, 0, 0, 0, 1])
+    rag = np.array([1, 1, 1, 0, 0, 0])  # retrieving gains on q2, q3 and loses q6
+    # Retrieving for 3 random questions of 6: every subset is equally likely, so the expected
+    # accuracy is the mean over all 20 subsets, and the best subset ({q2, q3, +one neutral}) has 3 of 20.
+    exact = np.mean([np.where(np.isin(np.arange(6), s), rag, closed).mean() for s in combinations(range(6), 3)])
+    r = random_gate(closed, rag, 0.5, observed_accuracy=4 / 6, n_draws=4000, seed=1)
+    assert r["retrieve"] == 3 and r["rr"] == 0.5 and r["expected_accuracy"] == pytest.approx(exact) == 2.5 / 6
+    assert 1 / 6 <= r["low"] <= r["expected_accuracy"] <= r["high"] <= 4 / 6
+    assert 0.12 < r["p_value"] < 0.18  # P(a random gate is as good as the best) = 3/20
+    never, always = random_gate(closed, rag, 0.0), random_gate(closed, rag, 1.0)
+    assert never["expected_accuracy"] == never["low"] == never["high"] == closed.mean()
+    assert always["expected_accuracy"] == always["low"] == always["high"] == rag.mean()
+
+    oracle = oracle_gate(closed, rag)  # retrieve for the 4 closed-book misses: q1, q2, q3, q6 right
+    assert oracle["rr"] == pytest.approx(4 / 6) and oracle["accuracy"] == pytest.approx(4 / 6)
+    assert oracle["ci95"] == pytest.approx(list(accuracy_interval(4, 6)))
+
+    conf = np.array([0.9, 0.1, 0.2, 0.8, 0.7, 0.3])
+    rows = gate_table(conf, closed, {1: rag}, [0.0, 0.5, 1.0], n_draws=500)
+    mid = next(x for x in rows if x["beta"] == 0.5)  # retrieves q2, q3, q6: 3 of 6 right
+    assert (mid["n"], mid["rr"], mid["correct"]) == (6, 0.5, 3)
+    assert mid["ci95"] == pytest.approx(list(accuracy_interval(3, 6))) and mid["random"]["rr"] == 0.5
+    assert mid["vs_always_retrieve"]["gate_only"] == 0 and mid["vs_always_retrieve"]["always_only"] == 0
+    full = next(x for x in rows if x["beta"] == 1.0)
+    assert full["accuracy"] == rag.mean() and full["vs_always_retrieve"]["p_value"] == 1.0
+
+    point = skip_at_parity(conf, closed, rag, [0.0, 0.5, 1.0])
+    ci = skip_at_parity_interval(conf, closed, rag, [0.0, 0.5, 1.0], n_boot=300)
+    assert ci["skip"] == point["skip"] and ci["beta"] == point["beta"] and 0.0 <= ci["low"] <= ci["skip"] <= ci["high"]
+    with pytest.raises(RagsieveError):
+        random_gate(closed, rag[:3], 0.5)

@@ -192,3 +192,81 @@ def test_extract_layers_equals_one_layer_at_a_time(tiny_llm, tmp_path):
     cached = HiddenStateExtractor(tiny_llm, 3, cache=cache)
     cached._forward_batch = None  # everything must come from the cache now
     np.testing.assert_allclose(cached.extract(prompts), by_layer[3])
+
+
+def test_all_layer_state_cache_resumes_after_interruption(tiny_llm, tmp_path, monkeypatch):
+    """Every layer's state is captured in the answer's own prefill and cached batch by batch: a run
+    killed after one batch keeps it, the rerun answers only the rest, and nothing stored is recomputed."""
+    import sqlite3
+
+    from ragsieve.probe.hidden import fill_layer_cache, prompt_key, read_layer_states
+    from ragsieve.probe.labels import LabelRequest, label_generations, read_generations
+    from ragsieve.prompts.builder import PromptBuilder
+
+    builder = PromptBuilder(tiny_llm, max_prompt_tokens=250)
+    hamlet = Passage("p1", "Hamlet was written by William Shakespeare.", "Hamlet")
+    reqs = [LabelRequest(f"q{i}", f"Who wrote play number {i}?", ("Shakespeare",), "closed") for i in range(3)]
+    reqs += [LabelRequest(f"q{i}", f"Who wrote play number {i}?", ("Shakespeare",), "gold", [hamlet]) for i in range(3)]
+    layers = list(range(1, tiny_llm.num_layers + 1))
+    out, cache = tmp_path / "gens.jsonl", StateCache(tmp_path / "states.sqlite")
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_first_batch(n):
+        if n:  # the first call reports the already-stored rows (0 here), the next one a finished batch
+            raise Killed
+
+    with pytest.raises(Killed):
+        label_generations(tiny_llm, builder, reqs, out, max_new_tokens=2, batch_size=2, state_cache=cache,
+                          state_layers=layers, progress=kill_after_first_batch)
+    assert len(read_generations(out)) == 2 and len(cache) == 2 * len(layers)
+
+    answered = []
+    real = tiny_llm.generate_with_layer_states
+    monkeypatch.setattr(tiny_llm, "generate_with_layer_states",
+                        lambda msgs, ls, **kw: answered.extend(msgs) or real(msgs, ls, **kw))
+    gens = label_generations(tiny_llm, builder, reqs, out, max_new_tokens=2, batch_size=2,
+                             state_cache=StateCache(tmp_path / "states.sqlite"), state_layers=layers)
+    assert len(answered) == 4 and len(gens) == 6 and len(cache) == 6 * len(layers)
+
+    prompts = [builder.chat_prompt(r.question, r.contexts) for r in reqs]
+    extractor = HiddenStateExtractor(tiny_llm, 1, batch_size=3, cache=cache)
+    for layer in layers:  # the states read during generation are the early-exit extractor's
+        np.testing.assert_allclose(read_layer_states(cache, tiny_llm.spec, layer, prompts),
+                                   HiddenStateExtractor(tiny_llm, layer).extract(prompts), atol=1e-5)
+
+    computed = []
+    real_forward = extractor._forward_batch
+    monkeypatch.setattr(extractor, "_forward_batch", lambda p, ls=None: computed.extend(p) or real_forward(p, ls))
+    assert fill_layer_cache(extractor, prompts, layers) == 0 and computed == []
+    # a lost row (e.g. a cache file from an older run) is recomputed for that prompt only
+    with sqlite3.connect(cache.path) as db:
+        db.execute("DELETE FROM states WHERE key = ?", (prompt_key(tiny_llm.spec, 3, prompts[4]),))
+    assert fill_layer_cache(extractor, prompts, layers) == 1 and computed == [prompts[4]]
+    np.testing.assert_allclose(read_layer_states(cache, tiny_llm.spec, 3, prompts)[4],
+                               HiddenStateExtractor(tiny_llm, 3).extract(prompts[4:5])[0], atol=1e-5)
+
+
+def test_reuse_generations_serves_identical_prompts(tmp_path):
+    """Another study's answer to the same question and contexts is copied under this study's variant name."""
+    from dataclasses import asdict
+
+    from ragsieve.data import append_jsonl
+    from ragsieve.probe.labels import LabeledGeneration, LabelRequest, read_generations, reuse_generations
+
+    source = tmp_path / "probe.jsonl"
+    for g in (LabeledGeneration("q1", "closed", [], "Paris", 1, 1.0, 1.0),
+              LabeledGeneration("q1", "gold", ["p1"], "Paris, France", 1, 0.0, 0.8),
+              LabeledGeneration("q1", "retrieved", ["p9"], "Lyon", 0, 0.0, 0.0)):
+        append_jsonl(source, asdict(g))
+    p1, p2 = Passage("p1", "Paris is the capital of France."), Passage("p2", "Lyon is in France.")
+    reqs = [LabelRequest("q1", "capital of France?", ("Paris",), "closed"),
+            LabelRequest("q1", "capital of France?", ("Paris",), "top1", [p1]),
+            LabelRequest("q1", "capital of France?", ("Paris",), "top3", [p1, p2]),
+            LabelRequest("q2", "capital of Spain?", ("Madrid",), "closed")]
+    out = tmp_path / "cbdr.jsonl"
+    assert reuse_generations(reqs, out, [source]) == 2
+    stored = read_generations(out)
+    assert set(stored) == {"q1|closed|", "q1|top1|p1"} and stored["q1|top1|p1"].generation == "Paris, France"
+    assert reuse_generations(reqs, out, [source]) == 2 and len(out.read_text().splitlines()) == 2  # idempotent

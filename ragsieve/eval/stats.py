@@ -190,9 +190,11 @@ def bootstrap_metric(
     stats = []
     for row in rng.integers(0, n, size=(n_boot, n)):
         try:
-            stats.append(float(metric(*(a[row] for a in data))))
+            value = float(metric(*(a[row] for a in data)))
         except ValueError:  # undefined on this resample
             continue
+        if np.isfinite(value):  # scikit-learn ≥ 1.8 returns nan (with a warning) instead of raising
+            stats.append(value)
     estimate = float(metric(*data))
     if not stats:
         return estimate, float("nan"), float("nan")

@@ -1,5 +1,18 @@
 """The gate stage: Confidence-Based Dynamic Retrieval (CBDR)."""
 
-from ragsieve.gate.cbdr import CBDRGate, GateDecision, gate_accuracy, skip_at_parity, sweep_cbdr
+from ragsieve.gate.cbdr import (
+    CBDRGate,
+    GateDecision,
+    gate_accuracy,
+    gate_table,
+    oracle_gate,
+    random_gate,
+    skip_at_parity,
+    skip_at_parity_interval,
+    sweep_cbdr,
+)
 
-__all__ = ["CBDRGate", "GateDecision", "gate_accuracy", "skip_at_parity", "sweep_cbdr"]
+__all__ = [
+    "CBDRGate", "GateDecision", "gate_accuracy", "gate_table", "oracle_gate", "random_gate", "skip_at_parity",
+    "skip_at_parity_interval", "sweep_cbdr",
+]

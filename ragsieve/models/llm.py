@@ -121,7 +121,7 @@ class LocalLLM:
     ) -> list[str]:
         """Greedy answers, one per message; ``formatted=True`` skips the chat template."""
         prompts = list(user_messages) if formatted else [self.format_prompt(m, system) for m in user_messages]
-        return self._generate(prompts, max_new_tokens, batch_size, capture_layer=None)[0]
+        return self._generate(prompts, max_new_tokens, batch_size, capture_layers=None)[0]
 
     def generate_with_states(
         self,
@@ -138,29 +138,62 @@ class LocalLLM:
         training data costs no extra forward pass. It equals
         :class:`~ragsieve.probe.hidden.HiddenStateExtractor` on the same prompt.
         """
+        texts, states = self.generate_with_layer_states(
+            user_messages, [layer], system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
+        )
+        return texts, states[layer]
+
+    def generate_with_layer_states(
+        self,
+        user_messages: Sequence[str],
+        layers: Sequence[int],
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 8,
+    ) -> tuple[list[str], "dict[int, np.ndarray]"]:
+        """Greedy answers plus the pre-token states of several hidden layers (1-based), one prefill.
+
+        Every layer runs during the prefill anyway, so a layer sweep's states cost only
+        the copies of each layer's last position (576 floats per layer for SmolLM2).
+
+        Example::
+
+            texts, by_layer = llm.generate_with_layer_states(["who wrote hamlet?"], range(1, llm.num_layers + 1))
+            by_layer[15].shape  # (1, 576)
+        """
         prompts = [self.format_prompt(m, system) for m in user_messages]
-        texts, states = self._generate(prompts, max_new_tokens, batch_size, capture_layer=layer)
-        return texts, states
+        texts, states = self._generate(prompts, max_new_tokens, batch_size, capture_layers=sorted(set(layers)))
+        return texts, states or {}
 
     def _generate(
-        self, prompts: list[str], max_new_tokens: int, batch_size: int, capture_layer: int | None
-    ) -> tuple[list[str], "np.ndarray | None"]:
+        self, prompts: list[str], max_new_tokens: int, batch_size: int, capture_layers: Sequence[int] | None
+    ) -> tuple[list[str], "dict[int, np.ndarray] | None"]:
         import numpy as np
         import torch
 
         _check_generation(max_new_tokens, batch_size)
         start = time.perf_counter()
-        states = np.zeros((len(prompts), self.hidden_size), dtype=np.float32) if capture_layer else None
-        captured: list["torch.Tensor"] = []
-        handle = None
-        if capture_layer:
+        layers = list(capture_layers or [])
+        bad = [layer for layer in layers if not 1 <= layer <= self.num_layers]
+        if bad:
+            raise RagsieveError(f"layer(s) {bad} out of range for a {self.num_layers}-layer model "
+                                f"(1..{self.num_layers})")
+        states = {layer: np.zeros((len(prompts), self.hidden_size), dtype=np.float32) for layer in layers} or None
+        captured: dict[int, "torch.Tensor"] = {}
+        handles = []
+        if layers:
             from ragsieve.models.layers import decoder_layers, last_position
 
-            def hook(_module, _inputs, output):
-                if not captured:  # the first call is the prefill over the whole prompt
-                    captured.append(last_position(output))
+            def hook_for(layer: int):
+                def hook(_module, _inputs, output):
+                    if layer not in captured:  # the first call is the prefill over the whole prompt
+                        captured[layer] = last_position(output)
 
-            handle = decoder_layers(self.model)[capture_layer - 1].register_forward_hook(hook)
+                return hook
+
+            blocks = decoder_layers(self.model)
+            handles = [blocks[layer - 1].register_forward_hook(hook_for(layer)) for layer in layers]
         # Length-sorted batches waste less compute on padding; results go back in order.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         by_index: dict[int, str] = {}
@@ -179,13 +212,14 @@ class LocalLLM:
                         pad_token_id=self.tokenizer.pad_token_id,
                     )
                 if states is not None:
-                    states[idx] = captured[0].numpy()
+                    for layer in layers:
+                        states[layer][idx] = captured[layer].numpy()
                 new = out[:, enc["input_ids"].shape[1] :]
                 for row, i in enumerate(idx):
                     by_index[i] = self.tokenizer.decode(new[row], skip_special_tokens=True).strip()
                     self.stats.new_tokens += int((new[row] != self.tokenizer.pad_token_id).sum())
         finally:
-            if handle is not None:
+            for handle in handles:
                 handle.remove()
         self.stats.prompts += len(prompts)
         self.stats.seconds += time.perf_counter() - start

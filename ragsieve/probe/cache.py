@@ -53,6 +53,16 @@ class StateCache:
                     out[key] = np.frombuffer(data, dtype=np.float32, count=dim).copy()
         return out
 
+    def has_many(self, keys: Sequence[str]) -> set[str]:
+        """The keys already stored (reads no vectors: a resume check over a large cache stays cheap)."""
+        out: set[str] = set()
+        with self._sqlite_errors():
+            for lo in range(0, len(keys), 500):
+                chunk = list(keys[lo : lo + 500])
+                marks = ",".join("?" * len(chunk))
+                out.update(k for (k,) in self._db.execute(f"SELECT key FROM states WHERE key IN ({marks})", chunk))
+        return out
+
     def put_many(self, items: Mapping[str, np.ndarray]) -> None:
         rows = [(k, int(v.shape[-1]), np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
         with self._sqlite_errors(), self._db:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -193,6 +193,61 @@ def extract_layers(
             if cache is not None:
                 cache.put_many({keys[layer][i]: states[layer][j] for j, i in enumerate(idx)})
     return out
+
+
+def fill_layer_cache(
+    extractor: HiddenStateExtractor,
+    prompts: Sequence[str],
+    layers: Sequence[int | float],
+    *,
+    chunk: int = 256,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Make sure ``extractor.cache`` holds every layer's state of every prompt; returns how many prompts were computed.
+
+    States captured during generation are already there, so this computes only what is
+    missing (a cache moved to another machine without its file, a deleted row): one
+    early-exit forward per batch, stopped after the deepest layer, cached per batch so a
+    kill loses at most one batch. Reads no vectors for prompts already complete.
+
+    Example::
+
+        cache = StateCache("states.sqlite")
+        fill_layer_cache(HiddenStateExtractor(llm, cache=cache), prompts, range(1, llm.num_layers + 1))
+        read_layer_states(cache, llm.spec, 15, prompts)  # (len(prompts), 576)
+    """
+    cache = extractor.cache
+    if cache is None:
+        raise RagsieveError("fill_layer_cache needs an extractor with a StateCache")
+    wanted = sorted({resolve_layer(x, extractor.llm.num_layers) for x in layers})
+    missing: set[int] = set()
+    for layer in wanted:
+        keys = [prompt_key(extractor.llm.spec, layer, p) for p in prompts]
+        have = cache.has_many(keys)
+        missing.update(i for i, key in enumerate(keys) if key not in have)
+    todo = sorted(missing)
+    if progress:
+        progress(len(prompts) - len(todo))
+    for lo in range(0, len(todo), chunk):
+        part = todo[lo : lo + chunk]
+        extract_layers(extractor, [prompts[i] for i in part], wanted)
+        if progress:
+            progress(len(part))
+    return len(todo)
+
+
+def read_layer_states(cache: "StateCache", model_spec: str, layer: int, prompts: Sequence[str]) -> np.ndarray:
+    """One layer's cached states of ``prompts``, shape ``(len(prompts), dim)``; every one must be cached.
+
+    One layer at a time keeps a sweep over 30 layers × 10k prompts at ~25 MB in memory.
+    """
+    keys = [prompt_key(model_spec, layer, p) for p in prompts]
+    found = cache.get_many(keys)
+    if len(found) < len(set(keys)):
+        missing = sum(k not in found for k in keys)
+        raise RagsieveError(f"{missing} of {len(prompts)} states of layer {layer} are not in {cache.path}; "
+                            "run fill_layer_cache first")
+    return np.stack([found[k] for k in keys]) if keys else np.zeros((0, 0), dtype=np.float32)
 
 
 def full_forward_state(llm: "LocalLLM", prompt: str, layer: int) -> np.ndarray:

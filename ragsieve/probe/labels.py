@@ -63,6 +63,10 @@ def read_generations(path: str | Path) -> dict[str, LabeledGeneration]:
     return out
 
 
+def _capture_layers(state_layer: int | None, state_layers: Sequence[int] | None) -> list[int]:
+    return sorted({*(state_layers or ()), *([state_layer] if state_layer else [])})
+
+
 def answer_requests(
     llm: "LocalLLM",
     builder: "PromptBuilder",
@@ -72,21 +76,33 @@ def answer_requests(
     batch_size: int = 16,
     state_layer: int | None = None,
     state_cache: "StateCache | None" = None,
+    state_layers: Sequence[int] | None = None,
 ) -> list[LabeledGeneration]:
-    """Answer one batch of requests greedily and label each answer (no file, no resume: see below)."""
+    """Answer one batch of requests greedily and label each answer (no file, no resume: see below).
+
+    With a ``state_cache``, the pre-token states of ``state_layer`` and every layer of
+    ``state_layers`` are read from the generation's own prefill and cached before the
+    answers are returned, so a stored generation always has its states (unless the cache
+    file was moved away; :func:`~ragsieve.probe.hidden.fill_layer_cache` recomputes them).
+    """
     from ragsieve.eval.qa import contains_answer, exact_match, token_f1
     from ragsieve.prompts import first_line
 
     built = [builder.with_context(r.question, r.contexts) for r in batch]
     messages = [b.text for b in built]
     system = builder.prompts.system
-    if state_layer and state_cache is not None:
+    layers = _capture_layers(state_layer, state_layers)
+    if layers and state_cache is not None:
         from ragsieve.probe.hidden import prompt_key
 
-        texts, states = llm.generate_with_states(
-            messages, state_layer, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
+        texts, by_layer = llm.generate_with_layer_states(
+            messages, layers, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
         )
-        state_cache.put_many({prompt_key(llm.spec, state_layer, builder.to_chat(m)): v for m, v in zip(messages, states)})
+        chats = [builder.to_chat(m) for m in messages]
+        state_cache.put_many({
+            prompt_key(llm.spec, layer, chat): by_layer[layer][i]
+            for layer in layers for i, chat in enumerate(chats)
+        })
     else:
         texts = llm.generate(messages, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size)
     out = []
@@ -116,12 +132,16 @@ def label_generations(
     progress: Callable[[int], None] | None = None,
     state_layer: int | None = None,
     state_cache: "StateCache | None" = None,
+    state_layers: Sequence[int] | None = None,
 ) -> list[LabeledGeneration]:
     """Answer every request (skipping ones already in ``out_path``) and label it.
 
-    With ``state_layer`` and ``state_cache``, the layer's pre-token state is captured
-    during generation and cached under the same key the probe's extractor uses, so
-    the probe's training states cost no extra forward pass.
+    With ``state_layer`` (or several ``state_layers``) and ``state_cache``, each layer's
+    pre-token state is captured during generation and cached under the same key the
+    probe's extractor uses, so the probe's training states (and a whole layer sweep's)
+    cost no extra forward pass. A killed run keeps every finished batch: states are
+    committed to the cache before the batch's generations are appended, so a rerun
+    answers (and captures) only the requests missing from ``out_path``.
     """
     from ragsieve.data import append_jsonl
 
@@ -136,9 +156,45 @@ def label_generations(
     for lo in range(0, len(todo), batch_size):
         batch = todo[lo : lo + batch_size]
         for g in answer_requests(llm, builder, batch, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 state_layer=state_layer, state_cache=state_cache):
+                                 state_layer=state_layer, state_cache=state_cache, state_layers=state_layers):
             append_jsonl(out_path, asdict(g))
             done[g.key] = g
         if progress:
             progress(len(batch))
     return [done[r.key] for r in requests]
+
+
+def reuse_generations(
+    requests: Sequence[LabelRequest], out_path: str | Path, sources: Sequence[str | Path]
+) -> int:
+    """Copy into ``out_path`` the stored answers of ``sources`` to the same prompts.
+
+    Returns how many (distinct) requests the sources answer, copied now or by an earlier call.
+
+    A generation depends only on the question and its contexts (same LLM, prompt template,
+    token budget and ``max_new_tokens``: the caller checks those), not on the variant's
+    name, so another study's ``gold`` answer serves this one's ``top1`` request when the
+    top hit is the gold passage. Copies are appended under this study's variant name, so
+    :func:`label_generations` then answers only what no source holds. Idempotent.
+
+    Example::
+
+        reuse_generations(requests, "results/cbdr_nq_scale/generations.jsonl",
+                          ["results/probe_nq_scale/generations.jsonl"])
+    """
+    from ragsieve.data import append_jsonl
+
+    done = read_generations(out_path)
+    stored: dict[tuple[str, tuple[str, ...]], LabeledGeneration] = {}
+    for source in sources:
+        for g in read_generations(source).values():
+            stored.setdefault((g.question_id, tuple(g.context_ids)), g)
+    served = 0
+    for r in {r.key: r for r in requests}.values():
+        g = stored.get((r.question_id, tuple(p.id for p in r.contexts)))
+        if g is None:
+            continue
+        served += 1
+        if r.key not in done:
+            append_jsonl(out_path, {**asdict(g), "variant": r.variant})
+    return served

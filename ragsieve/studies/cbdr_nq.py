@@ -2,6 +2,18 @@
 
 Uses the probe and the question split written by the probe experiment, so every
 question here is one the probe never trained on.
+
+Besides the sweep it writes Table 3 (``table3`` in ``metrics.json``): per (β, top-k) the
+accuracy with its Wilson interval, a random gate at the same retrieval rate (expected
+accuracy, interval over which questions retrieve, permutation p), the exact McNemar test
+against always retrieving; the oracle gate (retrieve only when closed-book is wrong);
+``skip_at_parity`` with a bootstrap interval and the share parity is *shown* for (95 %).
+With ``reuse_probe_generations`` the probe run's stored answers to the same prompts
+(closed-book, and top-1 when it is the gold passage) are reused instead of regenerated.
+
+Example::
+
+    ragsieve run experiments/cbdr_nq_scale.yaml   # after experiments/probe_nq_scale.yaml
 """
 
 from __future__ import annotations
@@ -34,18 +46,31 @@ class CBDRExperimentConfig(StrictConfig):
     batch_size: int = 16
     tolerance: float = 0.005  # "accuracy parity" = at most 0.5 pp below always retrieving
     data_dir: str | None = None
+    # -- Table 3 at scale (issue #15) --
+    n_boot: int = 1000  # bootstrap resamples of questions for skip_at_parity's interval
+    random_draws: int = 2000  # random gates drawn per (β, top-k) row
+    parity_confidence: float = 0.95  # skip_at_parity_shown: parity's loss bound at this level
+    # Reuse the probe run's answers to identical prompts (same LLM, template, max_new_tokens)
+    reuse_probe_generations: bool = False
+    min_questions: int = 0  # refuse to run on fewer held-out questions (a scale config's promise)
 
 
 class CBDRExperiment:
     Config = CBDRExperimentConfig
 
     def run(self, cfg: CBDRExperimentConfig, out_dir: Path, console: Console) -> dict:
-        from ragsieve.data import load_dataset
-        from ragsieve.gate.cbdr import skip_at_parity, sweep_cbdr
+        from ragsieve.gate.cbdr import (
+            gate_table,
+            oracle_gate,
+            skip_at_parity,
+            skip_at_parity_interval,
+            sweep_cbdr,
+        )
         from ragsieve.models import load_local_llm
         from ragsieve.probe.labels import LabelRequest, label_generations
         from ragsieve.probe.model import ConfidenceProbe, load_head
         from ragsieve.retrieve.cached import build_or_load_index
+        from ragsieve.studies.probe_nq import load_study_dataset
 
         t0 = time.perf_counter()
         probe_dir = Path(cfg.probe_results)
@@ -55,9 +80,15 @@ class CBDRExperiment:
         ids = json.loads(split_file.read_text()).get(cfg.split)
         if not ids:
             raise RagsieveError(f"{split_file} has no '{cfg.split}' split")
-        ds = load_dataset(cfg.dataset, data_dir=cfg.data_dir)
+        ds = load_study_dataset(cfg.dataset, data_dir=cfg.data_dir)
         by_id = {q.id: q for q in ds.questions}
+        # ids of other sources (NQ-open questions of a mixed probe run) have no passage here: left out
         questions = [by_id[i] for i in ids if i in by_id][: cfg.n_questions or None]
+        if len(questions) < max(cfg.min_questions, 1):
+            raise RagsieveError(
+                f"{split_file}: {len(questions)} '{cfg.split}' questions of {cfg.dataset}, "
+                f"fewer than min_questions={cfg.min_questions}"
+            )
 
         probe_config, _ = load_head(probe_dir / "probe")
         llm = load_local_llm(probe_config.llm_spec)
@@ -72,6 +103,10 @@ class CBDRExperiment:
                 LabelRequest(q.id, q.text, q.answers, f"top{k}", [h.passage for h in row[:k]])
                 for q, row in zip(questions, hits)
             ]
+        reused = 0
+        if cfg.reuse_probe_generations:
+            reused = _reuse_probe_answers(cfg, probe_dir, probe_config, requests, out_dir / "generations.jsonl",
+                                          console)
         with progress_bar(console) as bar:
             task = bar.add_task("answer closed-book / top-k", total=len(requests))
             gens = label_generations(
@@ -87,12 +122,27 @@ class CBDRExperiment:
         parity_fine = {f"top{k}": skip_at_parity(conf_q, closed, rag[k], None, cfg.tolerance) for k in cfg.top_ks}
         # What a perfect gate could do: skip exactly the questions where retrieval does not help.
         oracle = {f"top{k}": float(np.mean(closed >= rag[k])) for k in cfg.top_ks}
+        table3 = gate_table(conf_q, closed, rag, cfg.betas, n_draws=cfg.random_draws)
+        oracle_gates = {f"top{k}": oracle_gate(closed, rag[k]) for k in cfg.top_ks}
+        parity_ci = {
+            f"top{k}": skip_at_parity_interval(conf_q, closed, rag[k], cfg.betas, cfg.tolerance, n_boot=cfg.n_boot)
+            for k in cfg.top_ks
+        }
+        parity_shown = {
+            f"top{k}": skip_at_parity(conf_q, closed, rag[k], cfg.betas, cfg.tolerance, cfg.parity_confidence)
+            for k in cfg.top_ks
+        }
         result = {
             "sweep": sweep,
             "skip_at_parity": max(p["skip"] for p in parity.values()),
             "skip_at_parity_by_k": parity,
             "skip_at_parity_fine_grid": parity_fine,
             "oracle_skip_at_parity": oracle,
+            "skip_at_parity_ci95": parity_ci,
+            f"skip_at_parity_shown_{round(cfg.parity_confidence * 100)}": parity_shown,
+            "table3": table3,
+            "oracle_gate": oracle_gates,
+            "generations_reused_from_probe": reused,
             "n_questions": n,
             "closed_book_accuracy": float(closed.mean()),
             "always_retrieve_accuracy": {f"top{k}": float(v.mean()) for k, v in rag.items()},
@@ -105,13 +155,39 @@ class CBDRExperiment:
             "config": cfg.model_dump(),
         }
         (out_dir / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-        plot_sweep(sweep, out_dir / "accuracy_vs_rr.png", float(closed.mean()))
+        plot_sweep(table3, out_dir / "accuracy_vs_rr.png", float(closed.mean()), oracle=oracle_gates)
 
         table = Table(title=f"CBDR on {n} held-out {cfg.dataset} questions")
-        for col in ("β", "top-k", "RR", "accuracy"):
+        for col in ("β", "top-k", "RR", "accuracy [95 % CI]", "random gate, same RR", "p (≤ random)"):
             table.add_column(col, justify="right")
-        for row in sweep:
-            table.add_row(f"{row['beta']:.2f}", str(row["top_k"]), f"{row['rr']:.3f}", f"{row['accuracy']:.3f}")
+        for row in table3:
+            rnd = row["random"]
+            table.add_row(
+                f"{row['beta']:.2f}", str(row["top_k"]), f"{row['rr']:.3f}",
+                f"{row['accuracy']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]",
+                f"{rnd['expected_accuracy']:.3f} [{rnd['low']:.3f}, {rnd['high']:.3f}]", f"{rnd['p_value']:.3f}",
+            )
         console.print(table)
         console.print(f"skip at parity (grid): {parity}; oracle: {oracle}")
+        console.print("skip at parity, bootstrap 95 % CI: " + ", ".join(
+            f"{k} {v['skip']:.3f} [{v['low']:.3f}, {v['high']:.3f}]" for k, v in parity_ci.items()))
         return result
+
+
+def _reuse_probe_answers(cfg: CBDRExperimentConfig, probe_dir: Path, probe_config, requests, out_path: Path,
+                         console: Console) -> int:
+    """Copy the probe run's answers to identical prompts, if it answered them the same way."""
+    from ragsieve.probe.labels import reuse_generations
+    from ragsieve.studies.probe_nq import answer_settings_differ
+
+    # the prompts are built by the probe's own builder, so only the answer length can differ
+    made = json.loads((probe_dir / "metrics.json").read_text()).get("config", {}) \
+        if (probe_dir / "metrics.json").is_file() else {}
+    problem = answer_settings_differ(probe_dir, made.get("llm", ""), cfg.max_new_tokens, probe_config.max_prompt_tokens)
+    if problem:  # other answer lengths give other labels: reusing them would mix two settings
+        console.print(f"[yellow]reuse_probe_generations: {problem}; answering everything[/]")
+        return 0
+    source = probe_dir / "generations.jsonl"
+    served = reuse_generations(requests, out_path, [source])
+    console.print(f"{served} of {len(requests)} answers come from {source}")
+    return served

@@ -60,8 +60,13 @@ def write_json(path: Path, data: Any, indent: int = 1) -> None:
         tmp.write_text(json.dumps(data, indent=indent) + "\n")
 
 
-def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float) -> None:
-    """CBDR accuracy vs retrieval rate, one line per top-k, β annotated."""
+def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float, oracle: dict | None = None) -> None:
+    """CBDR accuracy vs retrieval rate, one line per top-k, β annotated.
+
+    Rows with ``ci95`` (Table 3 rows) get error bars, rows with ``random`` a dashed line of the
+    random gate's expected accuracy at the same rates; ``oracle`` ({"top1": {rr, accuracy}, ...})
+    adds the oracle gate's point per top-k.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -70,7 +75,20 @@ def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float) -> No
     ax = fig.add_subplot()
     for k in sorted({r["top_k"] for r in sweep}):
         rows = sorted((r for r in sweep if r["top_k"] == k), key=lambda r: r["rr"])
-        ax.plot([r["rr"] * 100 for r in rows], [r["accuracy"] * 100 for r in rows], marker="o", label=f"top-{k}")
+        x, y = [r["rr"] * 100 for r in rows], [r["accuracy"] * 100 for r in rows]
+        if all("ci95" in r for r in rows):
+            err = [[(r["accuracy"] - r["ci95"][0]) * 100 for r in rows],
+                   [(r["ci95"][1] - r["accuracy"]) * 100 for r in rows]]
+            line = ax.errorbar(x, y, yerr=err, marker="o", capsize=2, label=f"top-{k}")[0]
+        else:
+            line = ax.plot(x, y, marker="o", label=f"top-{k}")[0]
+        if all("random" in r for r in rows):
+            ax.plot(x, [r["random"]["expected_accuracy"] * 100 for r in rows], linestyle="--",
+                    color=line.get_color(), alpha=0.7, label=f"top-{k}, random gate")
+        if oracle and f"top{k}" in oracle:
+            o = oracle[f"top{k}"]
+            ax.plot([o["rr"] * 100], [o["accuracy"] * 100], marker="*", markersize=11, linestyle="none",
+                    color=line.get_color(), label=f"top-{k}, oracle gate")
         for r in rows:
             ax.annotate(f"{r['beta']:.2g}", (r["rr"] * 100, r["accuracy"] * 100), fontsize=7,
                         textcoords="offset points", xytext=(3, 3))
