@@ -7,7 +7,8 @@ a spec means the same thing everywhere:
 reranker spec                 what loads
 ============================  ================================================================
 ``embedded:base``             ragsieve's own cross-encoder, shipped in the package
-``cross-encoder:<dir or id>``  any sentence-transformers CrossEncoder (a bare folder too)
+``cross-encoder:<dir or id>``  any sentence-transformers CrossEncoder (a bare folder too; a
+                              folder with ``ragsieve_reranker.json`` scores as its card says)
 ``bi-encoder[:<encoder>]``    cosine of MiniLM (or any encoder) embeddings
 ``bm25``                      BM25 over the candidate list
 ``pointwise:<template>``      a causal LM's P(true) under a verdict template (``llm=`` kwarg)
@@ -40,8 +41,9 @@ from ragsieve.paths import resolve_artifact
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
 from ragsieve.rerank.embedded import load_embedded_reranker
 from ragsieve.rerank.lexical import BM25Ranker
-from ragsieve.rerank.neural import BiEncoderRanker, CrossEncoderRanker
+from ragsieve.rerank.neural import BiEncoderRanker
 from ragsieve.rerank.pointwise import PointwiseLLMReranker
+from ragsieve.rerank.shipped import load_cross_encoder
 
 if TYPE_CHECKING:
     from ragsieve.models.llm import LocalLLM
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 RERANKERS: dict[str, Callable[..., BaseRanker]] = {
     "bm25": BM25Ranker,
     "bi-encoder": BiEncoderRanker,
-    "cross-encoder": CrossEncoderRanker,
+    "cross-encoder": load_cross_encoder,  # a folder with a ragsieve card keeps its cosine mix
     "embedded": load_embedded_reranker,
     "pointwise": PointwiseLLMReranker,
     "none": RetrievalOrder,

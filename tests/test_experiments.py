@@ -22,6 +22,36 @@ def test_unknown_experiment_and_bad_params(tmp_path):
         run_experiment_file(cfg)
 
 
+def test_every_experiment_file_validates():
+    """Each experiments/*.yaml naming a study is valid for that study's config (nothing runs, nothing is written)."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.studies.runner import ExperimentFile, load_experiment
+    from tests.conftest import REPO
+
+    checked = []
+    for path in sorted((REPO / "experiments").glob("*.yaml")):
+        data = read_mapping(path)
+        if "experiment" not in data:  # sieve_default.yaml is a `ragsieve fit` config (bench/fit.py)
+            continue
+        spec = build_config(ExperimentFile, data, source=str(path))
+        build_config(load_experiment(spec.experiment).Config, spec.params, source=f"{path}: params")
+        checked.append(path.name)
+    assert {"rerank_align.yaml", "rerank_align_guard.yaml", "rerank_base.yaml"} <= set(checked)
+
+
+def test_rerank_align_guard_config_refuses_bad_variants(tmp_path):
+    cfg = tmp_path / "guard.yaml"
+    cfg.write_text(f"experiment: rerank_align_guard\nout_dir: {tmp_path / 'never'}\n"
+                   "params:\n  variants: {x: {replay_ratio: 1.5}}\n")
+    with pytest.raises(RagsieveError, match="variant 'x': 'replay_ratio'"):
+        run_experiment_file(cfg)
+    cfg.write_text(f"experiment: rerank_align_guard\nout_dir: {tmp_path / 'never'}\n"
+                   "params:\n  variants: {lora: {lora_rank: 8}}\n")
+    with pytest.raises(RagsieveError, match="unknown key 'lora_rank'"):
+        run_experiment_file(cfg)
+    assert not (tmp_path / "never").exists()
+
+
 @requires_data
 def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cross_encoder_dir, monkeypatch):
     """Probe → CBDR → rerank_align end to end on tiny models and BM25: files, keys, resumability."""
@@ -102,3 +132,90 @@ def test_bad_study_values_are_refused_before_out_dir_exists(tmp_path):
     with pytest.raises(RagsieveError, match="rounds"):
         run_experiment_file(cfg)
     assert not out.exists()
+
+
+SCALE_CONFIGS = ("probe_nq_scale", "cbdr_nq_scale", "probe_hotpotqa_scale", "cbdr_hotpotqa_scale")
+
+
+@pytest.mark.parametrize("name", SCALE_CONFIGS + ("probe_nq", "cbdr_nq"))
+def test_study_configs_validate(name):
+    """The committed configs parse into their study's config; the scale ones keep the issue's sizes."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.studies.runner import ExperimentFile, load_experiment
+    from tests.conftest import REPO
+
+    path = REPO / "experiments" / f"{name}.yaml"
+    spec = build_config(ExperimentFile, read_mapping(path), source=str(path))
+    cfg = build_config(load_experiment(spec.experiment).Config, spec.params, source=str(path))
+    assert spec.out_dir == f"results/{name}"
+    if name.startswith("probe") and name.endswith("scale"):
+        assert cfg.n_questions == 0 and cfg.layer_sweep == "all" and cfg.n_boot >= 1000
+        assert cfg.state_cache.startswith(f"results/{name}/work/")  # git-ignored, next to the run
+    if name.startswith("cbdr") and name.endswith("scale"):
+        assert cfg.min_questions >= 500 and cfg.reuse_probe_generations and cfg.probe_results.endswith("_scale")
+    if name == "probe_nq":  # the 1,000-question study keeps today's behaviour
+        assert not cfg.layer_sweep and not cfg.extra_datasets and cfg.n_boot == 0 and cfg.state_cache is None
+
+
+@requires_data
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.UndefinedMetricWarning")  # tiny dev/test splits
+def test_probe_layer_sweep_on_mixed_sources_then_gate_table(tmp_path, tiny_llm_dir, monkeypatch):
+    """The scale options end to end on a tiny LLM: NQ-oracle + NQ-open, every layer captured while
+    answering and swept on dev with intervals, then Table 3 reusing the probe's stored answers; reruns resume."""
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
+    # A random tiny LLM is never right; label by gold-answer length parity so both classes exist.
+    monkeypatch.setattr("ragsieve.eval.qa.contains_answer", lambda pred, golds: len(golds[0]) % 2 == 1)
+    probe_out = tmp_path / "probe"
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text(
+        f"experiment: probe_nq\nout_dir: {probe_out}\nparams:\n  llm: {tiny_llm_dir}\n  retriever: bm25\n"
+        "  extra_datasets: [nq-open]\n  n_questions: 40\n  layer_sweep: all\n  n_boot: 30\n"
+        f"  state_cache: {probe_out / 'work' / 'states.sqlite'}\n"
+        "  max_new_tokens: 2\n  max_prompt_tokens: 450\n  train: {epochs: 2}\n"
+    )
+    metrics = run_experiment_file(cfg)
+    sweep = metrics["layer_sweep"]
+    assert [r["layer"] for r in sweep["by_layer"]] == [1, 2, 3, 4] and metrics["layer"] == sweep["chosen_layer"]
+    row = sweep["by_layer"][0]
+    assert set(row["dev"]) == set(row["test"]) == {"all", "q", "qc"} and {"low", "high"} <= set(row["test"]["qc"])
+    assert len(metrics["auroc_qc_ci95"]) == 2 and sweep["states_recomputed"] == 0  # captured while answering
+    by_source = {k: v["questions_by_source"] for k, v in metrics["counts"].items()}
+    assert sum(s["nq-open"] for s in by_source.values()) > 0
+    gens = [json.loads(x) for x in (probe_out / "generations.jsonl").read_text().splitlines()]
+    split = json.loads((probe_out / "split.json").read_text())
+    assert sum(len(v) for v in split.values()) == 40
+    open_only = {g["question_id"] for g in gens} - {g["question_id"] for g in gens if g["variant"] == "gold"}
+    assert open_only and len(gens) == 40 * 2 + (40 - len(open_only))  # no gold prompt without a gold passage
+
+    heads = probe_out / "work" / "heads"
+    stamps = {p.name: p.stat().st_mtime_ns for p in heads.glob("*/probe.safetensors")}
+    again = run_experiment_file(cfg)  # resumes: no answer, no state and no layer's head is made again
+    assert len((probe_out / "generations.jsonl").read_text().splitlines()) == len(gens)
+    assert {p.name: p.stat().st_mtime_ns for p in heads.glob("*/probe.safetensors")} == stamps
+    assert again["layer_sweep"]["by_layer"] == sweep["by_layer"] and again["auroc_qc"] == metrics["auroc_qc"]
+
+    # a second study reuses the first one's stored answers (same LLM and answer settings) instead of answering
+    reuse = tmp_path / "reuse.yaml"
+    body = cfg.read_text().replace(str(probe_out), str(tmp_path / "probe2"))
+    reuse.write_text(body + f"  reuse_generations_from: [{probe_out}]\n")
+    assert run_experiment_file(reuse)["generations_reused"] == len(gens)
+    assert (tmp_path / "probe2" / "generations.jsonl").read_text().count("\n") == len(gens)
+    longer = body.replace("max_new_tokens: 2", "max_new_tokens: 3")
+    reuse.write_text(longer + f"  reuse_generations_from: [{probe_out}]\n")
+    with pytest.raises(RagsieveError, match="max_new_tokens=2 there, 3 here"):
+        run_experiment_file(reuse)
+
+    cbdr = tmp_path / "cbdr.yaml"
+    cbdr.write_text(
+        f"experiment: cbdr_nq\nout_dir: {tmp_path / 'cbdr'}\nparams:\n  probe_results: {probe_out}\n"
+        "  retriever: bm25\n  max_new_tokens: 2\n  betas: [0.0, 0.5, 1.0]\n  n_boot: 30\n  random_draws: 50\n"
+        "  reuse_probe_generations: true\n"
+    )
+    result = run_experiment_file(cbdr)
+    n = result["n_questions"]
+    assert 0 < n < len(split["test"])  # NQ-open test questions have no passage to retrieve: left out
+    assert result["generations_reused_from_probe"] >= n  # every closed-book answer came from the probe run
+    assert len(result["table3"]) == 3 * 2 and {"ci95", "random", "vs_always_retrieve"} <= set(result["table3"][0])
+    for k in ("top1", "top3"):
+        ci = result["skip_at_parity_ci95"][k]
+        assert ci["low"] <= ci["skip"] <= ci["high"] and 0.0 <= result["oracle_gate"][k]["accuracy"] <= 1.0

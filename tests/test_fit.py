@@ -52,7 +52,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     config.write_text(
         f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nlayers: [1, 2]\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
         f"candidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
-        f"align: {{init: {tiny_cross_encoder_dir}, lr: 0.001, batch_size: 4, max_length: 64, n_pos: 2, n_neg: 2}}\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, lr: 0.001, batch_size: 4, max_length: 64, n_pos: 2, n_neg: 2,"
+        f" replay_ratio: 0.5}}\n"
     )
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
@@ -77,6 +78,11 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
         assert written["reranker"] == str(tiny_cross_encoder_dir) and not (out / "reranker").exists()
         assert (out / "work" / "reranker-rejected" / "model.safetensors").is_file()
     assert "n" in check and written["metrics"]["gate_dev"] is None  # a budget policy: no parity search
+    # the forgetting guards it trained with: distillation by default, replay of answer-bearing train candidates
+    guards = written["metrics"]["alignment_guards"]
+    assert guards["distill_weight"] == 1.0 and guards["replay_ratio"] == 0.5 and guards["guard"] is True
+    trained = out / ("reranker" if check["kept"] else "work/reranker-rejected") / "ragsieve_training.json"
+    assert json.loads(trained.read_text())["replay_rows"] > 0
     assert written["grader"] == "grader" and sieve.grader is not None  # threshold calibrated on dev
     assert len(sieve.filter("what do you know about comets?", _corpus()[:6]).verdicts) == 3
 

@@ -114,9 +114,25 @@ def rerank_train_cmd(
     init: str = typer.Option("embedded:base", "--init", help="Start from: a cross-encoder folder, embedded:base, "
                              "or an encoder spec (new head)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of CrossEncoderTrainConfig fields."),
+    distill_weight: Optional[float] = typer.Option(
+        None, "--distill-weight", help="Forgetting guard: weight of KL(start model || trained model) over each "
+        "group's scores [default: 1.0; 0 = plain InfoNCE]."),
+    replay: Optional[Path] = typer.Option(None, "--replay", help="Gold relevance groups (FlagEmbedding jsonl) "
+                                          "to replay; with --replay-ratio."),
+    replay_ratio: Optional[float] = typer.Option(None, "--replay-ratio", help="Share of training rows drawn "
+                                                 "from --replay, in [0, 1) [default: 0]."),
+    lora_r: Optional[int] = typer.Option(None, "--lora-r", help="Train LoRA adapters of this rank and merge them "
+                                         "into the saved weights [default: 0 = full fine-tune]."),
+    relevance_dev: Optional[Path] = typer.Option(None, "--relevance-dev", help="Gold groups (jsonl) for early "
+                                                 "stopping on nDCG@10; with --eval-steps."),
+    eval_steps: Optional[int] = typer.Option(None, "--eval-steps", help="Evaluate on --relevance-dev every N steps, "
+                                             "keep the best [default: 0 = off]."),
+    cosine_mix: Optional[bool] = typer.Option(
+        None, "--cosine-mix/--no-cosine-mix", help="Keep the start reranker's MiniLM cosine mix (embedded:base "
+        "scores logit + w · 20 · cosine) in the saved folder [default: on]."),
     skip_bad: bool = SkipBadOption,
 ) -> None:
-    """Fine-tune a cross-encoder with InfoNCE (1 positive vs a group of negatives)."""
+    """Fine-tune a cross-encoder with InfoNCE (1 positive vs a group of negatives), with forgetting guards."""
     from ragsieve.config import build_config, read_mapping
     from ragsieve.prefs.preferences import read_preferences
     from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
@@ -127,9 +143,22 @@ def rerank_train_cmd(
 
         init = str(base_reranker_dir())
     values["init"] = init
+    options = {"distill_weight": distill_weight, "replay_ratio": replay_ratio, "lora_r": lora_r,
+               "eval_steps": eval_steps, "cosine_mix": cosine_mix}
+    values.update({k: v for k, v in options.items() if v is not None})
+    # the command's default guard (the library's own default stays 0, for backward compatibility)
+    values.setdefault("distill_weight", 1.0)
+    values.setdefault("cosine_mix", True)
     cfg = build_config(CrossEncoderTrainConfig, values, source=str(config or "options"))
+    # every option is checked before any file is read or any model loads
+    if cfg.replay_ratio > 0 and replay is None:
+        raise RagsieveError(f"--replay-ratio {cfg.replay_ratio} needs --replay FILE (gold groups to replay)")
+    if cfg.eval_steps > 0 and relevance_dev is None:
+        raise RagsieveError(f"--eval-steps {cfg.eval_steps} needs --relevance-dev FILE (gold groups)")
     records = read_preferences(prefs, skip_bad=skip_bad)
-    path = train_cross_encoder(records, cfg, out)
+    gold = read_preferences(replay, skip_bad=skip_bad) if replay is not None and cfg.replay_ratio > 0 else None
+    dev = read_preferences(relevance_dev, skip_bad=skip_bad) if relevance_dev is not None and cfg.eval_steps else None
+    path = train_cross_encoder(records, cfg, out, replay=gold, relevance_dev=dev)
     console.print(f"trained on {sum(len(r.pos) for r in records)} groups from {len(records)} queries → {path}")
 
 

@@ -36,6 +36,18 @@ class AlignConfig(StrictConfig):
     # keeps the start (alignment must not cost relevance, issue #18).
     guard: bool = True
     max_mrr_drop: float = Field(0.02, ge=0)
+    # Guards while training (ragsieve.rerank.train, issue #18). distill_weight pulls each group's
+    # scores towards the start reranker's (KL); 1.0 until experiments/rerank_align_guard.yaml
+    # confirms or replaces the choice. replay_ratio: share of rows that are gold groups (train
+    # questions' answer-bearing candidates vs the rest); lora_r: LoRA rank (0 = full fine-tune);
+    # eval_steps: early stopping on dev answer-bearing nDCG@10 (0 = off).
+    distill_weight: float = Field(1.0, ge=0)
+    replay_ratio: float = Field(0.0, ge=0, lt=1)
+    lora_r: int = Field(0, ge=0)
+    eval_steps: int = Field(0, ge=0)
+    # the aligned folder keeps the start's scoring (embedded:base: logit + w · 20 · MiniLM cosine);
+    # without it the sieve's reranker silently drops the cosine term the base relies on
+    cosine_mix: bool = True
 
 
 class FitConfig(StrictConfig):

@@ -311,6 +311,7 @@ class Fit:
 
     # -- 7. rerank --------------------------------------------------------------------------------
     def phase_rerank(self) -> None:
+        from ragsieve.rerank.shipped import reranker_folder
         from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
 
         target = self.out / "reranker"
@@ -330,16 +331,28 @@ class Fit:
                 self.reranker_spec = self.config.align.init
                 return
             a = self.config.align
-            init = _reranker_folder(a.init)
+            init = reranker_folder(a.init, "align.init")
+            # the forgetting guards (issue #18): gold groups are the candidates that contain an answer
+            replay = self._gold_groups("train") if a.replay_ratio > 0 else None
+            # early stopping reads dev, which the relevance check below reads too: it favours passing it
+            dev = self._gold_groups("dev") if a.eval_steps > 0 else None
+            replay_ratio = a.replay_ratio if replay else 0.0
+            eval_steps = a.eval_steps if dev else 0
+            if a.replay_ratio > 0 and not replay:
+                log.warning("fit: no train question has an answer-bearing and another candidate: no replay")
+            if a.eval_steps > 0 and not dev:
+                log.warning("fit: no dev question has an answer-bearing and another candidate: no early stopping")
             config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
                                              batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed,
-                                             save_fp16=True)
+                                             save_fp16=True, replay_ratio=replay_ratio,
+                                             distill_weight=a.distill_weight, lora_r=a.lora_r, eval_steps=eval_steps,
+                                             cosine_mix=a.cosine_mix)
             import shutil
 
             from ragsieve.atomic import atomic_directory
 
             with atomic_directory(target) as tmp:  # a killed training leaves nothing half-written behind
-                train_cross_encoder(self.prefs["train"], config, tmp)
+                train_cross_encoder(self.prefs["train"], config, tmp, replay=replay, relevance_dev=dev)
                 shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
         if self.config.align.guard:
             self.align_check = self._relevance_check(target)
@@ -354,6 +367,21 @@ class Fit:
                 self.reranker_spec = self.config.align.init
             _write_json(check_file, self.align_check)
         self.progress("rerank", 1, 1)
+
+    def _gold_groups(self, split: str) -> list:
+        """Relevance groups of ``split``: a question's answer-bearing candidates vs its other candidates."""
+        from ragsieve.prefs.preferences import PreferenceRecord
+
+        groups = []
+        for q in self.splits[split]:
+            cands, bearing = self.candidates[q.id], self._answer_bearing(q)
+            pos = [p for i, p in enumerate(cands) if i in bearing]
+            neg = [p for i, p in enumerate(cands) if i not in bearing]
+            if pos and neg:
+                groups.append(PreferenceRecord(q.text, [p.full_text for p in pos], [p.full_text for p in neg],
+                                               [1.0] * len(pos), [0.0] * len(neg), q.id,
+                                               [p.id for p in pos], [p.id for p in neg]))
+        return groups
 
     def _forget_stale_alignment(self, target: Path, check_file: Path) -> None:
         """A reranker trained on other preferences or settings is not resumed: it is trained again."""
@@ -485,7 +513,10 @@ class Fit:
             metrics["probe_test_auroc"] = None  # one class only in the test split
         metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
         metrics["gate_dev"] = self.gate_dev
+        # the relevance guard's verdict on the aligned reranker (None: guard off or nothing aligned)
         metrics["alignment_check"] = self.align_check
+        metrics["alignment_guards"] = self.config.align.model_dump(
+            include={"distill_weight", "replay_ratio", "lora_r", "eval_steps", "cosine_mix", "guard", "max_mrr_drop"})
         metrics["seconds_by_phase"] = self.timings
         self.sieve = sieve.model_copy(update={
             "metrics": metrics, "versions": _versions(),
@@ -493,19 +524,6 @@ class Fit:
         })
         Sieve(self.sieve).save(self.out)
         self.progress("evaluate", len(test), len(test))
-
-
-def _reranker_folder(spec: str) -> str:
-    """A folder the cross-encoder trainer can start from."""
-    if Path(spec).is_dir():
-        return spec
-    if spec.startswith("cross-encoder:") and Path(spec.partition(":")[2]).is_dir():
-        return spec.partition(":")[2]
-    if spec == "embedded:base":
-        from ragsieve.rerank.shipped import base_reranker_dir
-
-        return str(base_reranker_dir())
-    raise RagsieveError(f"align.init '{spec}': give a cross-encoder folder or embedded:base")
 
 
 def _versions() -> dict[str, str]:

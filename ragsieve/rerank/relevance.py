@@ -198,3 +198,31 @@ def evaluate_rankers(
             run[q.query_id] = docs
         out[name] = ranking_metrics(qrels, run, ks=ks, measures=measures)
     return out
+
+
+def per_query(
+    ranker: "BaseRanker",  # noqa: F821 - typing only
+    queries: Sequence[RankingQuery],
+    ks: Sequence[int] = (10,),
+    measures: Sequence[str] = ("MRR", "nDCG"),
+) -> dict[str, dict[str, float]]:
+    """``{"MRR@10": {qid: v}, "nDCG@10": {...}}``: each query's metrics over its candidate list (ranx).
+
+    The per-query values behind :func:`evaluate_rankers`' means, for intervals and paired tests.
+
+    Example::
+
+        per_query(load_reranker("bm25"), queries)["MRR@10"]        # {"q1": 1.0, "q2": 0.5, ...}
+        per_query(ranker, queries, ks=(1, 3), measures=("P",))      # {"P@1": {...}, "P@3": {...}}
+    """
+    from ragsieve.eval.ranking import ranking_metrics
+
+    qrels = {q.query_id: {pid: 1 for pid in q.relevant} for q in queries}
+    run = {}
+    for q in queries:
+        ranked = ranker.rank(q.query, list(q.candidates))
+        docs: dict[str, float] = {}
+        for r in ranked.results:  # distinct scores by rank, like evaluate_rankers
+            docs.setdefault(r.passage.id, float(len(ranked) - r.rank))
+        run[q.query_id] = docs
+    return ranking_metrics(qrels, run, ks=ks, measures=measures, per_query=True)

@@ -46,6 +46,24 @@ def base_reranker_dir() -> Path:
     return ASSET_DIR
 
 
+def reranker_folder(spec: str, what: str = "init") -> str:
+    """A cross-encoder folder fine-tuning can start from: a folder, ``cross-encoder:<folder>`` or ``embedded:base``.
+
+    ``what`` names the option in the error (``align.init``, ``--init``, ...).
+
+    Example::
+
+        reranker_folder("embedded:base")       # '.../ragsieve/assets/base-reranker'
+    """
+    if Path(spec).is_dir():
+        return spec
+    if spec.startswith("cross-encoder:") and Path(spec.partition(":")[2]).is_dir():
+        return spec.partition(":")[2]
+    if spec == "embedded:base":
+        return str(base_reranker_dir())
+    raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or embedded:base")
+
+
 def read_card(folder: str | Path = ASSET_DIR) -> dict:
     path = Path(folder) / CARD
     if not path.exists():
@@ -153,6 +171,43 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
         ranker.calibration = Calibration(temperature=cal["temperature"], bias=cal["bias"],
                                          from_probability=from_probability)
     return ranker
+
+
+def load_cross_encoder(model: str = "", max_length: int | None = None, batch_size: int = 32,
+                       backend: str | None = None, threads: int | None = None) -> BaseRanker:
+    """``cross-encoder:<folder or id>``: a folder with a ragsieve card scores the way its card says.
+
+    A folder carrying ``ragsieve_reranker.json`` (the shipped base, or a reranker fine-tuned from it
+    with ``cosine_mix``) loads through :func:`load_shipped_reranker`: its cosine mix, calibration and
+    backend. Any other folder or HF id is a plain :class:`~ragsieve.rerank.neural.CrossEncoderRanker`.
+
+    Example::
+
+        load_cross_encoder("models/aligned").rank("who wrote hamlet", ["Hamlet is by Shakespeare.", "Paris"])
+    """
+    if model and (Path(model) / CARD).is_file():
+        return load_shipped_reranker(model, backend=backend, threads=threads, batch_size=batch_size,
+                                     max_length=max_length)
+    from ragsieve.rerank.neural import CrossEncoderRanker
+
+    return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size, backend=backend or "torch")
+
+
+def inherited_card(start: str | Path, max_length: int) -> dict | None:
+    """The card a reranker fine-tuned from ``start`` carries so it scores as ``start`` does, or None.
+
+    Only the scoring function is inherited (cosine weight and scale): the start's calibration
+    and held-out numbers describe other weights, and there is no ONNX export, so torch it is.
+    """
+    path = Path(start) / CARD
+    if not path.is_file():
+        return None
+    card = json.loads(path.read_text())
+    weight = float(card.get("cosine_weight", 0.0))
+    if not weight:
+        return None
+    return {"cosine_weight": weight, "cosine_scale": float(card.get("cosine_scale", 20.0)),
+            "default_backend": "torch", "max_length": max_length, "fine_tuned_from": str(start)}
 
 
 def write_asset(model_dir: str | Path, out_dir: str | Path, card: dict) -> Path:

@@ -3,22 +3,60 @@
 A group is (query, positive, [negatives]) — the FlagEmbedding shape — and the loss is
 :class:`~ragsieve.rerank.losses.GroupInfoNCELoss`. Used for the base reranker (gold
 relevance data) and the LLM-aligned one (confidence-shift preferences).
+
+Aligned on preferences alone, the reranker forgets general relevance (issue #18). Five
+guards, each one config field whose default leaves training exactly as before:
+
+* ``replay_ratio`` — that share of the training rows are gold relevance groups replayed
+  from ``train_cross_encoder(..., replay=...)``, like ReplayDPO's α;
+* ``distill_weight`` — adds ``w · KL(softmax(t) || softmax(s))`` per group, ``t`` the *start*
+  model's logits on the group's docs, computed once before training
+  (:class:`~ragsieve.rerank.losses.GroupInfoNCEDistillLoss`);
+* ``lora_r`` — trains rank-r LoRA adapters on BERT's attention and dense layers (the
+  classifier head fully) and merges them before saving: the folder is a plain CrossEncoder;
+* ``cosine_mix`` — the saved folder keeps the start reranker's scoring function (the shipped
+  base adds ``w · 20 ·`` MiniLM cosine to the logit; see :mod:`ragsieve.rerank.mixed`);
+* ``eval_steps`` — every that many steps, nDCG@10 on ``relevance_dev`` gold groups
+  (sentence-transformers' ``CrossEncoderRerankingEvaluator``); training stops after
+  ``patience`` evaluations without improvement and the best evaluated weights are saved.
+
+Example::
+
+    from ragsieve.prefs import read_preferences
+    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.shipped import base_reranker_dir
+
+    cfg = CrossEncoderTrainConfig(init=str(base_reranker_dir()), group_size=6, distill_weight=1.0)
+    train_cross_encoder(read_preferences("prefs_train.jsonl"), cfg, "models/aligned")
+    # load_reranker("models/aligned") ranks with it, like any CrossEncoder folder
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 from pathlib import Path
 from typing import Sequence
+
+from pydantic import Field
 
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.prefs.preferences import PreferenceRecord
 
+log = logging.getLogger(__name__)
+
+#: written next to the weights: rows, replayed rows and the dev history of one training
+TRAINING_CARD = "ragsieve_training.json"
+#: BERT's linear layers: attention query/key/value, and every `dense` (attention output,
+#: intermediate, output, pooler); the classifier head is trained in full
+LORA_TARGETS = ["query", "key", "value", "dense"]
+
 
 class CrossEncoderTrainConfig(StrictConfig):
-    """Defaults from the knowledge-boundary paper (lr 6e-5, wd 0.01, 1 epoch)."""
+    """Defaults from the knowledge-boundary paper (lr 6e-5, wd 0.01, 1 epoch); every guard off."""
 
     init: str = DEFAULT_ENCODER  # an encoder spec or a cross-encoder folder
     group_size: int = 8  # 1 positive + 7 negatives
@@ -34,6 +72,17 @@ class CrossEncoderTrainConfig(StrictConfig):
     # Trained in fp32, saved in fp16: half the disk (a sieve ships within 50 MB) and the
     # scores differ by < 1e-3 once loaded back in fp32.
     save_fp16: bool = False
+    # --- guards against forgetting general relevance (issue #18); 0 = off
+    replay_ratio: float = Field(0.0, ge=0, lt=1, description="share of rows that are replayed gold groups")
+    distill_weight: float = Field(0.0, ge=0, description="weight of KL(start model || student) per group")
+    lora_r: int = Field(0, ge=0, description="LoRA rank; 0 = full fine-tune")
+    eval_steps: int = Field(0, ge=0, description="relevance-dev evaluation interval; 0 = no early stopping")
+    patience: int = Field(2, ge=1, description="evaluations without dev improvement before stopping")
+    dev_docs: int = Field(12, ge=2, description="docs per relevance-dev query (its positives first)")
+    # The shipped base scores cross-encoder logit + w · 20 · MiniLM cosine (its card). A fine-tuned
+    # folder without that card scores with the logit alone: it loses the cosine term on top of
+    # whatever training changed. True writes the start's mix into the new folder's card.
+    cosine_mix: bool = Field(False, description="keep the start reranker's cosine mix (its card) in the saved folder")
 
 
 def group_rows(records: Sequence[PreferenceRecord], group_size: int, seed: int = 0) -> list[dict[str, str]]:
@@ -59,15 +108,62 @@ def group_rows(records: Sequence[PreferenceRecord], group_size: int, seed: int =
     return rows
 
 
+def replay_rows(replay: Sequence[PreferenceRecord], n_rows: int, ratio: float, group_size: int,
+                seed: int = 0) -> list[dict[str, str]]:
+    """Gold rows to add to ``n_rows`` preference rows so that they make up ``ratio`` of the total.
+
+    ``round(n_rows · ratio / (1 − ratio))`` rows, drawn without repeats while the gold groups
+    last; each further pass over them samples fresh negatives.
+
+    Example::
+
+        len(replay_rows(gold, 100, 0.5, 6))   # 100: half of the 200 rows are gold
+    """
+    if not 0 <= ratio < 1:
+        raise RagsieveError(f"replay_ratio must be in [0, 1), got {ratio}")
+    want = round(n_rows * ratio / (1 - ratio))
+    out: list[dict[str, str]] = []
+    rng = random.Random(seed)
+    passes = 0
+    while len(out) < want:
+        rows = group_rows(replay, group_size, seed + 1 + passes)
+        if not rows:
+            raise RagsieveError("no replay groups: every gold record needs a positive and a negative")
+        rng.shuffle(rows)
+        out += rows[: want - len(out)]
+        passes += 1
+    if passes > 1:
+        log.info("replay: %d gold rows from %d gold groups (%d passes)", want, len(rows), passes)
+    return out
+
+
+def relevance_samples(records: Sequence[PreferenceRecord], max_docs: int = 12) -> list[dict]:
+    """``CrossEncoderRerankingEvaluator`` samples: each record's positives and its first negatives."""
+    return [{"query": r.query, "positive": list(r.pos), "negative": list(r.neg[: max(1, max_docs - len(r.pos))])}
+            for r in records if r.pos and r.neg]
+
+
 def train_cross_encoder(
-    records: Sequence[PreferenceRecord], config: CrossEncoderTrainConfig, out_dir: str | Path
+    records: Sequence[PreferenceRecord],
+    config: CrossEncoderTrainConfig,
+    out_dir: str | Path,
+    *,
+    replay: Sequence[PreferenceRecord] | None = None,
+    relevance_dev: Sequence[PreferenceRecord] | None = None,
 ) -> Path:
     """Fine-tune a 1-logit cross-encoder on preference groups and save it to ``out_dir``.
+
+    ``replay`` (gold groups, used when ``config.replay_ratio > 0``) and ``relevance_dev``
+    (gold groups, used when ``config.eval_steps > 0``) feed the forgetting guards. The
+    folder also gets ``ragsieve_training.json`` (row counts, dev history, best step).
 
     Example::
 
         train_cross_encoder(read_preferences("prefs.jsonl"), CrossEncoderTrainConfig(), "models/aligned")
         load_reranker("cross-encoder:models/aligned")
+
+        cfg = CrossEncoderTrainConfig(init=str(base_reranker_dir()), replay_ratio=0.5, eval_steps=20)
+        train_cross_encoder(prefs, cfg, "models/guarded", replay=gold_train, relevance_dev=gold_dev)
     """
     import torch
     from datasets import Dataset
@@ -78,17 +174,45 @@ def train_cross_encoder(
     )
 
     from ragsieve.models.encoder import resolve_encoder_path
-    from ragsieve.rerank.losses import GroupInfoNCELoss
+    from ragsieve.rerank.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
 
+    # every guard's inputs are checked before the model loads
+    if config.replay_ratio > 0 and not replay:
+        raise RagsieveError(f"replay_ratio {config.replay_ratio} needs gold groups to replay (replay=...)")
+    dev = relevance_samples(relevance_dev or [], config.dev_docs)
+    if config.eval_steps > 0 and not dev:
+        raise RagsieveError(f"eval_steps {config.eval_steps} needs relevance_dev gold groups with a positive "
+                            "and a negative")
     rows = group_rows(records, config.group_size, config.seed)
     if not rows:
         raise RagsieveError("no training groups: every record needs at least one positive and one negative")
+    n_pref = len(rows)
+    if config.replay_ratio > 0:
+        rows += replay_rows(replay, n_pref, config.replay_ratio, config.group_size, config.seed)
     init = config.init if Path(config.init).exists() else resolve_encoder_path(config.init)
     # From a bi-encoder folder, CrossEncoder keeps the BERT weights and adds a new 1-logit head.
     # fp32 on CPU even from the shipped fp16 weights: fp16 training on CPU is slow and lossy
     model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu",
                          model_kwargs={"dtype": torch.float32})
     out_dir = Path(out_dir)
+    # The paper caps queries at 128 tokens separately from passages.
+    rows = [{**r, "query": _truncate(model.tokenizer, r["query"], config.query_max_tokens)} for r in rows]
+    if config.distill_weight > 0:
+        # the teacher is the model as it starts, frozen: scored once, before any adapter or step
+        teacher = start_logits(model, rows, config.group_size)
+        rows = [{**r, "label": t} for r, t in zip(rows, teacher)]
+        loss = GroupInfoNCEDistillLoss(model, temperature=config.temperature, distill_weight=config.distill_weight)
+    else:
+        loss = GroupInfoNCELoss(model, temperature=config.temperature)
+    lora = _attach_lora(model, config.lora_r, config.seed) if config.lora_r else None
+    evaluator, callbacks, eval_args = None, [], {}
+    if config.eval_steps > 0:
+        from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+
+        evaluator = CrossEncoderRerankingEvaluator(dev, at_k=10, name="dev", batch_size=32, write_csv=False)
+        eval_args = {"eval_strategy": "steps", "eval_steps": config.eval_steps,
+                     "metric_for_best_model": "eval_dev_ndcg@10", "greater_is_better": True}
+        callbacks = [_best_on_dev(model, evaluator, config.patience)]
     args = CrossEncoderTrainingArguments(
         output_dir=str(out_dir / "checkpoints"),
         num_train_epochs=config.epochs,
@@ -102,21 +226,115 @@ def train_cross_encoder(
         logging_steps=10,
         use_cpu=True,
         dataloader_drop_last=False,
+        **eval_args,
     )
-    # The paper caps queries at 128 tokens separately from passages.
-    truncated = [
-        {**r, "query": _truncate(model.tokenizer, r["query"], config.query_max_tokens)} for r in rows
-    ]
     trainer = CrossEncoderTrainer(
-        model=model, args=args, train_dataset=Dataset.from_list(truncated),
-        loss=GroupInfoNCELoss(model, temperature=config.temperature),
+        model=model, args=args, train_dataset=Dataset.from_list(rows), evaluator=evaluator, loss=loss,
+        callbacks=callbacks,
     )
     trainer.train()
+    if lora is not None:
+        lora.merge_and_unload()  # in place: the CrossEncoder's BERT is plain again, adapters folded in
     if config.save_fp16:
         model.model.half()
     model.save_pretrained(str(out_dir))
     (out_dir / "README.md").unlink(missing_ok=True)  # the auto card describes a generic CrossEncoder
+    card = {"preference_rows": n_pref, "replay_rows": len(rows) - n_pref, "steps": trainer.state.global_step,
+            "guards": config.model_dump(include={"replay_ratio", "distill_weight", "lora_r", "eval_steps", "cosine_mix"})}
+    if callbacks:
+        card.update(callbacks[0].summary())
+    (out_dir / TRAINING_CARD).write_text(json.dumps(card, indent=1) + "\n")
+    if config.cosine_mix:
+        from ragsieve.rerank.shipped import CARD, inherited_card
+
+        mix = inherited_card(init, config.max_length)
+        if mix:  # load_reranker(out_dir) then scores as the start did: logit + w · scale · cosine
+            (out_dir / CARD).write_text(json.dumps(mix, indent=1) + "\n")
     return out_dir
+
+
+def start_logits(model, rows: Sequence[dict], group_size: int, batch_size: int = 64) -> list[list[float]]:
+    """The model's raw logits on each row's ``positive, negative_1..`` docs (eval mode, no gradient)."""
+    import torch
+    from sentence_transformers.util import batch_to_device
+
+    columns = ["positive"] + [f"negative_{i}" for i in range(1, group_size)]
+    pairs = [(r["query"], r[c]) for r in rows for c in columns]
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(pairs), batch_size):
+            tokens = batch_to_device(model.preprocess(pairs[lo: lo + batch_size]), model.device)
+            out.append(model(tokens)["scores"].view(-1).float())
+    model.train(was_training)
+    logits = torch.cat(out).view(len(rows), group_size)
+    return logits.tolist()
+
+
+def _attach_lora(model, r: int, seed: int):
+    """Inject LoRA adapters into the CrossEncoder's BERT in place; returns the PEFT wrapper (to merge)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)  # LoRA's A matrices are random (B = 0: the start model is unchanged)
+    # alpha = 2r, the usual scaling; dropout 0.05 on the adapter input only (BERT keeps its own 0.1)
+    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.05, target_modules=LORA_TARGETS,
+                        modules_to_save=["classifier"])
+    return get_peft_model(model.model, config)
+
+
+def _best_on_dev(model, evaluator, patience: int):
+    """Early stopping on relevance-dev nDCG@10 that keeps the best weights in memory.
+
+    Why not the trainer's ``load_best_model_at_end``: it reloads a checkpoint folder, which
+    cannot rebuild a model with LoRA layers injected (sentence-transformers logs the error and
+    keeps the last weights), and it writes model + optimizer state at every evaluation. A
+    copy of the weights (≈ 90 MB for MiniLM) is cheaper and works for both. The final step
+    competes too: it is evaluated at the end when no evaluation fell on it.
+    """
+    from transformers import TrainerCallback
+
+    key = "eval_dev_ndcg@10"
+
+    class BestOnDev(TrainerCallback):
+        def __init__(self):
+            self.best: float | None = None
+            self.best_step = 0
+            self.weights = None
+            self.bad = 0
+            self.history: list[dict] = []
+
+        def _seen(self, step: int, value: float) -> bool:
+            self.history.append({"step": step, "dev_ndcg@10": value})
+            if self.best is None or value > self.best:
+                self.best, self.best_step, self.bad = value, step, 0
+                self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                return True
+            self.bad += 1
+            return False
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            if metrics and key in metrics:
+                self._seen(state.global_step, float(metrics[key]))
+                if self.bad >= patience:
+                    log.info("relevance dev nDCG@10 did not improve for %d evaluations: stopping at step %d",
+                             patience, state.global_step)
+                    control.should_training_stop = True
+            return control
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if not self.history or self.history[-1]["step"] != state.global_step:
+                self._seen(state.global_step, float(evaluator(model)[key.removeprefix("eval_")]))
+            if self.weights is not None and self.best_step != state.global_step:
+                model.load_state_dict(self.weights)
+            self.weights = None
+            return control
+
+        def summary(self) -> dict:
+            return {"best_dev_step": self.best_step, "best_dev_ndcg@10": self.best, "dev_history": self.history}
+
+    return BestOnDev()
 
 
 def _truncate(tokenizer, text: str, max_tokens: int) -> str:

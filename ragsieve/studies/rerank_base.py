@@ -32,6 +32,7 @@ from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.rerank.distill import DistillConfig
 from ragsieve.rerank.mining import SOURCES, MiningConfig
+from ragsieve.rerank.relevance import per_query
 
 log = logging.getLogger(__name__)
 
@@ -94,21 +95,6 @@ def paired_diff(a: np.ndarray, b: np.ndarray, n: int, seed: int = 0) -> dict[str
     d = a - b
     lo, hi = bootstrap_ci(d, n, seed) if np.any(d != d[0]) else (float(d[0]), float(d[0]))
     return {"diff": float(d.mean()), "low": lo, "high": hi}
-
-
-def per_query(ranker, queries) -> dict[str, dict[str, float]]:
-    """``{"MRR@10": {qid: v}, "nDCG@10": {...}}`` over the given candidate lists (ranx)."""
-    from ragsieve.eval.ranking import ranking_metrics
-
-    qrels = {q.query_id: {pid: 1 for pid in q.relevant} for q in queries}
-    run = {}
-    for q in queries:
-        ranked = ranker.rank(q.query, list(q.candidates))
-        docs: dict[str, float] = {}
-        for r in ranked.results:  # distinct scores by rank, like evaluate_rankers
-            docs.setdefault(r.passage.id, float(len(ranked) - r.rank))
-        run[q.query_id] = docs
-    return ranking_metrics(qrels, run, ks=(10,), measures=("MRR", "nDCG"), per_query=True)
 
 
 class _Memo:

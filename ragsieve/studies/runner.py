@@ -24,6 +24,7 @@ from ragsieve.studies.evolve import EvolveExperiment
 from ragsieve.studies.grader import GraderExperiment
 from ragsieve.studies.probe_nq import ProbeExperiment
 from ragsieve.studies.rerank_align import RerankAlignExperiment
+from ragsieve.studies.rerank_align_guard import RerankAlignGuardStudy
 from ragsieve.studies.rerank_base import RerankBaseStudy
 
 EXPERIMENTS: dict[str, type["Experiment"]] = {
@@ -31,6 +32,7 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "cbdr_nq": CBDRExperiment,
     "rerank_base": RerankBaseStudy,
     "rerank_align": RerankAlignExperiment,
+    "rerank_align_guard": RerankAlignGuardStudy,
     "grader": GraderExperiment,
     "evolve": EvolveExperiment,
 }
