@@ -479,7 +479,8 @@ class _Runner:
             "precision_floor": self.cfg.select_precision, "test_pairs": len(self.test.pairs),
         }})
         target = Path(self.cfg.ship_to)
-        with atomic_directory(target) as tmp:
+        # the study chose it on the same test pairs as every other grader: it replaces the shipped one
+        with atomic_directory(target, overwrite=True) as tmp:
             grader.save(tmp)
         self.console.print(f"shipped {name} (threshold {op['threshold']:.4f}) to {target}")
         return target
