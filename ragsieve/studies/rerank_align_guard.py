@@ -20,8 +20,9 @@ it. The start's cross-encoder alone is scored once too, as the ``base-ce`` row
 Resumable variant by variant: models under ``<out>/work/<variant>/`` (git-ignored, reused when
 their training config is unchanged), per-query scores under ``<out>/work/forgetting`` and
 ``<out>/work/prefs_test``, and each finished variant's results in ``<out>/variants/<variant>.json``
-(committed; a finished variant with an unchanged config is skipped). At the end:
-``metrics.json`` (with the best guard chosen by :func:`choose_best`) and ``forgetting.md``.
+(committed; a finished variant with an unchanged config is skipped). Then:
+``metrics.json`` (with the best guard chosen by :func:`choose_best`) and ``forgetting.md``, rewritten
+after every variant over the variants finished so far.
 
 Example::
 
@@ -203,21 +204,32 @@ class RerankAlignGuardStudy:
                 "seconds": time.perf_counter() - t0,
             }
             write_json(path, results[name])  # committable at once: a kill loses at most this variant
+            self._summarize(cfg, out_dir, base_dir, base_key, base_pref, results, gold)
             drops = {d: round(v["rankers"][name]["vs_reference"]["MRR@10"]["diff"], 3)
                      for d, v in forgetting["datasets"].items()}
             console.print(f"{name}: P@1 {results[name]['prefs_test']['means']['P@1']:.3f} "
                           f"(base {results[name]['prefs_test']['base_means']['P@1']:.3f}); MRR@10 − base {drops}")
+        metrics = self._summarize(cfg, out_dir, base_dir, base_key, base_pref, results, gold)
+        console.print(f"best guard: {metrics['best_guard']['best']}")
+        return metrics
+
+    @staticmethod
+    def _summarize(cfg: RerankAlignGuardConfig, out_dir: Path, base_dir: Path, base_key: str, base_pref: dict,
+                   results: dict, gold: dict) -> dict:
+        """``metrics.json`` and ``forgetting.md`` over the variants finished so far (rewritten after each one)."""
+        from ragsieve.studies.common import write_json
+
         metrics = {
             "base": {"folder": str(base_dir), "spec": cfg.init, "weights_key": base_key,
                      "prefs_test": _means(base_pref)},
             "variants": results,
+            "finished": f"{len(results)} of {len(cfg.variants)} variants",
             "best_guard": choose_best(results, cfg.max_mrr_drop),
-            "gold_groups": gold.get("info") or _read_json(work / "gold_info.json"),
+            "gold_groups": gold.get("info") or _read_json(out_dir / "work" / "gold_info.json"),
             "config": cfg.model_dump(),
         }
         write_json(out_dir / "metrics.json", metrics)
         (out_dir / "forgetting.md").write_text(markdown_table(metrics) + "\n\n" + preference_table(metrics) + "\n")
-        console.print(f"best guard: {metrics['best_guard']['best']}")
         return metrics
 
     @staticmethod
