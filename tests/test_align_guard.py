@@ -217,7 +217,7 @@ def test_rerank_train_guard_options(tmp_path, cli, tiny_cross_encoder_dir):
             "--lora-r", "2", "--relevance-dev", gold, "--eval-steps", "2")
     assert r.code == 0, r.err
     card = json.loads((out / "ragsieve_training.json").read_text())
-    assert card["guards"] == {"replay_ratio": 0.5, "distill_weight": 1.0, "lora_r": 2, "eval_steps": 2,
+    assert card["guards"] == {"replay_ratio": 0.5, "distill_weight": 0.0, "lora_r": 2, "eval_steps": 2,
                               "cosine_mix": True}
     assert card["replay_rows"] == 6 and card["dev_history"]
 

@@ -78,9 +78,9 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
         assert written["reranker"] == str(tiny_cross_encoder_dir) and not (out / "reranker").exists()
         assert (out / "work" / "reranker-rejected" / "model.safetensors").is_file()
     assert "n" in check and written["metrics"]["gate_dev"] is None  # a budget policy: no parity search
-    # the forgetting guards it trained with: distillation by default, replay of answer-bearing train candidates
+    # the forgetting guards it trained with: the start's cosine mix by default, replay of answer-bearing train candidates
     guards = written["metrics"]["alignment_guards"]
-    assert guards["distill_weight"] == 1.0 and guards["replay_ratio"] == 0.5 and guards["guard"] is True
+    assert guards["cosine_mix"] is True and guards["replay_ratio"] == 0.5 and guards["guard"] is True
     trained = out / ("reranker" if check["kept"] else "work/reranker-rejected") / "ragsieve_training.json"
     assert json.loads(trained.read_text())["replay_rows"] > 0
     assert written["grader"] == "grader" and sieve.grader is not None  # threshold calibrated on dev
