@@ -184,20 +184,26 @@ def evaluate_rankers(
     """
     from ragsieve.eval.ranking import ranking_metrics
 
-    qrels = {q.query_id: {pid: 1 for pid in q.relevant} for q in queries}
-    out = {}
-    for name, ranker in rankers.items():
-        run = {}
-        for q in queries:
-            ranked = ranker.rank(q.query, list(q.candidates))
-            # distinct scores by rank so ranx cannot reorder ties differently from rank();
-            # a repeated passage keeps its best rank
-            docs: dict[str, float] = {}
-            for r in ranked.results:
-                docs.setdefault(r.passage.id, float(len(ranked) - r.rank))
-            run[q.query_id] = docs
-        out[name] = ranking_metrics(qrels, run, ks=ks, measures=measures)
-    return out
+    return {name: ranking_metrics(_qrels(queries), _run(ranker, queries), ks=ks, measures=measures)
+            for name, ranker in rankers.items()}
+
+
+def _qrels(queries: Sequence[RankingQuery]) -> dict[str, dict[str, int]]:
+    return {q.query_id: {pid: 1 for pid in q.relevant} for q in queries}
+
+
+def _run(ranker: "BaseRanker", queries: Sequence[RankingQuery]) -> dict[str, dict[str, float]]:  # noqa: F821
+    """The ranker's order of each query's candidates as a ranx run."""
+    run = {}
+    for q in queries:
+        ranked = ranker.rank(q.query, list(q.candidates))
+        # distinct scores by rank so ranx cannot reorder ties differently from rank();
+        # a repeated passage keeps its best rank
+        docs: dict[str, float] = {}
+        for r in ranked.results:
+            docs.setdefault(r.passage.id, float(len(ranked) - r.rank))
+        run[q.query_id] = docs
+    return run
 
 
 def per_query(
@@ -217,12 +223,4 @@ def per_query(
     """
     from ragsieve.eval.ranking import ranking_metrics
 
-    qrels = {q.query_id: {pid: 1 for pid in q.relevant} for q in queries}
-    run = {}
-    for q in queries:
-        ranked = ranker.rank(q.query, list(q.candidates))
-        docs: dict[str, float] = {}
-        for r in ranked.results:  # distinct scores by rank, like evaluate_rankers
-            docs.setdefault(r.passage.id, float(len(ranked) - r.rank))
-        run[q.query_id] = docs
-    return ranking_metrics(qrels, run, ks=ks, measures=measures, per_query=True)
+    return ranking_metrics(_qrels(queries), _run(ranker, queries), ks=ks, measures=measures, per_query=True)
