@@ -96,12 +96,19 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
         "  base:\n    sources:\n      hotpotqa-distractor: {train_questions: 3, test_questions: 2, test_fraction: 0.5}\n"
         f"    train: {{init: {tiny_cross_encoder_dir}, batch_size: 2, max_length: 128}}\n"
         "  train: {batch_size: 2, max_length: 128}\n"
-        "  rag: {nq_questions: 3, hotpotqa_questions: 2, max_new_tokens: 2, max_prompt_tokens: 450}\n"
+        "  seeds: [0, 1]\n"
+        "  rag: {nq_questions: 3, hotpotqa_questions: 2, max_new_tokens: 2, max_prompt_tokens: 450,"
+        " grader: 'embedded:default'}\n"
     )
     result = run_experiment_file(align)
-    rankers = {"bm25", "bi-encoder", "base", "aligned"}
+    rankers = {"bm25", "bi-encoder", "base", "aligned", "aligned-seed1"}
     assert set(result["table1"]) == rankers and set(result["table1"]["aligned"]) >= {"P@1", "R@5", "MRR@3"}
-    assert set(result["table2"]) == rankers | {"retriever"}
+    assert set(result["table1_stats"]["vs_base"]) == {"aligned", "aligned-seed1"}
+    assert set(result["table2"]) == rankers | {"retriever", "aligned+grader"}
+    cell = result["table2_stats"]["cells"]["aligned+grader"]["nq_top1"]
+    assert cell["n"] == 3 and cell["ci95"][0] <= cell["accuracy"] <= cell["ci95"][1]
+    assert set(result["table2_stats"]["paired"]) == {"aligned_vs_base", "aligned-seed1_vs_base", "sieve_vs_best_plain"}
+    assert len(result["seed_spread"]["table2:nq_top3"]["values"]) == 2
     assert set(result["table2"]["aligned"]) == {"nq_top1", "nq_top3", "hotpotqa_top1", "hotpotqa_top3"}
     fixed = [r for r in result["table3"] if "beta_quantile" not in r]
     assert {(r["beta"], r["top_k"]) for r in fixed} == {(b, k) for b in (0.0, 0.9, 0.95, 0.98) for k in (1, 3)}
@@ -111,7 +118,7 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     top1 = [r["rr"] for r in by_quantile if r["top_k"] == 1]
     assert top1 == sorted(top1)
     gold_at_1 = result["rag"]["nq"]["gold_at_1"]
-    assert set(gold_at_1) == rankers | {"retriever"} and all(0.0 <= v <= 1.0 for v in gold_at_1.values())
+    assert set(gold_at_1) == rankers | {"retriever", "aligned+grader"} and all(0.0 <= v <= 1.0 for v in gold_at_1.values())
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
     assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
     assert (tmp_path / "align" / "cbdr_aligned.png").stat().st_size > 0
@@ -134,7 +141,8 @@ def test_bad_study_values_are_refused_before_out_dir_exists(tmp_path):
     assert not out.exists()
 
 
-SCALE_CONFIGS = ("probe_nq_scale", "cbdr_nq_scale", "probe_hotpotqa_scale", "cbdr_hotpotqa_scale")
+SCALE_CONFIGS = ("probe_nq_scale", "cbdr_nq_scale", "probe_hotpotqa_scale", "cbdr_hotpotqa_scale",
+                 "rerank_align_nq_scale")
 
 
 @pytest.mark.parametrize("name", SCALE_CONFIGS + ("probe_nq", "cbdr_nq"))
@@ -153,6 +161,11 @@ def test_study_configs_validate(name):
         assert cfg.state_cache.startswith(f"results/{name}/work/")  # git-ignored, next to the run
     if name.startswith("cbdr") and name.endswith("scale"):
         assert cfg.min_questions >= 500 and cfg.reuse_probe_generations and cfg.probe_results.endswith("_scale")
+    if name == "rerank_align_nq_scale":  # issue #15's sizes, on the probe run's split
+        assert cfg.prefs.train_questions >= 1000 and cfg.prefs.test_questions >= 300 and len(cfg.seeds) == 3
+        assert cfg.prefs.split_file == "results/probe_nq_scale/split.json"
+        assert cfg.rag.nq_question_split == "results/probe_nq_scale/split.json:test" and cfg.rag.nq_questions >= 500
+        assert cfg.init == "embedded:base" and cfg.rag.grader and cfg.train.cosine_mix
     if name == "probe_nq":  # the 1,000-question study keeps today's behaviour
         assert not cfg.layer_sweep and not cfg.extra_datasets and cfg.n_boot == 0 and cfg.state_cache is None
 

@@ -86,3 +86,24 @@ def test_build_preference_set_resumes(tmp_path, tiny_llm, tiny_llm_dir, monkeypa
         assert all(min(r.pos_scores) > 0 > max(r.neg_scores) and len(r.pos) <= 2 for r in recs)
     monkeypatch.setattr("ragsieve.models.load_local_llm", lambda *a, **k: pytest.fail("resumed run loaded the LLM"))
     assert build_preference_set(cfg, tmp_path / "prefs") == stats
+
+
+def test_build_questions_follow_a_probe_split_file(tmp_path):
+    """With split_file, train comes from the probe's train + dev ids and test from its test ids, in file order."""
+    from types import SimpleNamespace
+
+    from ragsieve.errors import RagsieveError
+    from ragsieve.prefs.build import PreferenceBuildConfig, select_build_questions
+
+    questions = [SimpleNamespace(id=f"q{i}") for i in range(10)]
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"train": ["q0", "q1", "q2", "gone"], "dev": ["q3"], "test": ["q9", "q7", "q8"]}))
+    cfg = PreferenceBuildConfig(split_file=str(split), train_questions=3, test_questions=2)
+    picked = select_build_questions(cfg, questions)
+    assert [q.id for q in picked["test"]] == ["q9", "q7"]
+    assert len(picked["train"]) == 3 and {q.id for q in picked["train"]} <= {"q0", "q1", "q2", "q3"}
+    with pytest.raises(RagsieveError, match="not found"):
+        select_build_questions(cfg.model_copy(update={"split_file": str(tmp_path / "none.json")}), questions)
+    split.write_text(json.dumps({"dev": []}))
+    with pytest.raises(RagsieveError, match="train / test"):
+        select_build_questions(cfg, questions)

@@ -31,6 +31,9 @@ class PreferenceBuildConfig(StrictConfig):
     train_questions: int = 150
     test_questions: int = 60
     test_fraction: float = 0.2  # test questions come from held_out_questions(): never seen in training
+    # or a probe study's split.json: train questions from its train + dev ids, test from its test ids,
+    # so the preference test set and the RAG/CBDR tables share held-out questions the probe never saw
+    split_file: str | None = None
     seed: int = 0
     batch_size: int = 16
     questions_per_call: int = 4  # questions scored per probe call (4 × 21 prompts keeps batches full)
@@ -49,14 +52,32 @@ class QuestionShift:
 
 
 def select_build_questions(cfg: PreferenceBuildConfig, questions) -> dict[str, list]:
-    """Train questions from outside the held-out split (seeded order), test from inside it."""
+    """Train questions from outside the held-out split (seeded order), test from inside it.
+
+    With ``cfg.split_file`` the split is a probe study's: train from its ``train`` + ``dev``
+    ids, test from its ``test`` ids (train in seeded order, test in file order), questions
+    missing from the dataset skipped.
+    """
+    import json
     import random
 
     from ragsieve.data import held_out_questions
 
-    test = held_out_questions(questions, cfg.test_fraction, cfg.seed)
-    test_ids = {q.id for q in test}
-    train = [q for q in questions if q.id not in test_ids]
+    if cfg.split_file:
+        path = Path(cfg.split_file)
+        if not path.is_file():
+            raise RagsieveError(f"split_file {path} not found: run the probe study that writes it first")
+        split = json.loads(path.read_text())
+        missing = [k for k in ("train", "test") if not isinstance(split.get(k), list)]
+        if missing:
+            raise RagsieveError(f"split_file {path} has no {' / '.join(missing)} id list")
+        by_id = {q.id: q for q in questions}
+        train = [by_id[i] for i in split["train"] + split.get("dev", []) if i in by_id]
+        test = [by_id[i] for i in split["test"] if i in by_id]  # file order, as the RAG tables take them
+    else:
+        test = held_out_questions(questions, cfg.test_fraction, cfg.seed)
+        test_ids = {q.id for q in test}
+        train = [q for q in questions if q.id not in test_ids]
     random.Random(cfg.seed).shuffle(train)
     return {"train": train[: cfg.train_questions], "test": test[: cfg.test_questions]}
 

@@ -75,6 +75,16 @@ def weights_key(folder: str | Path) -> str:
     return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
 
 
+def scoring_key(folder: str | Path, weights: str | None = None) -> str:
+    """Cache key of a cross-encoder folder's scores: its weights key plus the cosine weight its card mixes in."""
+    from ragsieve.rerank.shipped import CARD
+
+    weights = weights or weights_key(folder)
+    card = Path(folder) / CARD
+    weight = json.loads(card.read_text()).get("cosine_weight", 0.0) if card.is_file() else 0.0
+    return f"{weights}-mix{weight:g}" if weight else weights
+
+
 def measure_forgetting(
     rankers: Mapping[str, RankerLike],
     reference: str,

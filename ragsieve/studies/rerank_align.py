@@ -14,6 +14,8 @@ from rich.console import Console
 
 from ragsieve.config import StrictConfig
 from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.eval.stats import bootstrap_ci
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.prefs.build import PreferenceBuildConfig
 from ragsieve.rerank.base import BaseRanker
@@ -34,6 +36,12 @@ def _aligned_train_config() -> CrossEncoderTrainConfig:
 
 class RAGEvalConfig(StrictConfig):
     nq_questions: int = 150  # held-out NQ questions (never in preference training)
+    # "<split.json>:<key>": take the NQ questions from a probe study's split (e.g. the scale run's
+    # NQ-oracle test ids, so Tables 2 and 3 share questions); None = held_out_questions(prefs)
+    nq_question_split: str | None = None
+    # a grader spec (e.g. embedded:default): adds the "aligned+grader" row, the sieve's rerank → grade
+    # stages without its gate (a question whose passages are all graded out is answered closed-book)
+    grader: str | None = None
     hotpotqa_questions: int = 50  # the half of the distractor sample the base reranker did not train on
     candidates: int = 20
     top_ks: list[int] = [1, 3]
@@ -53,6 +61,11 @@ class RerankAlignConfig(StrictConfig):
     # 0.9, so Table 3 also sweeps β at these quantiles of the observed Conf(Q).
     beta_quantiles: list[float] = [0.25, 0.5, 0.75, 0.9]
     encoder: str = DEFAULT_ENCODER
+    # The start reranker as a user gets it (a spec, e.g. embedded:base: its cosine mix included), for
+    # "base" and as the aligned training's init; None = the study's own base (`base`, trained if absent).
+    init: str | None = None
+    # aligned training once per seed: the first is the "aligned" row, the others "aligned-seed<s>"
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
 
     @field_validator("train")
     @classmethod
@@ -71,7 +84,7 @@ class RerankAlignExperiment:
         from ragsieve.prefs.preferences import read_preferences
         from ragsieve.rerank.embedded import ensure_base_reranker
         from ragsieve.rerank.neural import CrossEncoderRanker
-        from ragsieve.rerank.relevance import evaluate_rankers
+        from ragsieve.registry import load_reranker
 
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
@@ -82,31 +95,59 @@ class RerankAlignExperiment:
         timings["prefs"] = time.perf_counter() - t0
         console.print(f"preference set: {json.dumps(prefs_stats)}")
 
-        base_dir = ensure_base_reranker(cfg.base, cfg.prefs.data_dir)
+        if cfg.init:
+            from ragsieve.rerank.shipped import reranker_folder
+
+            base_dir = Path(reranker_folder(cfg.init, "init"))
+        else:
+            base_dir = ensure_base_reranker(cfg.base, cfg.prefs.data_dir)
         t = time.perf_counter()
-        aligned_dir = self._train_aligned(cfg, out_dir, base_dir, read_preferences(out_dir / "prefs" / "prefs_train.jsonl"))
+        train_records = read_preferences(out_dir / "prefs" / "prefs_train.jsonl")
+        aligned_dirs = {
+            aligned_row(i, seed): self._train_aligned(cfg, out_dir / aligned_folder(i, seed), base_dir, train_records,
+                                                      seed, console)
+            for i, seed in enumerate(cfg.seeds)
+        }
         timings["train_aligned"] = time.perf_counter() - t
+
+        def load(folder: Path) -> BaseRanker:
+            # with `init`, every cross-encoder scores as a user gets it (a card's cosine mix included)
+            return load_reranker(str(folder)) if cfg.init else CrossEncoderRanker(str(folder))
 
         rankers: dict[str, BaseRanker] = {
             **baseline_rankers(cfg.encoder),
-            "base": CrossEncoderRanker(str(base_dir)),
-            "aligned": CrossEncoderRanker(str(aligned_dir)),
+            "base": load(base_dir),
+            **{name: load(folder) for name, folder in aligned_dirs.items()},
         }
         ds = load_dataset(cfg.prefs.dataset, data_dir=cfg.prefs.data_dir)
         test_queries = preference_ranking_queries(
             read_preferences(out_dir / "prefs" / "prefs_test.jsonl"), out_dir / "prefs" / "shifts.jsonl"
         )
-        table1 = evaluate_rankers(rankers, test_queries, ks=cfg.table1_ks, measures=("P", "R", "MRR"))
+        rank_keys = ranker_keys(cfg, base_dir, aligned_dirs)
+        per_pref = {name: cached_per_query(r, rank_keys[name], test_queries, cfg.table1_ks,
+                                           out_dir / "work" / "prefs_test")
+                    for name, r in rankers.items()}
+        table1 = {name: preference_means(per) for name, per in per_pref.items()}
+        table1_stats = {
+            "ci95": {name: {m: list(bootstrap_ci(list(v.values()), seed=cfg.prefs.seed)[1:]) for m, v in per.items()}
+                     for name, per in per_pref.items()},
+            # P@1: exact McNemar, P@3: paired bootstrap, each aligned row against base on the same questions
+            "vs_base": {name: compare_preferences(per_pref[name], per_pref["base"], seed=cfg.prefs.seed)["vs_base"]
+                        for name in aligned_dirs},
+        }
         console.print(metrics_table(f"Table 1: {len(test_queries)} preference test questions", table1,
                                     ["P@1", "R@3", "MRR@5"]))
 
         t = time.perf_counter()
         table2, table3, rag_info = self._rag_tables(cfg, out_dir, ds, {"retriever": RetrievalOrder(), **rankers},
+                                                    {"retriever": f"retriever-{cfg.prefs.retriever}", **rank_keys},
                                                     console)
         timings["rag"] = time.perf_counter() - t
         result = {
             "table1": table1,
+            "table1_stats": table1_stats,
             "table2": table2,
+            "table2_stats": rag_info.pop("stats"),
             "table3": table3,
             "preference_set": prefs_stats,
             "table1_queries": len(test_queries),
@@ -116,7 +157,8 @@ class RerankAlignExperiment:
                 "aligned_minus_base_nq_top1": table2["aligned"]["nq_top1"] - table2["base"]["nq_top1"],
                 "aligned_minus_base_nq_top3": table2["aligned"]["nq_top3"] - table2["base"]["nq_top3"],
             },
-            "models": {"base": str(base_dir), "aligned": str(aligned_dir)},
+            "seed_spread": seed_spread(table1, table2, list(aligned_dirs)),
+            "models": {"base": str(base_dir), **{name: str(folder) for name, folder in aligned_dirs.items()}},
             "timings_seconds": timings,
             "seconds": time.perf_counter() - t0,
             "config": cfg.model_dump(),
@@ -126,26 +168,31 @@ class RerankAlignExperiment:
         return result
 
     @staticmethod
-    def _train_aligned(cfg: RerankAlignConfig, out_dir: Path, base_dir: Path, records) -> Path:
+    def _train_aligned(cfg: RerankAlignConfig, model_dir: Path, base_dir: Path, records, seed: int,
+                       console: Console) -> Path:
         """Fine-tune the base reranker on the preference groups (kept if already trained with this config)."""
+        import shutil
+
+        from ragsieve.atomic import atomic_directory
         from ragsieve.rerank.train import train_cross_encoder
 
-        model_dir = out_dir / "model"
-        train_cfg = cfg.train.model_copy(update={"init": cfg.train.init or str(base_dir)})
+        train_cfg = cfg.train.model_copy(update={"init": cfg.train.init or str(base_dir), "seed": seed})
         card = {"train": train_cfg.model_dump(), "records": len(records), "groups": sum(len(r.pos) for r in records)}
         card_path = model_dir / "ragsieve_aligned.json"
         if card_path.exists() and json.loads(card_path.read_text()) == card:
             return model_dir
-        train_cross_encoder(records, train_cfg, model_dir)
-        import shutil
-
-        shutil.rmtree(model_dir / "checkpoints", ignore_errors=True)
-        card_path.write_text(json.dumps(card, indent=2))
+        console.print(f"aligned reranker, seed {seed}: training on {len(records)} preference records → {model_dir}")
+        # a killed training leaves no half-written folder: it appears when complete
+        with atomic_directory(model_dir, overwrite=True) as tmp:
+            train_cross_encoder(records, train_cfg, tmp)
+            shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
+            (tmp / "ragsieve_aligned.json").write_text(json.dumps(card, indent=2))
         return model_dir
 
-    def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], console: Console):
+    def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], rank_keys: dict[str, str],
+                    console: Console):
         """Table 2 (RAG accuracy per reranker) and Table 3 (CBDR + aligned reranker)."""
-        from ragsieve.data import held_out_questions, load_dataset
+        from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import sweep_cbdr
         from ragsieve.models import load_local_llm
         from ragsieve.paths import cache_dir
@@ -164,27 +211,52 @@ class RerankAlignExperiment:
         # the held-out half of the distractor sample (the base reranker trained on the other half)
         hotpot_source = cfg.base.sources.get("hotpotqa-distractor") or default_sources()["hotpotqa-distractor"]
         _, hotpot_questions = split_questions(hotpot, hotpot_source, cfg.base.seed)
+        nq_questions = _nq_questions(cfg, nq)
         sets = {  # (dataset, questions, how candidates are found)
-            "nq": (nq, held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)[: rc.nq_questions],
-                   retrieved_candidates(cfg.prefs.retriever)),  # same retriever as the preference set
+            "nq": (nq, nq_questions, retrieved_candidates(cfg.prefs.retriever)),  # the preference set's retriever
             "hotpotqa": (hotpot, hotpot_questions[: rc.hotpotqa_questions], CANDIDATES["hotpotqa-distractor"]),
         }
-        table2: dict[str, dict[str, float]] = {name: {} for name in rankers}
+        grader = None
+        rows = list(rankers)
+        if rc.grader:
+            from ragsieve.registry import load_grader
+
+            grader = load_grader(rc.grader)
+            rows.append("aligned+grader")
+        table2: dict[str, dict[str, float]] = {name: {} for name in rows}
         correct: dict[tuple[str, str, int], np.ndarray] = {}
         info = {}
         for set_name, (ds, questions, find_candidates) in sets.items():
+            if not questions:
+                continue
             cands = find_candidates(ds, questions, rc.candidates)
-            requests = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions] if set_name == "nq" else []
-            slots = []  # (ranker, k, index into requests)
+            closed = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions]
+            requests = list(closed) if set_name == "nq" else []
+            slots = []  # (row, k, index into requests)
             gold_at_1: dict[str, float] = {}  # why a ranker helps or hurts: does it put the gold passage first?
-            for rname, ranker in rankers.items():
+            by_id = {p.id: p for c in cands for p in c}
+            graded_out: dict[int, list[int]] = {}  # k → passages the grader dropped per question
+            for rname in rows:
+                source = "aligned" if rname == "aligned+grader" else rname
+                order = ranked_ids(rankers[source], rank_keys[source], set_name, questions, cands,
+                                   out_dir / "work" / "rankings", console)
                 firsts = []
-                for q, cand in zip(questions, cands):
-                    ranked = ranker.rank(q.text, cand).passages()
+                for i, (q, ids) in enumerate(zip(questions, order)):
+                    ranked = [by_id[pid] for pid in ids]
                     firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
                     for k in rc.top_ks:
                         slots.append((rname, k, len(requests)))
-                        requests.append(LabelRequest(q.id, q.text, q.answers, "rag", ranked[:k]))
+                        top = ranked[:k]
+                        if rname == "aligned+grader":
+                            from ragsieve.grade.stage import grade_filter
+
+                            kept = grade_filter(grader, q.text, top).kept
+                            graded_out.setdefault(k, []).append(len(top) - len(kept))
+                            if not kept:  # the sieve answers closed-book when the grader drops every passage
+                                requests.append(closed[i])
+                                continue
+                            top = kept
+                        requests.append(LabelRequest(q.id, q.text, q.answers, "rag", top))
                 gold_at_1[rname] = float(np.mean(firsts))
             with progress_bar(console) as bar:
                 task = bar.add_task(f"answer {set_name} ({len(requests)} requests, duplicates answered once)",
@@ -202,13 +274,20 @@ class RerankAlignExperiment:
                 correct[("nq", "closed", 0)] = np.asarray([g.correct for g in gens[: len(questions)]])
             info[set_name] = {
                 "questions": len(questions),
+                "question_ids": [q.id for q in questions],
                 "unique_generations": len({r.key for r in requests}),
                 "gold_in_candidates": float(np.mean([bool(set(q.gold_passage_ids) & {p.id for p in c})
                                                      for q, c in zip(questions, cands)])),
                 "gold_at_1": gold_at_1,
             }
+            if graded_out:
+                info[set_name]["grader"] = {
+                    "spec": rc.grader,
+                    **{f"top{k}": {"graded_out_per_question": float(np.mean(v)),
+                                   "all_graded_out_rate": float(np.mean([d == k for d in v]))}
+                       for k, v in graded_out.items()}}
+        info["stats"] = table2_stats(correct, rows, rc.top_ks, [s for s in sets if s in info])
         # Table 3: Conf(Q) from the probe gates the aligned reranker's answers.
-        nq_questions = sets["nq"][1]
         probe = ConfidenceProbe.load(cfg.prefs.probe, llm, cache=StateCache(cache_dir() / "states.sqlite"))
         conf_q = probe.score_batch([q.text for q in nq_questions])
         closed = correct[("nq", "closed", 0)]
@@ -221,6 +300,121 @@ class RerankAlignExperiment:
         info["nq"]["conf_q_quantiles"] = {str(p): float(np.quantile(conf_q, p)) for p in (0.1, 0.5, 0.9)}
         console.print(metrics_table("Table 2: RAG accuracy (containment)", table2, list(next(iter(table2.values())))))
         return table2, table3, info
+
+
+def _nq_questions(cfg: RerankAlignConfig, nq) -> list:
+    """Table 2's NQ questions: from ``rag.nq_question_split`` ("<split.json>:<key>") or the held-out split."""
+    from ragsieve.data import held_out_questions
+
+    spec = cfg.rag.nq_question_split
+    if not spec:
+        return held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)[: cfg.rag.nq_questions]
+    path, _, key = spec.rpartition(":")
+    if not path or not Path(path).is_file():
+        raise RagsieveError(f"rag.nq_question_split '{spec}': want '<split.json>:<key>' naming an existing file")
+    ids = json.loads(Path(path).read_text()).get(key)
+    if not isinstance(ids, list):
+        raise RagsieveError(f"rag.nq_question_split: {path} has no '{key}' id list")
+    by_id = {q.id: q for q in nq.questions}
+    questions = [by_id[i] for i in ids if i in by_id][: cfg.rag.nq_questions]
+    if not questions:
+        raise RagsieveError(f"rag.nq_question_split: none of the {len(ids)} '{key}' ids of {path} is in the dataset")
+    return questions
+
+
+def ranker_keys(cfg: RerankAlignConfig, base_dir: Path, aligned_dirs: dict[str, Path]) -> dict[str, str]:
+    """Cache key per ranker: its name for the fixed baselines, its weights (and cosine mix) for cross-encoders."""
+    from ragsieve.rerank.forgetting import scoring_key, weights_key
+
+    def key(folder: Path) -> str:
+        return scoring_key(folder) if cfg.init else f"plain-{weights_key(folder)}"
+
+    return {"bm25": "bm25", "bi-encoder": f"bi-encoder-{cfg.encoder.replace('/', '_')}", "base": key(base_dir),
+            **{name: key(folder) for name, folder in aligned_dirs.items()}}
+
+
+def cached_per_query(ranker: BaseRanker, key: str, queries, ks, cache_dir: Path) -> dict:
+    """Per-question P@k / R@k / MRR@k on ``queries`` (:func:`per_query`), cached per ranker key and question set."""
+    import hashlib
+
+    from ragsieve.rerank.relevance import per_query
+    from ragsieve.studies.common import write_json
+
+    ids = hashlib.sha1("|".join(q.query_id for q in queries).encode()).hexdigest()[:10]
+    path = cache_dir / f"{key}.{ids}.k{'-'.join(map(str, ks))}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    per = per_query(ranker, queries, ks=tuple(ks), measures=("P", "R", "MRR"))
+    write_json(path, per)
+    return per
+
+
+def ranked_ids(ranker: BaseRanker, key: str, set_name: str, questions, candidates, cache_dir: Path,
+               console: Console) -> list[list[str]]:
+    """Each question's candidate ids in ``ranker``'s order, cached per ranker key (a rerun ranks nothing again)."""
+    from ragsieve.studies.common import write_json
+
+    path = cache_dir / f"{set_name}.{key}.json"
+    done: dict[str, list[str]] = json.loads(path.read_text()) if path.is_file() else {}
+    todo = [i for i, q in enumerate(questions)
+            if sorted(done.get(q.id, [])) != sorted(p.id for p in candidates[i])]
+    if todo:
+        console.print(f"{set_name}: ranking {len(todo)} questions with {key}")
+        for n, i in enumerate(todo, 1):
+            done[questions[i].id] = [p.id for p in ranker.rank(questions[i].text, candidates[i]).passages()]
+            if n % 50 == 0 or n == len(todo):  # a killed run keeps what it ranked
+                write_json(path, done, indent=0)
+    return [done[q.id] for q in questions]
+
+
+def table2_stats(correct: dict[tuple[str, str, int], np.ndarray], rows: list[str], ks: list[int],
+                 sets: list[str]) -> dict:
+    """Wilson 95 % intervals per cell; exact McNemar of every aligned row vs base, and of the sieve
+    (aligned+grader) vs the best plain row (retriever order, BM25, cosine, base) per cell."""
+    from ragsieve.eval.classification import accuracy_interval
+    from ragsieve.eval.stats import mcnemar_exact
+
+    cells: dict[str, dict] = {}
+    paired: dict[str, dict] = {}
+    plain = [r for r in ("retriever", "bm25", "bi-encoder", "base") if r in rows]
+    for s in sets:
+        for k in ks:
+            cell = f"{s}_top{k}"
+            for r in rows:
+                v = correct[(s, r, k)]
+                cells.setdefault(r, {})[cell] = {"n": int(v.size), "correct": int(v.sum()),
+                                                  "accuracy": float(v.mean()),
+                                                  "ci95": [float(x) for x in accuracy_interval(int(v.sum()), v.size)]}
+            for r in rows:
+                if r.startswith("aligned") and r != "aligned+grader":
+                    paired.setdefault(f"{r}_vs_base", {})[cell] = mcnemar_exact(correct[(s, r, k)],
+                                                                                correct[(s, "base", k)]).to_dict()
+            if "aligned+grader" in rows and plain:
+                # the best plain row is chosen on these same questions, which favours it: a conservative test
+                best = max(plain, key=lambda r: correct[(s, r, k)].mean())
+                paired.setdefault("sieve_vs_best_plain", {})[cell] = {
+                    "best_plain": best, **mcnemar_exact(correct[(s, "aligned+grader", k)], correct[(s, best, k)]).to_dict()}
+    return {"cells": cells, "paired": paired}
+
+
+def aligned_row(index: int, seed: int) -> str:
+    """Table row of the aligned reranker trained with the ``index``-th seed of ``seeds``."""
+    return "aligned" if index == 0 else f"aligned-seed{seed}"
+
+
+def aligned_folder(index: int, seed: int) -> str:
+    return "model" if index == 0 else f"model-seed{seed}"
+
+
+def seed_spread(table1: dict, table2: dict, rows: list[str]) -> dict:
+    """Across the aligned trainings (one per seed): each metric's values, mean, min, max and − base."""
+    out: dict[str, dict] = {}
+    for name, table in (("table1", table1), ("table2", table2)):
+        for metric in table["base"]:
+            values = [table[r][metric] for r in rows]
+            out[f"{name}:{metric}"] = {"values": values, "mean": float(np.mean(values)), "min": min(values),
+                                      "max": max(values), "minus_base": [v - table["base"][metric] for v in values]}
+    return out
 
 
 def preference_ranking_queries(records, shifts_path: Path) -> list[RankingQuery]:
@@ -236,6 +430,30 @@ def preference_ranking_queries(records, shifts_path: Path) -> list[RankingQuery]
         queries.append(RankingQuery(r.query_id, r.query, tuple(Passage(pid, texts[pid]) for pid in ids),
                                     frozenset(r.pos_ids)))
     return queries
+
+
+def compare_preferences(pref: dict, base: dict, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Means of a ranker's per-question preference metrics, and P@1 (exact McNemar) / P@3 (paired bootstrap) vs base."""
+    from ragsieve.eval.stats import mcnemar_exact, paired_bootstrap
+
+    qids = list(pref["P@1"])
+    return {
+        "n": len(qids),
+        "means": preference_means(pref),
+        "base_means": preference_means(base),
+        "vs_base": {
+            "P@1": {"test": "exact McNemar", **mcnemar_exact([pref["P@1"][q] for q in qids],
+                                                             [base["P@1"][q] for q in qids]).to_dict()},
+            "P@3": {"test": "paired bootstrap", **paired_bootstrap([pref["P@3"][q] for q in qids],
+                                                                   [base["P@3"][q] for q in qids],
+                                                                   n_boot=n_boot, seed=seed).to_dict()},
+        },
+    }
+
+
+def preference_means(per: dict) -> dict[str, float]:
+    """Mean of each per-question preference metric (``{"P@1": {qid: v}}`` → ``{"P@1": mean}``)."""
+    return {metric: float(np.mean(list(values.values()))) for metric, values in per.items()}
 
 
 def plot_tables(result: dict, out_dir: Path) -> None:

@@ -12,9 +12,9 @@ preference set (``results/rerank_align/prefs``) and measures, per variant:
 
 "base" everywhere is the start reranker as a user gets it: ``embedded:base`` scores its
 cross-encoder logit plus ``w · 20 ·`` MiniLM cosine (its card), torch fp32 at ``eval_max_length``
-like the variants. A variant folder without that card (every guard but ``cosine_mix``) scores
+like the variants. A variant folder without that card (``unguarded``, today's recipe) scores
 with the logit alone, so its row shows what a sieve loses by swapping the shipped reranker for
-it. The start's cross-encoder alone is scored once too, as the ``base-ce`` row
+it; the training-side guards all keep the card (``cosine_mix``), since it costs nothing. The start's cross-encoder alone is scored once too, as the ``base-ce`` row
 (``compare_plain``): it separates what training forgot from what dropping the cosine term costs.
 
 Resumable variant by variant: models under ``<out>/work/<variant>/`` (git-ignored, reused when
@@ -61,11 +61,12 @@ def _default_variants() -> dict[str, dict[str, Any]]:
     return {
         "unguarded": {},
         "mix": {"cosine_mix": True},
-        "replay-0.5": {"replay_ratio": 0.5},
-        "distill-1": {"distill_weight": 1.0},
-        "lowlr": {"lr": 1e-5, "eval_steps": 20},
-        "lora-8": {"lora_r": 8},
-        "replay+distill": {"replay_ratio": 0.5, "distill_weight": 1.0},
+        # training-side guards stack on the cosine mix (free, and the default once measured)
+        "mix+distill": {"cosine_mix": True, "distill_weight": 1.0},
+        "mix+replay-0.5": {"cosine_mix": True, "replay_ratio": 0.5},
+        "mix+lowlr": {"cosine_mix": True, "lr": 1e-5, "eval_steps": 20},
+        "mix+lora-8": {"cosine_mix": True, "lora_r": 8},
+        "mix+replay+distill": {"cosine_mix": True, "replay_ratio": 0.5, "distill_weight": 1.0},
     }
 
 
@@ -146,10 +147,10 @@ class RerankAlignGuardStudy:
 
     def run(self, cfg: RerankAlignGuardConfig, out_dir: Path, console: Console) -> dict:
         from ragsieve.prefs.preferences import read_preferences
-        from ragsieve.rerank.forgetting import measure_forgetting, weights_key
+        from ragsieve.rerank.forgetting import measure_forgetting, scoring_key, weights_key
         from ragsieve.rerank.shipped import reranker_folder
         from ragsieve.studies.common import write_json
-        from ragsieve.studies.rerank_align import preference_ranking_queries
+        from ragsieve.studies.rerank_align import compare_preferences, preference_ranking_queries
 
         out_dir = Path(out_dir)
         work = out_dir / "work"
@@ -187,7 +188,7 @@ class RerankAlignGuardStudy:
             console.print(f"{name}: forgetting on {len(cfg.datasets)} held-out relevance sets")
             rankers = {"base": lambda: _cross_encoder(base_dir, cfg.eval_max_length),
                        name: lambda d=model_dir: _cross_encoder(d, cfg.eval_max_length)}
-            keys = {"base": _scoring_key(base_dir, base_key), name: _scoring_key(model_dir, key)}
+            keys = {"base": scoring_key(base_dir, base_key), name: scoring_key(model_dir, key)}
             if cfg.compare_plain:
                 rankers["base-ce"] = lambda: _cross_encoder(base_dir, cfg.eval_max_length, plain=True)
                 keys["base-ce"] = f"plain-{base_key}"
@@ -218,10 +219,11 @@ class RerankAlignGuardStudy:
                    results: dict, gold: dict) -> dict:
         """``metrics.json`` and ``forgetting.md`` over the variants finished so far (rewritten after each one)."""
         from ragsieve.studies.common import write_json
+        from ragsieve.studies.rerank_align import preference_means
 
         metrics = {
             "base": {"folder": str(base_dir), "spec": cfg.init, "weights_key": base_key,
-                     "prefs_test": _means(base_pref)},
+                     "prefs_test": preference_means(base_pref)},
             "variants": results,
             "finished": f"{len(results)} of {len(cfg.variants)} variants",
             "best_guard": choose_best(results, cfg.max_mrr_drop),
@@ -267,11 +269,12 @@ class RerankAlignGuardStudy:
     @staticmethod
     def _prefs_per_query(cfg: RerankAlignGuardConfig, folder: Path, key: str, queries, work: Path) -> dict:
         """Per-question P@k / R@k / MRR@k on the preference test set (cached per weights key)."""
+        from ragsieve.rerank.forgetting import scoring_key
         from ragsieve.rerank.relevance import per_query
         from ragsieve.studies.common import write_json
 
         ks = tuple(cfg.table_ks)
-        cache = work / "prefs_test" / f"{_scoring_key(folder, key)}.k{'-'.join(map(str, ks))}.json"
+        cache = work / "prefs_test" / f"{scoring_key(folder, key)}.k{'-'.join(map(str, ks))}.json"
         if cache.is_file():
             return json.loads(cache.read_text())
         per = per_query(_cross_encoder(folder, cfg.eval_max_length), queries, ks=ks, measures=("P", "R", "MRR"))
@@ -345,25 +348,6 @@ def gold_groups_for(name: str, gold: GoldGroupsConfig, data_dir=None, seed: int 
     return groups[gold.dev_per_dataset:], groups[: gold.dev_per_dataset], "relevance train split"
 
 
-def compare_preferences(pref: dict, base: dict, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Means of a ranker's per-question preference metrics, and P@1 (exact McNemar) / P@3 (paired bootstrap) vs base."""
-    from ragsieve.eval.stats import mcnemar_exact, paired_bootstrap
-
-    qids = list(pref["P@1"])
-    return {
-        "n": len(qids),
-        "means": _means(pref),
-        "base_means": _means(base),
-        "vs_base": {
-            "P@1": {"test": "exact McNemar", **mcnemar_exact([pref["P@1"][q] for q in qids],
-                                                             [base["P@1"][q] for q in qids]).to_dict()},
-            "P@3": {"test": "paired bootstrap", **paired_bootstrap([pref["P@3"][q] for q in qids],
-                                                                   [base["P@3"][q] for q in qids],
-                                                                   n_boot=n_boot, seed=seed).to_dict()},
-        },
-    }
-
-
 BEST_RULE = ("among variants whose held-out MRR@10 stays >= base - max_mrr_drop on every dataset, or is not "
              "measurably below base there (paired bootstrap), the highest preference-test P@1 (ties: P@3)")
 
@@ -396,10 +380,6 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _means(per: dict) -> dict[str, float]:
-    return {metric: float(np.mean(list(values.values()))) for metric, values in per.items()}
-
-
 def _cross_encoder(folder: Path, max_length: int, plain: bool = False):
     """The folder as ``load_reranker`` scores it (a card's cosine mix included), torch fp32; or its logit alone."""
     from ragsieve.rerank.neural import CrossEncoderRanker
@@ -408,15 +388,6 @@ def _cross_encoder(folder: Path, max_length: int, plain: bool = False):
     if plain:
         return CrossEncoderRanker(str(folder), max_length=max_length)
     return load_cross_encoder(str(folder), max_length=max_length, backend="torch")
-
-
-def _scoring_key(folder: Path, weights: str) -> str:
-    """Cache key of a folder's scores: its weights, plus the cosine weight its card mixes in."""
-    from ragsieve.rerank.shipped import CARD
-
-    card = Path(folder) / CARD
-    weight = json.loads(card.read_text()).get("cosine_weight", 0.0) if card.is_file() else 0.0
-    return f"{weights}-mix{weight:g}" if weight else weights
 
 
 def markdown_table(metrics: dict) -> str:
