@@ -196,6 +196,9 @@ def test_best_guard_rule_and_tables():
 
 
 def test_rerank_train_guard_options(tmp_path, cli, tiny_cross_encoder_dir):
+    import shutil
+
+    from ragsieve.models import get_embedded
     from ragsieve.prefs import write_preferences
 
     prefs, gold = tmp_path / "prefs.jsonl", tmp_path / "gold.jsonl"
@@ -217,9 +220,15 @@ def test_rerank_train_guard_options(tmp_path, cli, tiny_cross_encoder_dir):
             "--lora-r", "2", "--relevance-dev", gold, "--eval-steps", "2")
     assert r.code == 0, r.err
     card = json.loads((out / "ragsieve_training.json").read_text())
-    assert card["guards"] == {"replay_ratio": 0.5, "distill_weight": 0.0, "lora_r": 2, "eval_steps": 2,
+    # the measured default guards: cosine mix, and distillation to the start cross-encoder
+    assert card["guards"] == {"replay_ratio": 0.5, "distill_weight": 1.0, "lora_r": 2, "eval_steps": 2,
                               "cosine_mix": True}
     assert card["replay_rows"] == 6 and card["dev_history"]
+    # from an encoder (a new, random head) there is nothing to distil: the default is off, asking for it is refused
+    encoder = tmp_path / "encoder"
+    shutil.copytree(get_embedded("all-minilm-l6-v2").path(), encoder)
+    r = cli(*base[:-1], tmp_path / "ce-enc", "--init", encoder, "--config", cfg, "--distill-weight", "1")
+    assert r.code == 2 and "needs a trained cross-encoder" in r.err and len(r.err.strip().splitlines()) == 1, r.err
 
 
 @requires_data

@@ -116,7 +116,7 @@ def rerank_train_cmd(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of CrossEncoderTrainConfig fields."),
     distill_weight: Optional[float] = typer.Option(
         None, "--distill-weight", help="Forgetting guard: weight of KL(start model || trained model) over each "
-        "group's scores [default: 0 = plain InfoNCE]."),
+        "group's scores [default: 1 from a trained cross-encoder, 0 from an encoder (a new head)]."),
     replay: Optional[Path] = typer.Option(None, "--replay", help="Gold relevance groups (FlagEmbedding jsonl) "
                                           "to replay; with --replay-ratio."),
     replay_ratio: Optional[float] = typer.Option(None, "--replay-ratio", help="Share of training rows drawn "
@@ -146,8 +146,13 @@ def rerank_train_cmd(
     options = {"distill_weight": distill_weight, "replay_ratio": replay_ratio, "lora_r": lora_r,
                "eval_steps": eval_steps, "cosine_mix": cosine_mix}
     values.update({k: v for k, v in options.items() if v is not None})
-    # the command's default guard, the one measured best (results/rerank_align_guard)
+    # the command's default guards, the ones measured best (results/rerank_align_guard): the cosine mix,
+    # and distillation to the start model when it is a trained cross-encoder (a new head has nothing to keep)
     values.setdefault("cosine_mix", True)
+    from ragsieve.rerank.train import is_cross_encoder_folder
+
+    if is_cross_encoder_folder(init):
+        values.setdefault("distill_weight", 1.0)
     cfg = build_config(CrossEncoderTrainConfig, values, source=str(config or "options"))
     # every option is checked before any file is read or any model loads
     if cfg.replay_ratio > 0 and replay is None:

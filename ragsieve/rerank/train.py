@@ -143,6 +143,17 @@ def relevance_samples(records: Sequence[PreferenceRecord], max_docs: int = 12) -
             for r in records if r.pos and r.neg]
 
 
+def is_cross_encoder_folder(path: str | Path) -> bool:
+    """True for a saved cross-encoder (a sequence-classification head), False for an encoder or a spec."""
+    import json
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    archs = json.loads(config.read_text()).get("architectures") or []
+    return any(a.endswith("ForSequenceClassification") for a in archs)
+
+
 def train_cross_encoder(
     records: Sequence[PreferenceRecord],
     config: CrossEncoderTrainConfig,
@@ -190,6 +201,10 @@ def train_cross_encoder(
     if config.replay_ratio > 0:
         rows += replay_rows(replay, n_pref, config.replay_ratio, config.group_size, config.seed)
     init = config.init if Path(config.init).exists() else resolve_encoder_path(config.init)
+    if config.distill_weight > 0 and not is_cross_encoder_folder(init):
+        # a new head's scores are noise: distilling them would pull the model towards noise
+        raise RagsieveError(f"distill_weight {config.distill_weight} needs a trained cross-encoder to start from; "
+                            f"{config.init} is an encoder (a new head): set distill_weight 0")
     # From a bi-encoder folder, CrossEncoder keeps the BERT weights and adds a new 1-logit head.
     # fp32 on CPU even from the shipped fp16 weights: fp16 training on CPU is slow and lossy
     model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu",
