@@ -88,6 +88,11 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert saved["n_questions"] == result["n_questions"] > 0
     assert (tmp_path / "cbdr" / "accuracy_vs_rr.png").stat().st_size > 0
 
+    # mark the probe run's closed-book answers, to see them copied into rerank_align's generations
+    gens_path = probe_out / "generations.jsonl"
+    rows = [json.loads(x) for x in gens_path.read_text().splitlines()]
+    gens_path.write_text("".join(json.dumps({**r, "generation": "copied " + r["generation"]} if r["variant"] == "closed"
+                                            else r) + "\n" for r in rows))
     align = tmp_path / "align.yaml"
     align.write_text(
         f"experiment: rerank_align\nout_dir: {tmp_path / 'align'}\nparams:\n"
@@ -98,7 +103,7 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
         "  train: {batch_size: 2, max_length: 128}\n"
         "  seeds: [0, 1]\n"
         "  rag: {nq_questions: 3, hotpotqa_questions: 2, max_new_tokens: 2, max_prompt_tokens: 450,"
-        " grader: 'embedded:default'}\n"
+        f" grader: 'embedded:default', reuse_from: [{probe_out}]}}\n"
     )
     result = run_experiment_file(align)
     rankers = {"bm25", "bi-encoder", "base", "aligned", "aligned-seed1"}
@@ -109,6 +114,10 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert cell["n"] == 3 and cell["ci95"][0] <= cell["accuracy"] <= cell["ci95"][1]
     assert set(result["table2_stats"]["paired"]) == {"aligned_vs_base", "aligned-seed1_vs_base", "sieve_vs_best_plain"}
     assert len(result["seed_spread"]["table2:nq_top3"]["values"]) == 2
+    # the probe run's closed-book answers to the same questions were copied, not generated again
+    made = [json.loads(x) for x in (tmp_path / "align" / "generations_nq.jsonl").read_text().splitlines()]
+    closed_here = [g for g in made if g["variant"] == "closed"]
+    assert closed_here and all(g["generation"].startswith("copied ") for g in closed_here)
     assert set(result["table2"]["aligned"]) == {"nq_top1", "nq_top3", "hotpotqa_top1", "hotpotqa_top3"}
     fixed = [r for r in result["table3"] if "beta_quantile" not in r]
     assert {(r["beta"], r["top_k"]) for r in fixed} == {(b, k) for b in (0.0, 0.9, 0.95, 0.98) for k in (1, 3)}

@@ -118,7 +118,18 @@ def answer_settings_differ(folder: Path, llm: str, max_new_tokens: int, max_prom
     metrics, gens = folder / "metrics.json", folder / "generations.jsonl"
     if not gens.is_file() or not metrics.is_file():
         return f"{folder} has no generations.jsonl or no metrics.json (its settings cannot be checked)"
-    made = json.loads(metrics.read_text()).get("config", {})
+    from ragsieve.models.specs import ModelSpec
+
+    made = dict(json.loads(metrics.read_text()).get("config", {}))
+
+    def same_model(a: str, b: str) -> bool:  # "path" and "hf:path" name one model
+        try:
+            return ModelSpec.parse(a) == ModelSpec.parse(b)
+        except Exception:
+            return a == b
+
+    if made.get("llm") and same_model(made["llm"], llm):
+        made["llm"] = llm
     wanted = {"llm": llm, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens}
     differ = [f"{k}={made.get(k)!r} there, {v!r} here" for k, v in wanted.items() if made.get(k, v) != v]
     return f"{folder} answered with other settings: {'; '.join(differ)}" if differ else None

@@ -42,6 +42,10 @@ class RAGEvalConfig(StrictConfig):
     # a grader spec (e.g. embedded:default): adds the "aligned+grader" row, the sieve's rerank → grade
     # stages without its gate (a question whose passages are all graded out is answered closed-book)
     grader: str | None = None
+    # result folders (generations.jsonl + metrics.json) whose answers to the same question and contexts
+    # are copied instead of generated, when their LLM and token budgets match (e.g. cbdr_nq_scale's
+    # retriever top-3 = this table's retriever row)
+    reuse_from: list[str] = []
     hotpotqa_questions: int = 50  # the half of the distractor sample the base reranker did not train on
     candidates: int = 20
     top_ks: list[int] = [1, 3]
@@ -197,7 +201,8 @@ class RerankAlignExperiment:
         from ragsieve.models import load_local_llm
         from ragsieve.paths import cache_dir
         from ragsieve.probe.cache import StateCache
-        from ragsieve.probe.labels import LabelRequest, label_generations
+        from ragsieve.probe.labels import LabelRequest, label_generations, reuse_generations
+        from ragsieve.studies.probe_nq import answer_settings_differ
         from ragsieve.probe.model import ConfidenceProbe, load_head
         from ragsieve.rerank.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
         from ragsieve.prompts import load_qa_prompts
@@ -258,10 +263,19 @@ class RerankAlignExperiment:
                             top = kept
                         requests.append(LabelRequest(q.id, q.text, q.answers, "rag", top))
                 gold_at_1[rname] = float(np.mean(firsts))
+            out_path = out_dir / f"generations_{set_name}.jsonl"
+            for folder in rc.reuse_from:
+                problem = answer_settings_differ(Path(folder), probe_config.llm_spec, rc.max_new_tokens,
+                                                 rc.max_prompt_tokens)
+                if problem:  # other settings give other answers: mixing them in would mix two runs
+                    console.print(f"[yellow]reuse_from: {problem}; not reused[/]")
+                    continue
+                served = reuse_generations(requests, out_path, [Path(folder) / "generations.jsonl"])
+                console.print(f"{set_name}: {served} answers available from {folder}")
             with progress_bar(console) as bar:
                 task = bar.add_task(f"answer {set_name} ({len(requests)} requests, duplicates answered once)",
                                     total=len(requests))
-                gens = label_generations(llm, builder, requests, out_dir / f"generations_{set_name}.jsonl",
+                gens = label_generations(llm, builder, requests, out_path,
                                          max_new_tokens=rc.max_new_tokens, batch_size=rc.batch_size,
                                          progress=lambda k: bar.advance(task, k))
             by_slot: dict[tuple[str, int], list[int]] = {}
