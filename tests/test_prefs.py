@@ -73,8 +73,9 @@ def test_build_preference_set_resumes(tmp_path, tiny_llm, tiny_llm_dir, monkeypa
     head = ProbeHead(tiny_llm.hidden_size, hidden=8)
     ConfidenceProbe(tiny_llm, head, config).save(tmp_path / "probe")
     cfg = PreferenceBuildConfig(probe=str(tmp_path / "probe"), retriever="bm25", candidates=6, n_pos=2, n_neg=2,
-                                train_questions=4, test_questions=2)
+                                train_questions=4, test_questions=2, state_cache=str(tmp_path / "run" / "states.sqlite"))
     stats = build_preference_set(cfg, tmp_path / "prefs")
+    assert (tmp_path / "run" / "states.sqlite").stat().st_size > 0  # the given cache, not the user cache
     shifts = [json.loads(line) for line in (tmp_path / "prefs" / "shifts.jsonl").read_text().splitlines()]
     assert [s["split"] for s in shifts] == ["test"] * 2 + ["train"] * 4  # test first
     assert all(len(s["inc"]) == len(s["candidate_ids"]) == 6 for s in shifts)

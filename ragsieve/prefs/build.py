@@ -34,6 +34,9 @@ class PreferenceBuildConfig(StrictConfig):
     # or a probe study's split.json: train questions from its train + dev ids, test from its test ids,
     # so the preference test set and the RAG/CBDR tables share held-out questions the probe never saw
     split_file: str | None = None
+    # the SQLite state cache: the probe run's (its states of Q and of Q + gold / top non-gold passage
+    # are then read, not recomputed); None = the user cache
+    state_cache: str | None = None
     seed: int = 0
     batch_size: int = 16
     questions_per_call: int = 4  # questions scored per probe call (4 × 21 prompts keeps batches full)
@@ -82,6 +85,13 @@ def select_build_questions(cfg: PreferenceBuildConfig, questions) -> dict[str, l
     return {"train": train[: cfg.train_questions], "test": test[: cfg.test_questions]}
 
 
+def state_cache_path(cfg: PreferenceBuildConfig) -> Path:
+    """Where Conf() states are cached: ``cfg.state_cache`` or the user cache's ``states.sqlite``."""
+    from ragsieve.paths import cache_dir
+
+    return Path(cfg.state_cache) if cfg.state_cache else cache_dir() / "states.sqlite"
+
+
 def build_preference_set(
     cfg: PreferenceBuildConfig, out_dir: str | Path, progress: Callable[[int], None] | None = None
 ) -> dict:
@@ -93,7 +103,6 @@ def build_preference_set(
     """
     from ragsieve.data import append_jsonl, load_dataset, read_jsonl
     from ragsieve.models import load_local_llm
-    from ragsieve.paths import cache_dir
     from ragsieve.probe.cache import StateCache
     from ragsieve.probe.model import ConfidenceProbe, load_head
     from ragsieve.retrieve.cached import build_or_load_index
@@ -115,7 +124,7 @@ def build_preference_set(
     if todo:
         probe_config, _ = load_head(cfg.probe)
         llm = load_local_llm(probe_config.llm_spec)
-        cache = StateCache(cache_dir() / "states.sqlite")
+        cache = StateCache(state_cache_path(cfg))
         probe = ConfidenceProbe.load(cfg.probe, llm, batch_size=cfg.batch_size, cache=cache)
         retriever, _ = build_or_load_index(cfg.dataset, ds.passages, cfg.retriever, cfg.encoder)
         for lo in range(0, len(todo), cfg.questions_per_call):

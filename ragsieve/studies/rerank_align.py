@@ -199,7 +199,7 @@ class RerankAlignExperiment:
         from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import sweep_cbdr
         from ragsieve.models import load_local_llm
-        from ragsieve.paths import cache_dir
+        from ragsieve.prefs.build import state_cache_path
         from ragsieve.probe.cache import StateCache
         from ragsieve.probe.labels import LabelRequest, label_generations, reuse_generations
         from ragsieve.studies.probe_nq import answer_settings_differ
@@ -302,7 +302,7 @@ class RerankAlignExperiment:
                        for k, v in graded_out.items()}}
         info["stats"] = table2_stats(correct, rows, rc.top_ks, [s for s in sets if s in info])
         # Table 3: Conf(Q) from the probe gates the aligned reranker's answers.
-        probe = ConfidenceProbe.load(cfg.prefs.probe, llm, cache=StateCache(cache_dir() / "states.sqlite"))
+        probe = ConfidenceProbe.load(cfg.prefs.probe, llm, cache=StateCache(state_cache_path(cfg.prefs)))
         conf_q = probe.score_batch([q.text for q in nq_questions])
         closed = correct[("nq", "closed", 0)]
         aligned_correct = {k: correct[("nq", "aligned", k)] for k in rc.top_ks}
