@@ -99,8 +99,29 @@ def grader_class(kind: str) -> type[Grader]:
 
 def _build(cls: type[Grader], config: GraderConfig) -> Grader:
     if issubclass(cls, RankerGrader):  # the ranker comes from its spec, here, where specs resolve
-        return cls(config, load_reranker(cls.ranker_spec(config, known=tuple(RERANKERS))))
+        weights = _cross_encoder_weights(config.base)
+        calibrated = config.trained.get("ranker_weights")
+        # a threshold is a point on one model's score scale: on other weights it means nothing
+        if calibrated and weights and calibrated != weights:
+            raise RagsieveError(f"grader threshold {config.threshold} was set on {config.base} weights {calibrated}, "
+                                f"which are now {weights}: fit the threshold again (e.g. python bench/fit.py "
+                                "--regrade for the shipped sieve, experiments/grader_scale.yaml for the default)")
+        grader = cls(config, load_reranker(cls.ranker_spec(config, known=tuple(RERANKERS))))
+        grader.ranker_weights = weights
+        return grader
     return cls.create(config)
+
+
+def _cross_encoder_weights(spec: str) -> str | None:
+    """Key of the cross-encoder weights (and cosine mix) ``spec`` names; None when it is not a local cross-encoder."""
+    from ragsieve.rerank.forgetting import scoring_key
+    from ragsieve.rerank.shipped import reranker_folder
+
+    try:
+        folder = Path(reranker_folder(spec, "base"))
+    except RagsieveError:
+        return None
+    return scoring_key(folder) if (folder / "model.safetensors").is_file() else None
 
 
 def new_grader(kind: str, base: str | None = None, **options: Any) -> Grader:

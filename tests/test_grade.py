@@ -573,3 +573,29 @@ def test_the_default_grader_ships_and_grades_from_a_fresh_clone(tmp_path, cli):
     assert r.code == 0, r.err
     rows = [json.loads(line) for line in r.out.splitlines()]
     assert len(rows) == 2 and rows[0]["score"] > rows[1]["score"] and rows[0]["relevant"] >= rows[1]["relevant"]
+
+
+def test_cross_encoder_threshold_is_refused_on_other_weights(tmp_path, tiny_cross_encoder_dir):
+    """A ranker grader's threshold is tied to the weights it was fitted on: reloading it over changed
+    weights is refused in one line; the shipped graders carry the key of the shipped base reranker."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from ragsieve.errors import RagsieveError
+    from ragsieve.registry import _cross_encoder_weights, load_grader, new_grader
+
+    ce = tmp_path / "ce"
+    shutil.copytree(tiny_cross_encoder_dir, ce)
+    grader = new_grader("cross-encoder", str(ce))
+    grader.fit(["who wrote hamlet"] * 4, ["Hamlet is by Shakespeare.", "Foxes are red.", "Shakespeare wrote it.",
+                                          "Rain."], [1, 0, 1, 0])
+    assert grader.config.trained["ranker_weights"] == _cross_encoder_weights(str(ce))
+    grader.save(tmp_path / "grader")
+    assert load_grader(tmp_path / "grader").config.threshold == grader.config.threshold  # same weights: fine
+    weights = load_file(ce / "model.safetensors")
+    save_file({k: v + 1.0 if v.is_floating_point() else v for k, v in weights.items()}, ce / "model.safetensors")
+    with pytest.raises(RagsieveError, match="fit the threshold again"):
+        load_grader(tmp_path / "grader")
+    for shipped in ("embedded:default",):
+        assert load_grader(shipped).config.trained["ranker_weights"] == _cross_encoder_weights("embedded:base")

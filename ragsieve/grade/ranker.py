@@ -45,6 +45,9 @@ class RankerGrader(Grader):
     def __init__(self, config: GraderConfig, ranker: BaseRanker):
         super().__init__(config)
         self.ranker = ranker
+        # key of the cross-encoder weights behind ``ranker`` (set by the registry), recorded with a
+        # fitted threshold so that loading it over other weights is refused
+        self.ranker_weights: str | None = None
 
     @classmethod
     def ranker_spec(cls, config: GraderConfig, known: Sequence[str] = ()) -> str:
@@ -68,7 +71,8 @@ class RankerGrader(Grader):
         from ragsieve.eval.classification import best_threshold
 
         threshold = best_threshold(labels, scores, metric)
-        self.config = self.config.model_copy(update={"threshold": threshold, "trained": {"threshold_metric": metric}})
+        trained = {"threshold_metric": metric, **({"ranker_weights": self.ranker_weights} if self.ranker_weights else {})}
+        self.config = self.config.model_copy(update={"threshold": threshold, "trained": trained})
         return threshold
 
     def fit(self, queries, passages, labels, config=None, **kwargs) -> float:
