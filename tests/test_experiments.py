@@ -101,7 +101,7 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
         "  base:\n    sources:\n      hotpotqa-distractor: {train_questions: 3, test_questions: 2, test_fraction: 0.5}\n"
         f"    train: {{init: {tiny_cross_encoder_dir}, batch_size: 2, max_length: 128}}\n"
         "  train: {batch_size: 2, max_length: 128}\n"
-        "  seeds: [0, 1]\n"
+        "  seeds: [0, 1]\n  exclude_base_trained: true\n"
         "  rag: {nq_questions: 3, hotpotqa_questions: 2, max_new_tokens: 2, max_prompt_tokens: 450,"
         f" grader: 'embedded:default', reuse_from: [{probe_out}]}}\n"
     )
@@ -114,6 +114,7 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert cell["n"] == 3 and cell["ci95"][0] <= cell["accuracy"] <= cell["ci95"][1]
     assert set(result["table2_stats"]["paired"]) == {"aligned_vs_base", "aligned-seed1_vs_base", "sieve_vs_best_plain"}
     assert len(result["seed_spread"]["table2:nq_top3"]["values"]) == 2
+    assert result["excluded_base_trained"] >= 0 and result["rag"]["nq"]["questions"] == 3
     # the probe run's closed-book answers to the same questions were copied, not generated again
     made = [json.loads(x) for x in (tmp_path / "align" / "generations_nq.jsonl").read_text().splitlines()]
     closed_here = [g for g in made if g["variant"] == "closed"]
@@ -174,9 +175,27 @@ def test_study_configs_validate(name):
         assert cfg.prefs.train_questions >= 1000 and cfg.prefs.test_questions >= 300 and len(cfg.seeds) == 3
         assert cfg.prefs.split_file == "results/probe_nq_scale/split.json"
         assert cfg.rag.nq_question_split == "results/probe_nq_scale/split.json:test" and cfg.rag.nq_questions >= 500
-        assert cfg.init == "embedded:base" and cfg.rag.grader and cfg.train.cosine_mix
+        assert cfg.init == "embedded:base" and cfg.rag.grader and cfg.train.cosine_mix and cfg.exclude_base_trained
     if name == "probe_nq":  # the 1,000-question study keeps today's behaviour
         assert not cfg.layer_sweep and not cfg.extra_datasets and cfg.n_boot == 0 and cfg.state_cache is None
+
+
+@requires_data
+def test_questions_the_base_reranker_trained_on_are_known_from_its_card():
+    """The shipped base reranker's training questions are recomputed from its card's recipe; the scale
+    tables' NQ test ids minus them still leave the issue's >= 500 questions."""
+    from ragsieve.rerank.mining import trained_question_ids
+    from ragsieve.rerank.shipped import base_reranker_dir
+    from tests.conftest import REPO
+
+    trained = trained_question_ids("nq-oracle", base_reranker_dir())
+    assert len(trained) == 1000
+    test = set(json.loads((REPO / "results" / "probe_nq_scale" / "split.json").read_text())["test"])
+    from ragsieve.data import load_dataset
+
+    oracle_test = {q.id for q in load_dataset("nq-oracle").questions} & test
+    assert len(oracle_test - trained) >= 500
+    assert trained_question_ids("nq-open", base_reranker_dir()) == set()  # not mined
 
 
 @requires_data

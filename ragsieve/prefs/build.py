@@ -54,7 +54,7 @@ class QuestionShift:
     inc: list[float]
 
 
-def select_build_questions(cfg: PreferenceBuildConfig, questions) -> dict[str, list]:
+def select_build_questions(cfg: PreferenceBuildConfig, questions, exclude_from_test=frozenset()) -> dict[str, list]:
     """Train questions from outside the held-out split (seeded order), test from inside it.
 
     With ``cfg.split_file`` the split is a probe study's: train from its ``train`` + ``dev``
@@ -82,6 +82,7 @@ def select_build_questions(cfg: PreferenceBuildConfig, questions) -> dict[str, l
         test_ids = {q.id for q in test}
         train = [q for q in questions if q.id not in test_ids]
     random.Random(cfg.seed).shuffle(train)
+    test = [q for q in test if q.id not in exclude_from_test]  # e.g. questions the start reranker trained on
     return {"train": train[: cfg.train_questions], "test": test[: cfg.test_questions]}
 
 
@@ -93,7 +94,8 @@ def state_cache_path(cfg: PreferenceBuildConfig) -> Path:
 
 
 def build_preference_set(
-    cfg: PreferenceBuildConfig, out_dir: str | Path, progress: Callable[[int], None] | None = None
+    cfg: PreferenceBuildConfig, out_dir: str | Path, progress: Callable[[int], None] | None = None,
+    exclude_from_test=frozenset(),
 ) -> dict:
     """Write ``shifts.jsonl``, ``prefs_train.jsonl``, ``prefs_test.jsonl``; return counts.
 
@@ -112,7 +114,7 @@ def build_preference_set(
     if not (Path(cfg.probe) / "probe_config.json").exists():
         raise RagsieveError(f"no probe at {cfg.probe}: run experiments/probe_nq.yaml first")
     ds = load_dataset(cfg.dataset, data_dir=cfg.data_dir)
-    splits = select_build_questions(cfg, ds.questions)
+    splits = select_build_questions(cfg, ds.questions, exclude_from_test)
     shifts_path = out_dir / "shifts.jsonl"
     done = {row["question_id"]: QuestionShift(**row) for row in read_jsonl(shifts_path, skip_bad=True)} \
         if shifts_path.exists() else {}

@@ -78,6 +78,27 @@ def unseen_question_ids(name: str, ds: Dataset, seed: int = 0) -> set[str]:
     return {q.id for q in held_out_questions(with_gold, held_out_sources()[name].test_fraction, seed)}
 
 
+def trained_question_ids(name: str, folder: str | Path, data_dir=None) -> set[str]:
+    """Ids of dataset ``name``'s questions that the mined reranker in ``folder`` trained or early-stopped on.
+
+    Recomputed from the recipe its card records (:func:`split_for_mining` is deterministic), so a
+    study can keep them out of a test set without the git-ignored mined rows. Empty when the
+    folder has no mining recipe or did not mine ``name``.
+
+    Example::
+
+        trained_question_ids("nq-oracle", "ragsieve/assets/base-reranker")   # 1,000 ids
+    """
+    from ragsieve.rerank.shipped import CARD
+
+    card = Path(folder) / CARD
+    params = (json.loads(card.read_text()).get("recipe") or {}).get("params", {}) if card.is_file() else {}
+    if "mining" not in params or name not in params.get("datasets", SOURCES) or name not in SOURCES:
+        return set()
+    _, train, dev = split_for_mining(name, MiningConfig(**params["mining"]), data_dir)
+    return {q.id for q in train + dev}
+
+
 class MiningConfig(StrictConfig):
     train_questions: int = 325  # per dataset, dev included
     dev_questions: int = 25  # carved from the train questions, for early stopping

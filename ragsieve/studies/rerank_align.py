@@ -68,6 +68,8 @@ class RerankAlignConfig(StrictConfig):
     # The start reranker as a user gets it (a spec, e.g. embedded:base: its cosine mix included), for
     # "base" and as the aligned training's init; None = the study's own base (`base`, trained if absent).
     init: str | None = None
+    # keep the questions the start reranker trained on (its card's mining recipe) out of every test set
+    exclude_base_trained: bool = False
     # aligned training once per seed: the first is the "aligned" row, the others "aligned-seed<s>"
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
 
@@ -92,19 +94,27 @@ class RerankAlignExperiment:
 
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
-        with progress_bar(console) as bar:
-            n = cfg.prefs.train_questions + cfg.prefs.test_questions
-            task = bar.add_task("confidence shifts (21 probe passes / question)", total=n)
-            prefs_stats = build_preference_set(cfg.prefs, out_dir / "prefs", lambda k: bar.advance(task, k))
-        timings["prefs"] = time.perf_counter() - t0
-        console.print(f"preference set: {json.dumps(prefs_stats)}")
-
         if cfg.init:
             from ragsieve.rerank.shipped import reranker_folder
 
             base_dir = Path(reranker_folder(cfg.init, "init"))
         else:
             base_dir = ensure_base_reranker(cfg.base, cfg.prefs.data_dir)
+        excluded: set[str] = set()
+        if cfg.exclude_base_trained:
+            from ragsieve.rerank.mining import trained_question_ids
+
+            excluded = trained_question_ids(cfg.prefs.dataset, base_dir, cfg.prefs.data_dir)
+            console.print(f"{len(excluded)} {cfg.prefs.dataset} questions the start reranker trained on stay out of "
+                          "the test sets")
+        with progress_bar(console) as bar:
+            n = cfg.prefs.train_questions + cfg.prefs.test_questions
+            task = bar.add_task("confidence shifts (21 probe passes / question)", total=n)
+            prefs_stats = build_preference_set(cfg.prefs, out_dir / "prefs", lambda k: bar.advance(task, k),
+                                               exclude_from_test=excluded)
+        timings["prefs"] = time.perf_counter() - t0
+        console.print(f"preference set: {json.dumps(prefs_stats)}")
+
         t = time.perf_counter()
         train_records = read_preferences(out_dir / "prefs" / "prefs_train.jsonl")
         aligned_dirs = {
@@ -145,7 +155,7 @@ class RerankAlignExperiment:
         t = time.perf_counter()
         table2, table3, rag_info = self._rag_tables(cfg, out_dir, ds, {"retriever": RetrievalOrder(), **rankers},
                                                     {"retriever": f"retriever-{cfg.prefs.retriever}", **rank_keys},
-                                                    console)
+                                                    excluded, console)
         timings["rag"] = time.perf_counter() - t
         result = {
             "table1": table1,
@@ -162,6 +172,7 @@ class RerankAlignExperiment:
                 "aligned_minus_base_nq_top3": table2["aligned"]["nq_top3"] - table2["base"]["nq_top3"],
             },
             "seed_spread": seed_spread(table1, table2, list(aligned_dirs)),
+            "excluded_base_trained": len(excluded),
             "models": {"base": str(base_dir), **{name: str(folder) for name, folder in aligned_dirs.items()}},
             "timings_seconds": timings,
             "seconds": time.perf_counter() - t0,
@@ -194,7 +205,7 @@ class RerankAlignExperiment:
         return model_dir
 
     def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], rank_keys: dict[str, str],
-                    console: Console):
+                    excluded: set[str], console: Console):
         """Table 2 (RAG accuracy per reranker) and Table 3 (CBDR + aligned reranker)."""
         from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import sweep_cbdr
@@ -216,7 +227,7 @@ class RerankAlignExperiment:
         # the held-out half of the distractor sample (the base reranker trained on the other half)
         hotpot_source = cfg.base.sources.get("hotpotqa-distractor") or default_sources()["hotpotqa-distractor"]
         _, hotpot_questions = split_questions(hotpot, hotpot_source, cfg.base.seed)
-        nq_questions = _nq_questions(cfg, nq)
+        nq_questions = _nq_questions(cfg, nq, excluded)
         sets = {  # (dataset, questions, how candidates are found)
             "nq": (nq, nq_questions, retrieved_candidates(cfg.prefs.retriever)),  # the preference set's retriever
             "hotpotqa": (hotpot, hotpot_questions[: rc.hotpotqa_questions], CANDIDATES["hotpotqa-distractor"]),
@@ -316,13 +327,15 @@ class RerankAlignExperiment:
         return table2, table3, info
 
 
-def _nq_questions(cfg: RerankAlignConfig, nq) -> list:
-    """Table 2's NQ questions: from ``rag.nq_question_split`` ("<split.json>:<key>") or the held-out split."""
+def _nq_questions(cfg: RerankAlignConfig, nq, excluded: set[str] = frozenset()) -> list:
+    """Table 2's NQ questions: from ``rag.nq_question_split`` ("<split.json>:<key>") or the held-out split,
+    minus ``excluded`` (the questions the start reranker trained on)."""
     from ragsieve.data import held_out_questions
 
     spec = cfg.rag.nq_question_split
     if not spec:
-        return held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)[: cfg.rag.nq_questions]
+        held = held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)
+        return [q for q in held if q.id not in excluded][: cfg.rag.nq_questions]
     path, _, key = spec.rpartition(":")
     if not path or not Path(path).is_file():
         raise RagsieveError(f"rag.nq_question_split '{spec}': want '<split.json>:<key>' naming an existing file")
@@ -330,7 +343,7 @@ def _nq_questions(cfg: RerankAlignConfig, nq) -> list:
     if not isinstance(ids, list):
         raise RagsieveError(f"rag.nq_question_split: {path} has no '{key}' id list")
     by_id = {q.id: q for q in nq.questions}
-    questions = [by_id[i] for i in ids if i in by_id][: cfg.rag.nq_questions]
+    questions = [by_id[i] for i in ids if i in by_id and i not in excluded][: cfg.rag.nq_questions]
     if not questions:
         raise RagsieveError(f"rag.nq_question_split: none of the {len(ids)} '{key}' ids of {path} is in the dataset")
     return questions
