@@ -14,7 +14,7 @@ from ragsieve.data.loaders import (
     register_dataset,
 )
 from ragsieve.data.records import Dataset, Judgment, LabeledPair, Passage, Question
-from ragsieve.data.splits import SplitError, held_out_questions, split_by_id, stratified_split_by_id
+from ragsieve.data.splits import SplitError, held_out_questions, read_split_file, split_by_id, stratified_split_by_id
 
 __all__ = [
     "DATASET_LICENCES",
@@ -34,6 +34,7 @@ __all__ = [
     "default_data_dir",
     "load_dataset",
     "read_jsonl",
+    "read_split_file",
     "register_dataset",
     "split_by_id",
     "stratified_split_by_id",

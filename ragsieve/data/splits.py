@@ -13,7 +13,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from ragsieve.errors import RagsieveError
 
-__all__ = ["SplitError", "held_out_questions", "split_by_id", "stratified_split_by_id", "id_unit"]
+__all__ = ["SplitError", "held_out_questions", "read_split_file", "split_by_id", "stratified_split_by_id", "id_unit"]
 
 DEFAULT_FRACTIONS: dict[str, float] = {"train": 0.8, "test": 0.2}
 
@@ -143,3 +143,23 @@ def held_out_questions(questions: Sequence, test_fraction: float = 0.2, seed: in
     ids = split_by_id([q.id for q in questions], {"train": 1 - test_fraction, "test": test_fraction}, seed=seed)
     held_out = set(ids["test"])
     return sorted((q for q in questions if q.id in held_out), key=lambda q: q.id)
+
+
+def read_split_file(path, required: Sequence[str]) -> dict[str, list[str]]:
+    """A saved ``split.json`` (split name → ids), checked to hold an id list under every ``required`` name.
+
+    Example::
+
+        ids = read_split_file("results/probe_nq_scale/split.json", ["test"])["test"]
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise SplitError(f"split file {path} not found: run the probe study that writes it first")
+    split = json.loads(path.read_text())
+    missing = [k for k in required if not isinstance(split.get(k), list)]
+    if missing:
+        raise SplitError(f"split file {path} has no {' / '.join(missing)} id list")
+    return split

@@ -61,19 +61,12 @@ def select_build_questions(cfg: PreferenceBuildConfig, questions, exclude_from_t
     ids, test from its ``test`` ids (train in seeded order, test in file order), questions
     missing from the dataset skipped.
     """
-    import json
     import random
 
-    from ragsieve.data import held_out_questions
+    from ragsieve.data import held_out_questions, read_split_file
 
     if cfg.split_file:
-        path = Path(cfg.split_file)
-        if not path.is_file():
-            raise RagsieveError(f"split_file {path} not found: run the probe study that writes it first")
-        split = json.loads(path.read_text())
-        missing = [k for k in ("train", "test") if not isinstance(split.get(k), list)]
-        if missing:
-            raise RagsieveError(f"split_file {path} has no {' / '.join(missing)} id list")
+        split = read_split_file(cfg.split_file, ("train", "test"))
         by_id = {q.id: q for q in questions}
         train = [by_id[i] for i in split["train"] + split.get("dev", []) if i in by_id]
         test = [by_id[i] for i in split["test"] if i in by_id]  # file order, as the RAG tables take them

@@ -184,7 +184,8 @@ def evaluate_rankers(
     """
     from ragsieve.eval.ranking import ranking_metrics
 
-    return {name: ranking_metrics(_qrels(queries), _run(ranker, queries), ks=ks, measures=measures)
+    qrels = _qrels(queries)
+    return {name: ranking_metrics(qrels, _run(ranker, queries), ks=ks, measures=measures)
             for name, ranker in rankers.items()}
 
 

@@ -70,16 +70,13 @@ class CBDRExperiment:
         from ragsieve.probe.labels import LabelRequest, label_generations
         from ragsieve.probe.model import ConfidenceProbe, load_head
         from ragsieve.retrieve.cached import build_or_load_index
+        from ragsieve.data import read_split_file
         from ragsieve.studies.probe_nq import load_study_dataset
 
         t0 = time.perf_counter()
         probe_dir = Path(cfg.probe_results)
         split_file = probe_dir / "split.json"
-        if not split_file.is_file():
-            raise RagsieveError(f"{split_file} missing: run experiments/probe_nq.yaml first")
-        ids = json.loads(split_file.read_text()).get(cfg.split)
-        if not ids:
-            raise RagsieveError(f"{split_file} has no '{cfg.split}' split")
+        ids = read_split_file(split_file, (cfg.split,))[cfg.split]
         ds = load_study_dataset(cfg.dataset, data_dir=cfg.data_dir)
         by_id = {q.id: q for q in ds.questions}
         # ids of other sources (NQ-open questions of a mixed probe run) have no passage here: left out

@@ -109,6 +109,16 @@ def load_study_dataset(name: str, data_dir: str | None = None) -> "Dataset":
     return load_dataset(name, data_dir=data_dir)
 
 
+def _canonical_spec(spec: str) -> str:
+    from ragsieve.errors import ModelNotAvailable
+    from ragsieve.models.specs import ModelSpec
+
+    try:
+        return str(ModelSpec.parse(spec))
+    except ModelNotAvailable:
+        return spec
+
+
 def answer_settings_differ(folder: Path, llm: str, max_new_tokens: int, max_prompt_tokens: int) -> str | None:
     """Why the answers stored in a result folder cannot stand for this run's (None = they can).
 
@@ -118,18 +128,9 @@ def answer_settings_differ(folder: Path, llm: str, max_new_tokens: int, max_prom
     metrics, gens = folder / "metrics.json", folder / "generations.jsonl"
     if not gens.is_file() or not metrics.is_file():
         return f"{folder} has no generations.jsonl or no metrics.json (its settings cannot be checked)"
-    from ragsieve.models.specs import ModelSpec
-
     made = dict(json.loads(metrics.read_text()).get("config", {}))
-
-    def same_model(a: str, b: str) -> bool:  # "path" and "hf:path" name one model
-        try:
-            return ModelSpec.parse(a) == ModelSpec.parse(b)
-        except Exception:
-            return a == b
-
-    if made.get("llm") and same_model(made["llm"], llm):
-        made["llm"] = llm
+    if made.get("llm") and _canonical_spec(made["llm"]) == _canonical_spec(llm):
+        made["llm"] = llm  # "path" and "hf:path" name one model
     wanted = {"llm": llm, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens}
     differ = [f"{k}={made.get(k)!r} there, {v!r} here" for k, v in wanted.items() if made.get(k, v) != v]
     return f"{folder} answered with other settings: {'; '.join(differ)}" if differ else None

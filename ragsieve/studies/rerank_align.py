@@ -209,6 +209,7 @@ class RerankAlignExperiment:
         """Table 2 (RAG accuracy per reranker) and Table 3 (CBDR + aligned reranker)."""
         from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import sweep_cbdr
+        from ragsieve.grade.stage import grade_filter
         from ragsieve.models import load_local_llm
         from ragsieve.prefs.build import state_cache_path
         from ragsieve.probe.cache import StateCache
@@ -260,13 +261,13 @@ class RerankAlignExperiment:
                 for i, (q, ids) in enumerate(zip(questions, order)):
                     ranked = [by_id[pid] for pid in ids]
                     firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
+                    if rname == "aligned+grader":  # one verdict per passage serves every top-k
+                        relevant = [r.relevant for r in grade_filter(grader, q.text, ranked[: max(rc.top_ks)]).results]
                     for k in rc.top_ks:
                         slots.append((rname, k, len(requests)))
                         top = ranked[:k]
                         if rname == "aligned+grader":
-                            from ragsieve.grade.stage import grade_filter
-
-                            kept = grade_filter(grader, q.text, top).kept
+                            kept = [p for p, ok in zip(top, relevant) if ok]
                             graded_out.setdefault(k, []).append(len(top) - len(kept))
                             if not kept:  # the sieve answers closed-book when the grader drops every passage
                                 requests.append(closed[i])
@@ -330,18 +331,16 @@ class RerankAlignExperiment:
 def _nq_questions(cfg: RerankAlignConfig, nq, excluded: set[str] = frozenset()) -> list:
     """Table 2's NQ questions: from ``rag.nq_question_split`` ("<split.json>:<key>") or the held-out split,
     minus ``excluded`` (the questions the start reranker trained on)."""
-    from ragsieve.data import held_out_questions
+    from ragsieve.data import held_out_questions, read_split_file
 
     spec = cfg.rag.nq_question_split
     if not spec:
         held = held_out_questions(nq.questions, cfg.prefs.test_fraction, cfg.prefs.seed)
         return [q for q in held if q.id not in excluded][: cfg.rag.nq_questions]
     path, _, key = spec.rpartition(":")
-    if not path or not Path(path).is_file():
-        raise RagsieveError(f"rag.nq_question_split '{spec}': want '<split.json>:<key>' naming an existing file")
-    ids = json.loads(Path(path).read_text()).get(key)
-    if not isinstance(ids, list):
-        raise RagsieveError(f"rag.nq_question_split: {path} has no '{key}' id list")
+    if not path:
+        raise RagsieveError(f"rag.nq_question_split '{spec}': want '<split.json>:<key>'")
+    ids = read_split_file(path, (key,))[key]
     by_id = {q.id: q for q in nq.questions}
     questions = [by_id[i] for i in ids if i in by_id and i not in excluded][: cfg.rag.nq_questions]
     if not questions:
