@@ -427,6 +427,7 @@ class ProbeExperiment:
             if cfg.n_boot:
                 ci = auroc_interval(labels[idx], probs[idx], groups[idx], cfg.n_boot, cfg.seed)
                 metrics[f"auroc_{kind}_ci95"] = [ci["low"], ci["high"]]
+        metrics["qc_diagnostics"] = _qc_diagnostics(cfg, labels, probs, test_idx, kinds, groups, requests)
         metrics["ece_test_balanced"] = expected_calibration_error(labels[balanced_test], probs[balanced_test])
         plot_reliability_diagram(
             labels[balanced_test], probs[balanced_test], out_dir / "calibration.png",
@@ -472,11 +473,48 @@ class ProbeExperiment:
             "train_states_used": int(len(fit["train_idx"])),
             "history": result.history,
             "truncated_contexts": int(sum(g.truncated_contexts for g in generations)),
+            "qc_diagnostics": metrics["qc_diagnostics"],
         }
         if sweep:
             out["layer_sweep"] = sweep
         return out
 
+
+
+def _qc_diagnostics(cfg: ProbeExperimentConfig, labels, probs, test_idx, kinds, groups, requests) -> dict:
+    """What the Q+C AUROC is made of, on the test states: the probe within each context kind,
+    and two references that read no hidden state at all.
+
+    ``context_is_gold`` scores a prompt 1 when its passage is the gold one; ``answer_in_context``
+    scores it 1 when the passage contains a gold answer string. A probe whose Q+C AUROC is near
+    these only tells good contexts from bad ones; its AUROC *within* gold prompts is what it knows
+    about whether the LLM reads the answer out of a passage that holds it.
+    """
+    from ragsieve.eval.qa import contains_answer
+
+    idx = test_idx[kinds[test_idx] == "qc"]
+    variant = np.array([requests[i].variant for i in idx])
+    is_gold = (variant == "gold").astype(float)
+    has_answer = np.array([float(any(contains_answer(p.text, requests[i].answers) for p in requests[i].contexts))
+                           for i in idx])
+    y, g = labels[idx], groups[idx]
+
+    def auroc(scores, rows=slice(None)):
+        return auroc_interval(y[rows], np.asarray(scores)[rows], g[rows], cfg.n_boot, cfg.seed)
+
+    out = {
+        "probe": auroc(probs[idx]),
+        "context_is_gold": auroc(is_gold),
+        "answer_in_context": auroc(has_answer),
+        "probe_within": {v: auroc(probs[idx], variant == v) for v in sorted(set(variant.tolist()))},
+        "probe_within_answer_in_context": auroc(probs[idx], has_answer == 1),
+        "llm_accuracy": {
+            "answer_in_context": float(y[has_answer == 1].mean()) if (has_answer == 1).any() else None,
+            "answer_not_in_context": float(y[has_answer == 0].mean()) if (has_answer == 0).any() else None,
+        },
+        "share_answer_in_context": float(has_answer.mean()) if len(idx) else None,
+    }
+    return out
 
 
 def _fit_head(cfg: ProbeExperimentConfig, states: np.ndarray, labels: np.ndarray, split_arr: np.ndarray) -> dict:
