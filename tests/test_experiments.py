@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -73,8 +74,13 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert (probe_out / "probe" / "probe.safetensors").exists()
     lines = (probe_out / "generations.jsonl").read_text().splitlines()
     assert len(lines) == 24 * 3  # closed + gold + 1 retrieved per question
-    run_experiment_file(cfg)  # a rerun resumes: nothing is generated twice
+    # a rerun resumes (nothing is generated twice); comparing with a copy of its own probe gives no difference
+    shutil.copytree(probe_out / "probe", tmp_path / "same-probe")
+    cfg.write_text(cfg.read_text() + f"  compare_to: [{tmp_path / 'same-probe'}]\n  n_boot: 50\n")
+    again = run_experiment_file(cfg)
     assert len((probe_out / "generations.jsonl").read_text().splitlines()) == len(lines)
+    same = again["compared"][str(tmp_path / "same-probe")]["qc"]
+    assert same["diff"] == 0 and same["p_value"] in (None, 1.0) and same["verdict"] in (None, "no measurable difference")
 
     cbdr = tmp_path / "cbdr.yaml"
     cbdr.write_text(
@@ -262,3 +268,23 @@ def test_probe_layer_sweep_on_mixed_sources_then_gate_table(tmp_path, tiny_llm_d
     for k in ("top1", "top3"):
         ci = result["skip_at_parity_ci95"][k]
         assert ci["low"] <= ci["skip"] <= ci["high"] and 0.0 <= result["oracle_gate"][k]["accuracy"] <= 1.0
+
+
+def test_probe_study_auroc_helpers():
+    """The grouped AUROC interval and paired difference: doctests, and a paired bootstrap that is paired."""
+    import doctest
+
+    import numpy as np
+
+    from ragsieve.studies import probe_nq
+
+    assert doctest.testmod(probe_nq).failed == 0
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    groups = np.arange(400) // 2
+    good = y + rng.normal(0, 0.8, 400)
+    same = probe_nq.auroc_difference(y, good, good.copy(), groups, n_boot=200)
+    assert same["diff"] == 0 and same["p_value"] == 1.0 and same["low"] == same["high"] == 0
+    noisy = good + rng.normal(0, 2.0, 400)
+    d = probe_nq.auroc_difference(y, good, noisy, groups, n_boot=200)
+    assert d["diff"] > 0.1 and d["low"] > 0 and d["p_value"] < 0.05

@@ -90,6 +90,9 @@ class ProbeExperimentConfig(StrictConfig):
     # Result folders of earlier runs (same LLM, max_new_tokens, max_prompt_tokens; checked against
     # their metrics.json) whose stored answers to identical prompts are copied instead of regenerated.
     reuse_generations_from: list[str] = []
+    # Saved probes for the same LLM (folders or embedded:<name>, e.g. the shipped one) scored on the
+    # same held-out prompts as this run's probe: AUROC difference with a question-level paired bootstrap.
+    compare_to: list[str] = []
 
 
 def load_study_dataset(name: str, data_dir: str | None = None) -> "Dataset":
@@ -206,6 +209,48 @@ def auroc_interval(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, n
     _, low, high = bootstrap_metric(metric, np.arange(len(members)), n_boot=n_boot, seed=seed)
     if np.isfinite(low) and np.isfinite(high):  # nan when no resample had both classes: leave None
         out["low"], out["high"] = low, high
+    return out
+
+
+def auroc_difference(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, groups: np.ndarray,
+                     n_boot: int, seed: int = 0) -> dict:
+    """AUROC(a) − AUROC(b) on the same prompts, with a paired bootstrap over whole ``groups``.
+
+    ``p_value`` is two-sided: twice the share of resampled differences on the other side of 0.
+
+    Example::
+
+        >>> y = np.array([0, 1, 0, 1, 0, 1]); g = np.array([0, 0, 1, 1, 2, 2])
+        >>> r = auroc_difference(y, np.array([.1, .9, .2, .8, .3, .7]), np.array([.9, .1, .2, .8, .3, .7]), g, 200)
+        >>> round(r["diff"], 3), r["p_value"] <= 1
+        (0.556, True)
+    """
+    from sklearn.metrics import roc_auc_score
+
+    labels, a, b, groups = map(np.asarray, (labels, scores_a, scores_b, groups))
+    out = {"n": int(len(labels)), "positives": int(labels.sum()), "a": None, "b": None, "diff": None,
+           "low": None, "high": None, "p_value": None}
+    if len(set(labels.tolist())) < 2:
+        return out
+    out["a"], out["b"] = float(roc_auc_score(labels, a)), float(roc_auc_score(labels, b))
+    out["diff"] = out["a"] - out["b"]
+    if n_boot <= 0:
+        return out
+    _, inverse = np.unique(groups, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    members = np.split(order, np.cumsum(np.bincount(inverse))[:-1])
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for sample in rng.integers(0, len(members), size=(n_boot, len(members))):
+        rows = np.concatenate([members[k] for k in sample])
+        if labels[rows].min() == labels[rows].max():
+            continue  # undefined on a one-class resample
+        diffs.append(roc_auc_score(labels[rows], a[rows]) - roc_auc_score(labels[rows], b[rows]))
+    if diffs:
+        d = np.array(diffs)
+        out["low"], out["high"] = float(np.quantile(d, 0.025)), float(np.quantile(d, 0.975))
+        side = d <= 0 if out["diff"] > 0 else d >= 0
+        out["p_value"] = 1.0 if out["diff"] == 0 else min(1.0, 2 * float(side.mean()))
     return out
 
 
@@ -427,6 +472,8 @@ class ProbeExperiment:
             if cfg.n_boot:
                 ci = auroc_interval(labels[idx], probs[idx], groups[idx], cfg.n_boot, cfg.seed)
                 metrics[f"auroc_{kind}_ci95"] = [ci["low"], ci["high"]]
+        if cfg.compare_to:
+            metrics["compared"] = _compare_probes(cfg, llm, probs, test_idx, kinds, labels, groups, requests)
         metrics["qc_diagnostics"] = _qc_diagnostics(cfg, labels, probs, test_idx, kinds, groups, requests)
         metrics["ece_test_balanced"] = expected_calibration_error(labels[balanced_test], probs[balanced_test])
         plot_reliability_diagram(
@@ -475,10 +522,35 @@ class ProbeExperiment:
             "truncated_contexts": int(sum(g.truncated_contexts for g in generations)),
             "qc_diagnostics": metrics["qc_diagnostics"],
         }
+        if cfg.compare_to:
+            out["compared"] = metrics["compared"]
         if sweep:
             out["layer_sweep"] = sweep
         return out
 
+
+
+def _compare_probes(cfg: ProbeExperimentConfig, llm, probs, test_idx, kinds, labels, groups, requests) -> dict:
+    """Each probe of ``compare_to`` on this run's held-out prompts, against this run's probe (A)."""
+    from ragsieve.eval.stats import verdict
+    from ragsieve.paths import cache_dir
+    from ragsieve.probe.cache import StateCache
+    from ragsieve.probe.model import ConfidenceProbe
+
+    cache = StateCache(Path(cfg.state_cache) if cfg.state_cache else cache_dir() / "states.sqlite")
+    out = {}
+    for spec in cfg.compare_to:
+        other = ConfidenceProbe.load(spec, llm, cache=cache, batch_size=cfg.batch_size)
+        theirs = other.score_batch([requests[i].question for i in test_idx], [requests[i].contexts for i in test_idx])
+        row = {"layer": other.config.layer}
+        for kind in ("q", "qc"):
+            mask = kinds[test_idx] == kind
+            idx = test_idx[mask]
+            d = auroc_difference(labels[idx], probs[idx], theirs[mask], groups[idx], cfg.n_boot, cfg.seed)
+            d["verdict"] = verdict(d["p_value"], d["diff"], d["low"], d["high"]) if d["p_value"] is not None else None
+            row[kind] = d
+        out[spec] = row
+    return out
 
 
 def _qc_diagnostics(cfg: ProbeExperimentConfig, labels, probs, test_idx, kinds, groups, requests) -> dict:
