@@ -66,10 +66,11 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
         "  n_questions: 24\n  max_new_tokens: 2\n  max_prompt_tokens: 450\n  train: {epochs: 2}\n"
     )
     metrics = run_experiment_file(cfg)
-    for key in ("auroc_q", "auroc_qc", "accuracy_q", "accuracy_qc", "counts", "qc_diagnostics"):
+    for key in ("auroc_q", "auroc_qc", "accuracy_q", "accuracy_qc", "counts", "diagnostics"):
         assert key in metrics
-    assert set(metrics["qc_diagnostics"]["probe_within"]) <= {"gold", "retrieved"}
-    assert metrics["qc_diagnostics"]["probe"]["auroc"] == metrics["auroc_qc"] or metrics["auroc_qc"] is None
+    qc = metrics["diagnostics"]["qc"]
+    assert set(qc["probe_within"]) <= {"gold", "retrieved"} and "answer_in_question" in metrics["diagnostics"]["q"]
+    assert qc["probe"]["auroc"] == metrics["auroc_qc"] or metrics["auroc_qc"] is None
     assert (probe_out / "calibration.png").stat().st_size > 0
     assert (probe_out / "probe" / "probe.safetensors").exists()
     lines = (probe_out / "generations.jsonl").read_text().splitlines()

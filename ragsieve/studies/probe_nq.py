@@ -474,7 +474,7 @@ class ProbeExperiment:
                 metrics[f"auroc_{kind}_ci95"] = [ci["low"], ci["high"]]
         if cfg.compare_to:
             metrics["compared"] = _compare_probes(cfg, llm, probs, test_idx, kinds, labels, groups, requests)
-        metrics["qc_diagnostics"] = _qc_diagnostics(cfg, labels, probs, test_idx, kinds, groups, requests)
+        metrics["diagnostics"] = _diagnostics(cfg, labels, probs, test_idx, kinds, groups, requests)
         metrics["ece_test_balanced"] = expected_calibration_error(labels[balanced_test], probs[balanced_test])
         plot_reliability_diagram(
             labels[balanced_test], probs[balanced_test], out_dir / "calibration.png",
@@ -520,7 +520,7 @@ class ProbeExperiment:
             "train_states_used": int(len(fit["train_idx"])),
             "history": result.history,
             "truncated_contexts": int(sum(g.truncated_contexts for g in generations)),
-            "qc_diagnostics": metrics["qc_diagnostics"],
+            "diagnostics": metrics["diagnostics"],
         }
         if cfg.compare_to:
             out["compared"] = metrics["compared"]
@@ -553,39 +553,52 @@ def _compare_probes(cfg: ProbeExperimentConfig, llm, probs, test_idx, kinds, lab
     return out
 
 
-def _qc_diagnostics(cfg: ProbeExperimentConfig, labels, probs, test_idx, kinds, groups, requests) -> dict:
-    """What the Q+C AUROC is made of, on the test states: the probe within each context kind,
-    and two references that read no hidden state at all.
+def _diagnostics(cfg: ProbeExperimentConfig, labels, probs, test_idx, kinds, groups, requests) -> dict:
+    """What each test AUROC is made of: the probe within sub-groups, and references that read no
+    hidden state at all, on the same held-out prompts.
 
-    ``context_is_gold`` scores a prompt 1 when its passage is the gold one; ``answer_in_context``
-    scores it 1 when the passage contains a gold answer string. A probe whose Q+C AUROC is near
-    these only tells good contexts from bad ones; its AUROC *within* gold prompts is what it knows
-    about whether the LLM reads the answer out of a passage that holds it.
+    References (0 / 1 scores): ``answer_in_question`` (a gold answer is written in the question:
+    an answer that echoes the question is counted right, e.g. "which is older, X or Y?"),
+    ``context_is_gold`` and ``answer_in_context`` (Q+C only). A probe whose AUROC is near a
+    reference's has learnt that reference; its AUROC *within* a group (gold prompts, questions that
+    do not contain their answer) is what it knows beyond it.
     """
     from ragsieve.eval.qa import contains_answer
 
-    idx = test_idx[kinds[test_idx] == "qc"]
-    variant = np.array([requests[i].variant for i in idx])
-    is_gold = (variant == "gold").astype(float)
-    has_answer = np.array([float(any(contains_answer(p.text, requests[i].answers) for p in requests[i].contexts))
-                           for i in idx])
-    y, g = labels[idx], groups[idx]
+    def auroc(y, g, scores, rows=None):
+        rows = np.ones(len(y), bool) if rows is None else rows
+        return auroc_interval(y[rows], np.asarray(scores, dtype=float)[rows], g[rows], cfg.n_boot, cfg.seed)
 
-    def auroc(scores, rows=slice(None)):
-        return auroc_interval(y[rows], np.asarray(scores)[rows], g[rows], cfg.n_boot, cfg.seed)
+    def rate(y, rows):
+        return float(y[rows].mean()) if rows.any() else None
 
-    out = {
-        "probe": auroc(probs[idx]),
-        "context_is_gold": auroc(is_gold),
-        "answer_in_context": auroc(has_answer),
-        "probe_within": {v: auroc(probs[idx], variant == v) for v in sorted(set(variant.tolist()))},
-        "probe_within_answer_in_context": auroc(probs[idx], has_answer == 1),
-        "llm_accuracy": {
-            "answer_in_context": float(y[has_answer == 1].mean()) if (has_answer == 1).any() else None,
-            "answer_not_in_context": float(y[has_answer == 0].mean()) if (has_answer == 0).any() else None,
-        },
-        "share_answer_in_context": float(has_answer.mean()) if len(idx) else None,
-    }
+    out = {}
+    for kind in ("q", "qc"):
+        idx = test_idx[kinds[test_idx] == kind]
+        y, g, p = labels[idx], groups[idx], probs[idx]
+        in_question = np.array([contains_answer(requests[i].question, requests[i].answers) for i in idx], bool)
+        row = {
+            "probe": auroc(y, g, p),
+            "answer_in_question": auroc(y, g, in_question),
+            "probe_within_answer_not_in_question": auroc(y, g, p, ~in_question),
+            "share_answer_in_question": float(in_question.mean()) if len(idx) else None,
+            "llm_accuracy": {"answer_in_question": rate(y, in_question),
+                             "answer_not_in_question": rate(y, ~in_question)},
+        }
+        if kind == "qc":
+            variant = np.array([requests[i].variant for i in idx])
+            in_context = np.array([any(contains_answer(c.text, requests[i].answers) for c in requests[i].contexts)
+                                   for i in idx], bool)
+            row.update({
+                "context_is_gold": auroc(y, g, variant == "gold"),
+                "answer_in_context": auroc(y, g, in_context),
+                "probe_within": {v: auroc(y, g, p, variant == v) for v in sorted(set(variant.tolist()))},
+                "probe_within_answer_in_context": auroc(y, g, p, in_context),
+                "share_answer_in_context": float(in_context.mean()) if len(idx) else None,
+            })
+            row["llm_accuracy"].update({"answer_in_context": rate(y, in_context),
+                                        "answer_not_in_context": rate(y, ~in_context)})
+        out[kind] = row
     return out
 
 
