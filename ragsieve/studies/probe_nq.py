@@ -172,6 +172,13 @@ def balanced_indices(labels: np.ndarray, per_class: int, rng: np.random.Generato
     return np.sort(np.concatenate([rng.choice(pos, n, replace=False), rng.choice(neg, n, replace=False)]))
 
 
+def _group_rows(groups: np.ndarray) -> list[np.ndarray]:
+    """The row indices of each group (question), for bootstraps that resample whole groups."""
+    _, inverse = np.unique(groups, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(inverse))[:-1])
+
+
 def auroc_interval(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, n_boot: int, seed: int = 0) -> dict:
     """AUROC with a 95 % bootstrap interval that resamples ``groups`` (questions) whole.
 
@@ -196,9 +203,7 @@ def auroc_interval(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, n
     out["auroc"] = float(roc_auc_score(labels, scores))
     if n_boot <= 0:
         return out
-    _, inverse = np.unique(groups, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    members = np.split(order, np.cumsum(np.bincount(inverse))[:-1])  # row indices of each group
+    members = _group_rows(groups)
 
     def metric(sample: np.ndarray) -> float:
         rows = np.concatenate([members[g] for g in sample])
@@ -236,9 +241,7 @@ def auroc_difference(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndar
     out["diff"] = out["a"] - out["b"]
     if n_boot <= 0:
         return out
-    _, inverse = np.unique(groups, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    members = np.split(order, np.cumsum(np.bincount(inverse))[:-1])
+    members = _group_rows(groups)
     rng = np.random.default_rng(seed)
     diffs = []
     for sample in rng.integers(0, len(members), size=(n_boot, len(members))):
@@ -367,7 +370,7 @@ class ProbeExperiment:
         else:
             fit = _fit_head(cfg, states, labels, split_arr)
         out = self._evaluate(cfg, out_dir, console, llm, layer, fit, labels, kinds, split_arr, groups,
-                             splits, requests, generations, source, sweep)
+                             splits, requests, generations, source, sweep, cache)
         if cfg.reuse_generations_from:
             out["generations_reused"] = reused
         out["seconds"] = {"label": t_label, "states": t_states, "total": time.perf_counter() - t0}
@@ -448,7 +451,7 @@ class ProbeExperiment:
 
     # -- evaluation on held-out questions --------------------------------------------------
     def _evaluate(self, cfg, out_dir: Path, console: Console, llm, layer: int, fit: dict, labels, kinds,
-                  split_arr, groups, splits, requests, generations, source, sweep: dict) -> dict:
+                  split_arr, groups, splits, requests, generations, source, sweep: dict, cache) -> dict:
         from ragsieve.eval.calibration import expected_calibration_error, plot_reliability_diagram
         from ragsieve.eval.classification import classification_metrics
         from ragsieve.probe.model import ConfidenceProbe, ProbeConfig
@@ -473,7 +476,7 @@ class ProbeExperiment:
                 ci = auroc_interval(labels[idx], probs[idx], groups[idx], cfg.n_boot, cfg.seed)
                 metrics[f"auroc_{kind}_ci95"] = [ci["low"], ci["high"]]
         if cfg.compare_to:
-            metrics["compared"] = _compare_probes(cfg, llm, probs, test_idx, kinds, labels, groups, requests)
+            metrics["compared"] = _compare_probes(cfg, llm, cache, probs, test_idx, kinds, labels, groups, requests)
         metrics["diagnostics"] = _diagnostics(cfg, labels, probs, test_idx, kinds, groups, requests)
         metrics["ece_test_balanced"] = expected_calibration_error(labels[balanced_test], probs[balanced_test])
         plot_reliability_diagram(
@@ -530,14 +533,13 @@ class ProbeExperiment:
 
 
 
-def _compare_probes(cfg: ProbeExperimentConfig, llm, probs, test_idx, kinds, labels, groups, requests) -> dict:
-    """Each probe of ``compare_to`` on this run's held-out prompts, against this run's probe (A)."""
+def _compare_probes(cfg: ProbeExperimentConfig, llm, cache, probs, test_idx, kinds, labels, groups,
+                    requests) -> dict:
+    """Each probe of ``compare_to`` on this run's held-out prompts, against this run's probe (A);
+    its states come from the run's cache when its layer was swept."""
     from ragsieve.eval.stats import verdict
-    from ragsieve.paths import cache_dir
-    from ragsieve.probe.cache import StateCache
     from ragsieve.probe.model import ConfidenceProbe
 
-    cache = StateCache(Path(cfg.state_cache) if cfg.state_cache else cache_dir() / "states.sqlite")
     out = {}
     for spec in cfg.compare_to:
         other = ConfidenceProbe.load(spec, llm, cache=cache, batch_size=cfg.batch_size)
