@@ -120,6 +120,76 @@ def test_train_cross_encoder_moves_scores(tmp_path, tiny_cross_encoder_dir):
     assert (after[0] - after[1]) > (before[0] - before[1])  # the positive moved up relative to the negative
 
 
+def test_train_cross_encoder_resumes_after_kill(tmp_path, tiny_cross_encoder_dir):
+    """kill -9 mid-training, rerun: it resumes from the last checkpoint and ends with the weights of an
+    uninterrupted training; checkpoints of other settings are cleared, not resumed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    from ragsieve.prefs import PreferenceRecord
+    from ragsieve.rerank.train import TRAINING_CARD, CrossEncoderTrainConfig, train_cross_encoder
+
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import sys, time
+from transformers import TrainerCallback
+from ragsieve.prefs import PreferenceRecord
+from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+recs = [PreferenceRecord(f"who wrote hamlet {{i}}", ["Hamlet was written by William Shakespeare."],
+        ["Foxes are small mammals.", "Paris is in France."], [0.3], [-0.2, -0.1]) for i in range(24)]
+cfg = CrossEncoderTrainConfig(init={str(tiny_cross_encoder_dir)!r}, group_size=3, lr=5e-3, epochs=2, batch_size=4,
+                              max_length=64, distill_weight=1.0, checkpoint_steps=3)
+slow = sys.argv[1] == "slow"
+if slow:  # slow steps so the parent can kill between two saves
+    class Slow(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            time.sleep(0.5)
+    import sentence_transformers.cross_encoder as ce
+    Base = ce.CrossEncoderTrainer
+    class SlowTrainer(Base):
+        def __init__(self, *a, callbacks=None, **k):
+            super().__init__(*a, callbacks=[*(callbacks or []), Slow()], **k)
+    ce.CrossEncoderTrainer = SlowTrainer
+train_cross_encoder(recs, cfg, sys.argv[2], checkpoint_dir=sys.argv[3])
+""")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    # uninterrupted reference (its own checkpoint folder)
+    subprocess.run([sys.executable, str(script), "fast", str(tmp_path / "ref"), str(tmp_path / "ref-ckpt")],
+                   check=True, env=env, capture_output=True)
+    ckpts = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, str(script), "slow", str(tmp_path / "out"), str(ckpts)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (ckpts / "checkpoint-3" / "trainer_state.json").is_file():
+        assert proc.poll() is None and time.time() < deadline, "the training ended before its first checkpoint"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    subprocess.run([sys.executable, str(script), "fast", str(tmp_path / "out"), str(ckpts)], check=True, env=env,
+                   capture_output=True)
+    card = json.loads((tmp_path / "out" / TRAINING_CARD).read_text())
+    assert card["resumed_from_step"] >= 3 and card["steps"] == json.loads((tmp_path / "ref" / TRAINING_CARD).read_text())["steps"]
+    ref, out = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert ref.keys() == out.keys()
+    assert all(np.allclose(ref[k].float().numpy(), out[k].float().numpy(), atol=1e-5) for k in ref)
+    # a checkpoint made under other settings is cleared, not resumed
+    stale = tmp_path / "stale"
+    (stale / "checkpoint-99").mkdir(parents=True)
+    (stale / "ragsieve_checkpoint_key.txt").write_text("other\n")
+    recs = [PreferenceRecord("q", ["a"], ["b"], [0.1], [0.0])]
+    cfg = CrossEncoderTrainConfig(init=str(tiny_cross_encoder_dir), group_size=2, max_length=32, checkpoint_steps=5)
+    train_cross_encoder(recs, cfg, tmp_path / "fresh", checkpoint_dir=stale)
+    assert not (stale / "checkpoint-99").exists()
+    with pytest.raises(RagsieveError, match="checkpoint_steps cannot be combined"):
+        train_cross_encoder(recs, cfg.model_copy(update={"lora_r": 4}), tmp_path / "x", checkpoint_dir=stale)
+
+
 def test_fast_backends_match_predict(tiny_cross_encoder_dir, tmp_path, monkeypatch):
     """Same inputs as CrossEncoder.predict; fp32 ONNX equal, int8 close and rank-preserving here."""
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))

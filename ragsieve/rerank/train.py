@@ -83,6 +83,31 @@ class CrossEncoderTrainConfig(StrictConfig):
     # folder without that card scores with the logit alone: it loses the cosine term on top of
     # whatever training changed. True writes the start's mix into the new folder's card.
     cosine_mix: bool = Field(False, description="keep the start reranker's cosine mix (its card) in the saved folder")
+    # With train_cross_encoder(..., checkpoint_dir=...): save the trainer's state every this many steps
+    # and resume from the last save, so a killed hour-long training loses at most these steps.
+    checkpoint_steps: int = Field(0, ge=0, description="steps between resumable checkpoints; 0 = none")
+
+
+def _prepare_checkpoints(folder: Path, config: CrossEncoderTrainConfig, rows: list[dict]) -> str | None:
+    """The last checkpoint in ``folder`` if it was made from these rows and settings, else None
+    (and the folder is cleared: a checkpoint of another training must not be resumed)."""
+    import hashlib
+    import shutil
+
+    key = hashlib.sha1(json.dumps({"config": config.model_dump(), "rows": rows}, sort_keys=True).encode()).hexdigest()
+    stamp = folder / "ragsieve_checkpoint_key.txt"
+    if folder.is_dir() and (not stamp.is_file() or stamp.read_text().strip() != key):
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(key + "\n")
+    saved = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1]
+                   .isdigit() else -1, reverse=True)
+    for ckpt in saved:
+        # the trainer writes trainer_state.json last: without it the save was cut short by a kill
+        if (ckpt / "trainer_state.json").is_file():
+            return str(ckpt)
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return None
 
 
 def group_rows(records: Sequence[PreferenceRecord], group_size: int, seed: int = 0) -> list[dict[str, str]]:
@@ -161,6 +186,7 @@ def train_cross_encoder(
     *,
     replay: Sequence[PreferenceRecord] | None = None,
     relevance_dev: Sequence[PreferenceRecord] | None = None,
+    checkpoint_dir: str | Path | None = None,
 ) -> Path:
     """Fine-tune a 1-logit cross-encoder on preference groups and save it to ``out_dir``.
 
@@ -175,6 +201,11 @@ def train_cross_encoder(
 
         cfg = CrossEncoderTrainConfig(init=str(base_reranker_dir()), replay_ratio=0.5, eval_steps=20)
         train_cross_encoder(prefs, cfg, "models/guarded", replay=gold_train, relevance_dev=gold_dev)
+
+    ``checkpoint_dir`` with ``config.checkpoint_steps > 0``: the trainer's state (weights, optimizer,
+    scheduler, RNG) is saved there every that many steps, and a rerun with the same rows and
+    config resumes from the last save (anything else there is cleared first). Not with
+    ``eval_steps`` or ``lora_r``: their in-memory state (best dev weights, adapters) is not saved.
     """
     import torch
     from datasets import Dataset
@@ -188,6 +219,10 @@ def train_cross_encoder(
     from ragsieve.rerank.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
 
     # every guard's inputs are checked before the model loads
+    checkpointing = checkpoint_dir is not None and config.checkpoint_steps > 0
+    if checkpointing and (config.eval_steps > 0 or config.lora_r > 0):
+        raise RagsieveError("checkpoint_steps cannot be combined with eval_steps or lora_r: a resumed run would "
+                            "lose the best dev weights or the adapters; set checkpoint_steps 0")
     if config.replay_ratio > 0 and not replay:
         raise RagsieveError(f"replay_ratio {config.replay_ratio} needs gold groups to replay (replay=...)")
     dev = relevance_samples(relevance_dev or [], config.dev_docs)
@@ -228,26 +263,32 @@ def train_cross_encoder(
         eval_args = {"eval_strategy": "steps", "eval_steps": config.eval_steps,
                      "metric_for_best_model": "eval_dev_ndcg@10", "greater_is_better": True}
         callbacks = [_best_on_dev(model, evaluator, config.patience)]
+    resume, save_args = None, {"save_strategy": "no"}
+    if checkpointing:
+        resume = _prepare_checkpoints(Path(checkpoint_dir), config, rows)
+        save_args = {"save_strategy": "steps", "save_steps": config.checkpoint_steps, "save_total_limit": 1}
     args = CrossEncoderTrainingArguments(
-        output_dir=str(out_dir / "checkpoints"),
+        output_dir=str(checkpoint_dir if checkpointing else out_dir / "checkpoints"),
         num_train_epochs=config.epochs,
         per_device_train_batch_size=config.batch_size,
         learning_rate=config.lr,
         weight_decay=config.weight_decay,
         warmup_ratio=config.warmup_ratio,
         seed=config.seed,
-        save_strategy="no",
         report_to="none",
         logging_steps=10,
         use_cpu=True,
         dataloader_drop_last=False,
+        **save_args,
         **eval_args,
     )
     trainer = CrossEncoderTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), evaluator=evaluator, loss=loss,
         callbacks=callbacks,
     )
-    trainer.train()
+    if resume:
+        log.info("resuming the training from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
     if lora is not None:
         lora.merge_and_unload()  # in place: the CrossEncoder's BERT is plain again, adapters folded in
     if config.save_fp16:
@@ -255,6 +296,7 @@ def train_cross_encoder(
     model.save_pretrained(str(out_dir))
     (out_dir / "README.md").unlink(missing_ok=True)  # the auto card describes a generic CrossEncoder
     card = {"preference_rows": n_pref, "replay_rows": len(rows) - n_pref, "steps": trainer.state.global_step,
+            "resumed_from_step": int(Path(resume).name.split("-")[-1]) if resume else None,
             "guards": config.model_dump(include={"replay_ratio", "distill_weight", "lora_r", "eval_steps", "cosine_mix"})}
     if callbacks:
         card.update(callbacks[0].summary())

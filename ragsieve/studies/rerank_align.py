@@ -198,10 +198,13 @@ class RerankAlignExperiment:
             return model_dir
         console.print(f"aligned reranker, seed {seed}: training on {len(records)} preference records → {model_dir}")
         # a killed training leaves no half-written folder: it appears when complete
+        # with train.checkpoint_steps, a killed training resumes from its last save under work/
+        checkpoints = model_dir.parent / "work" / f"{model_dir.name}-checkpoints"
         with atomic_directory(model_dir, overwrite=True) as tmp:
-            train_cross_encoder(records, train_cfg, tmp)
+            train_cross_encoder(records, train_cfg, tmp, checkpoint_dir=checkpoints)
             shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
             (tmp / "ragsieve_aligned.json").write_text(json.dumps(card, indent=2))
+        shutil.rmtree(checkpoints, ignore_errors=True)  # the model is complete: its checkpoints are not needed
         return model_dir
 
     def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], rank_keys: dict[str, str],
