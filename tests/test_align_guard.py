@@ -209,7 +209,9 @@ def test_rerank_train_guard_options(tmp_path, cli, tiny_cross_encoder_dir):
     for args, message in [(["--replay-ratio", "1.5"], "replay_ratio"), (["--lora-r", "-1"], "lora_r"),
                           (["--distill-weight", "-0.5"], "distill_weight"),
                           (["--replay-ratio", "0.5"], "needs --replay FILE"),
-                          (["--eval-steps", "3"], "needs --relevance-dev FILE")]:
+                          (["--eval-steps", "3"], "needs --relevance-dev FILE"),
+                          (["--checkpoint-steps", "-1"], "checkpoint_steps"),
+                          (["--checkpoint-steps", "5", "--lora-r", "2"], "checkpoint_steps cannot be combined")]:
         r = cli(*base, *args)
         assert r.code == 2 and message in r.err, (args, r.err)
         assert len(r.err.strip().splitlines()) == 1, r.err
@@ -224,6 +226,12 @@ def test_rerank_train_guard_options(tmp_path, cli, tiny_cross_encoder_dir):
     assert card["guards"] == {"replay_ratio": 0.5, "distill_weight": 1.0, "lora_r": 2, "eval_steps": 2,
                               "cosine_mix": True}
     assert card["replay_rows"] == 6 and card["dev_history"]
+    # resumable training: checkpoints next to the output while it runs, removed once the model is saved
+    r = cli(*base[:-1], tmp_path / "ce-ckpt", "--init", tiny_cross_encoder_dir, "--config", cfg,
+            "--checkpoint-steps", "1")
+    assert r.code == 0, r.err
+    assert (tmp_path / "ce-ckpt" / "model.safetensors").exists() and not (tmp_path / "ce-ckpt.checkpoints").exists()
+    assert json.loads((tmp_path / "ce-ckpt" / "ragsieve_training.json").read_text())["resumed_from_step"] is None
     # from an encoder (a new, random head) there is nothing to distil: the default is off, asking for it is refused
     encoder = tmp_path / "encoder"
     shutil.copytree(get_embedded("all-minilm-l6-v2").path(), encoder)

@@ -130,6 +130,9 @@ def rerank_train_cmd(
     cosine_mix: Optional[bool] = typer.Option(
         None, "--cosine-mix/--no-cosine-mix", help="Keep the start reranker's MiniLM cosine mix (embedded:base "
         "scores logit + w · 20 · cosine) in the saved folder [default: on]."),
+    checkpoint_steps: Optional[int] = typer.Option(
+        None, "--checkpoint-steps", help="Save the training state every N steps in OUT.checkpoints; the same "
+        "command resumes from it after a kill [default: 0 = off]."),
     skip_bad: bool = SkipBadOption,
 ) -> None:
     """Fine-tune a cross-encoder with InfoNCE (1 positive vs a group of negatives), with forgetting guards."""
@@ -144,7 +147,7 @@ def rerank_train_cmd(
         init = str(base_reranker_dir())
     values["init"] = init
     options = {"distill_weight": distill_weight, "replay_ratio": replay_ratio, "lora_r": lora_r,
-               "eval_steps": eval_steps, "cosine_mix": cosine_mix}
+               "eval_steps": eval_steps, "cosine_mix": cosine_mix, "checkpoint_steps": checkpoint_steps}
     values.update({k: v for k, v in options.items() if v is not None})
     # the command's default guards, the ones measured best (results/rerank_align_guard): the cosine mix,
     # and distillation to the start model when it is a trained cross-encoder (a new head has nothing to keep)
@@ -162,7 +165,12 @@ def rerank_train_cmd(
     records = read_preferences(prefs, skip_bad=skip_bad)
     gold = read_preferences(replay, skip_bad=skip_bad) if replay is not None and cfg.replay_ratio > 0 else None
     dev = read_preferences(relevance_dev, skip_bad=skip_bad) if relevance_dev is not None and cfg.eval_steps else None
-    path = train_cross_encoder(records, cfg, out, replay=gold, relevance_dev=dev)
+    checkpoints = out.with_name(out.name + ".checkpoints") if cfg.checkpoint_steps else None
+    path = train_cross_encoder(records, cfg, out, replay=gold, relevance_dev=dev, checkpoint_dir=checkpoints)
+    if checkpoints is not None:
+        import shutil
+
+        shutil.rmtree(checkpoints, ignore_errors=True)  # the model is saved: its checkpoints are not needed
     console.print(f"trained on {sum(len(r.pos) for r in records)} groups from {len(records)} queries → {path}")
 
 
