@@ -112,7 +112,7 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
         "  train: {batch_size: 2, max_length: 128}\n"
         "  seeds: [0, 1]\n  exclude_base_trained: true\n"
         "  rag: {nq_questions: 3, hotpotqa_questions: 2, max_new_tokens: 2, max_prompt_tokens: 450,"
-        f" grader: 'embedded:default', reuse_from: [{probe_out}]}}\n"
+        f" grader: 'embedded:default', reuse_from: [{probe_out}], upper_bounds: true}}\n"
     )
     result = run_experiment_file(align)
     rankers = {"bm25", "bi-encoder", "base", "aligned", "aligned-seed1"}
@@ -138,6 +138,11 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert top1 == sorted(top1)
     gold_at_1 = result["rag"]["nq"]["gold_at_1"]
     assert set(gold_at_1) == rankers | {"retriever", "aligned+grader"} and all(0.0 <= v <= 1.0 for v in gold_at_1.values())
+    # the reference orders: gold first on every question, the probe's Inc where the test shifts hold it
+    bounds = result["rag"]["nq"]["upper_bounds"]
+    assert bounds["gold-first"]["questions"] == 3 and {"vs_base", "aligned_vs_base", "base"} <= set(
+        bounds["gold-first"]["top1"])
+    assert set(bounds) <= {"gold-first", "shift-order"} and "upper_bounds" in result["rag"]["hotpotqa"]
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
     assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
     assert (tmp_path / "align" / "cbdr_aligned.png").stat().st_size > 0

@@ -47,6 +47,11 @@ class RAGEvalConfig(StrictConfig):
     # retriever top-3 = this table's retriever row)
     reuse_from: list[str] = []
     hotpotqa_questions: int = 50  # the half of the distractor sample the base reranker did not train on
+    # Two reference orders that bound what a reranker can do here (rag → upper_bounds, not Table 2
+    # rows): "gold-first" (the gold passages first, then the retriever's order) on every question, and
+    # "shift-order" (the candidates by the probe's own Inc, what the aligned reranker learns to
+    # imitate) on the questions whose shifts the preference test set holds.
+    upper_bounds: bool = False
     candidates: int = 20
     top_ks: list[int] = [1, 3]
     max_new_tokens: int = 16
@@ -278,6 +283,18 @@ class RerankAlignExperiment:
                             top = kept
                         requests.append(LabelRequest(q.id, q.text, q.answers, "rag", top))
                 gold_at_1[rname] = float(np.mean(firsts))
+            bound_slots: list[tuple[str, int, int, int]] = []  # (order, k, question index, index into requests)
+            if rc.upper_bounds:
+                retriever_order = ranked_ids(rankers["retriever"], rank_keys["retriever"], set_name, questions,
+                                             cands, out_dir / "work" / "rankings", console)
+                shifts = read_test_shifts(out_dir / "prefs" / "shifts.jsonl") if set_name == "nq" else {}
+                for name, orders in upper_bound_orders(questions, retriever_order, shifts).items():
+                    for i, (q, ids) in enumerate(zip(questions, orders)):
+                        if ids is None:  # no shifts for this question
+                            continue
+                        for k in rc.top_ks:
+                            bound_slots.append((name, k, i, len(requests)))
+                            requests.append(LabelRequest(q.id, q.text, q.answers, "rag", [by_id[p] for p in ids[:k]]))
             out_path = out_dir / f"generations_{set_name}.jsonl"
             for folder in rc.reuse_from:
                 problem = answer_settings_differ(Path(folder), probe_config.llm_spec, rc.max_new_tokens,
@@ -301,6 +318,7 @@ class RerankAlignExperiment:
                 table2[rname][f"{set_name}_top{k}"] = float(np.mean(vals))
             if set_name == "nq":
                 correct[("nq", "closed", 0)] = np.asarray([g.correct for g in gens[: len(questions)]])
+            bounds = upper_bound_stats(bound_slots, gens, correct, set_name) if rc.upper_bounds else None
             info[set_name] = {
                 "questions": len(questions),
                 "question_ids": [q.id for q in questions],
@@ -309,6 +327,8 @@ class RerankAlignExperiment:
                                                      for q, c in zip(questions, cands)])),
                 "gold_at_1": gold_at_1,
             }
+            if bounds:
+                info[set_name]["upper_bounds"] = bounds
             if graded_out:
                 info[set_name]["grader"] = {
                     "spec": rc.grader,
@@ -424,6 +444,72 @@ def table2_stats(correct: dict[tuple[str, str, int], np.ndarray], rows: list[str
                 paired.setdefault("sieve_vs_best_plain", {})[cell] = {
                     "best_plain": best, **mcnemar_exact(correct[(s, "aligned+grader", k)], correct[(s, best, k)]).to_dict()}
     return {"cells": cells, "paired": paired}
+
+
+def read_test_shifts(path: Path) -> dict[str, dict[str, float]]:
+    """The preference test questions' Inc per candidate id (question id → {passage id: Inc})."""
+    from ragsieve.data import read_jsonl
+
+    if not path.is_file():
+        return {}
+    return {row["question_id"]: dict(zip(row["candidate_ids"], row["inc"]))
+            for row in read_jsonl(path) if row.get("split") == "test"}
+
+
+def upper_bound_orders(questions, retriever_order: list[list[str]], shifts: dict[str, dict[str, float]]
+                       ) -> dict[str, list[list[str] | None]]:
+    """Reference orders of each question's candidates: ``gold-first`` (gold passages first, each part in
+    the retriever's order) and, where ``shifts`` holds the question, ``shift-order`` (highest Inc first;
+    candidates without an Inc after them, in the retriever's order). None = not defined for that question.
+
+    >>> from types import SimpleNamespace as Q
+    >>> qs = [Q(id="a", gold_passage_ids=["p3"]), Q(id="b", gold_passage_ids=[])]
+    >>> upper_bound_orders(qs, [["p1", "p2", "p3"], ["p4", "p5"]], {"a": {"p1": -0.1, "p2": 0.4, "p3": 0.2}})
+    {'gold-first': [['p3', 'p1', 'p2'], ['p4', 'p5']], 'shift-order': [['p2', 'p3', 'p1'], None]}
+    """
+    gold_first, shift_order = [], []
+    for q, ids in zip(questions, retriever_order):
+        gold = set(q.gold_passage_ids)
+        gold_first.append([p for p in ids if p in gold] + [p for p in ids if p not in gold])
+        inc = shifts.get(q.id)
+        if inc is None:
+            shift_order.append(None)
+        else:  # sorted() is stable: ties and unscored candidates keep the retriever's order
+            shift_order.append(sorted(ids, key=lambda p: -inc[p] if p in inc else float("inf")))
+    orders = {"gold-first": gold_first}
+    if any(o is not None for o in shift_order):
+        orders["shift-order"] = shift_order
+    return orders
+
+
+def upper_bound_stats(slots, gens, correct: dict, set_name: str) -> dict:
+    """Per reference order and k: accuracy with its Wilson interval on the questions it is defined for,
+    base and aligned on the same questions, and exact McNemar of the order vs base and of aligned vs base."""
+    from ragsieve.eval.classification import accuracy_interval
+    from ragsieve.eval.stats import mcnemar_exact
+
+    out: dict[str, dict] = {}
+    by: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+    for name, k, qi, ri in slots:
+        idx, vals = by.setdefault((name, k), ([], []))
+        idx.append(qi)
+        vals.append(gens[ri].correct)
+    for (name, k), (idx, vals) in by.items():
+        v = np.asarray(vals)
+        row = {"n": int(v.size), "correct": int(v.sum()), "accuracy": float(v.mean()),
+               "ci95": [float(x) for x in accuracy_interval(int(v.sum()), v.size)]}
+        for other in ("base", "aligned"):
+            if (set_name, other, k) in correct:
+                w = correct[(set_name, other, k)][idx]
+                row[other] = {"accuracy": float(w.mean()),
+                              "ci95": [float(x) for x in accuracy_interval(int(w.sum()), w.size)]}
+        if (set_name, "base", k) in correct:
+            base = correct[(set_name, "base", k)][idx]
+            row["vs_base"] = mcnemar_exact(v, base).to_dict()
+            if (set_name, "aligned", k) in correct:
+                row["aligned_vs_base"] = mcnemar_exact(correct[(set_name, "aligned", k)][idx], base).to_dict()
+        out.setdefault(name, {"questions": len(idx)})[f"top{k}"] = row
+    return out
 
 
 def aligned_row(index: int, seed: int) -> str:
