@@ -46,6 +46,33 @@ def test_distill_loss_is_group_infonce_at_weight_0_and_without_drift(tiny_cross_
         GroupInfoNCEDistillLoss(model, distill_weight=-1.0)
 
 
+def test_start_logits_cache_reads_stored_pairs_and_scores_only_new_ones(tmp_path, tiny_cross_encoder_dir):
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from ragsieve.probe.cache import StateCache
+    from ragsieve.rerank.train import start_logits, weights_fingerprint
+
+    model = CrossEncoder(str(tiny_cross_encoder_dir), max_length=32, num_labels=1)
+    rows = [{"query": "who wrote hamlet", "positive": HAMLET, "negative_1": FOXES, "negative_2": PARIS}]
+    key = weights_fingerprint(tiny_cross_encoder_dir)
+    assert len(key) == 16 and key == weights_fingerprint(tiny_cross_encoder_dir)
+    plain = start_logits(model, rows, group_size=3)
+    cache = StateCache(tmp_path / "start.sqlite")
+    assert start_logits(model, rows, group_size=3, cache=cache, model_key=key)[0] == pytest.approx(plain[0], abs=1e-5)
+    assert len(cache) == 3
+    with torch.no_grad():  # other weights: the stored pairs are read, only the new pair is scored
+        for p in model.model.parameters():
+            p.add_(0.5)
+    more = rows + [{"query": "who wrote hamlet", "positive": HAMLET, "negative_1": PARIS, "negative_2": "Dogs bark."}]
+    got = start_logits(model, more, group_size=3, cache=cache, model_key=key)
+    assert got[0] == pytest.approx(plain[0], abs=1e-5) and got[1][:2] == pytest.approx([plain[0][0], plain[0][2]], abs=1e-5)
+    assert len(cache) == 4
+    # another start model (key) shares nothing
+    assert start_logits(model, rows, group_size=3, cache=cache, model_key="other")[0] != pytest.approx(plain[0], abs=1e-3)
+    cache.close()
+
+
 def test_replay_rows_and_guard_fields_are_validated(tmp_path):
     from pydantic import ValidationError
 

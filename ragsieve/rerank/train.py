@@ -187,6 +187,7 @@ def train_cross_encoder(
     replay: Sequence[PreferenceRecord] | None = None,
     relevance_dev: Sequence[PreferenceRecord] | None = None,
     checkpoint_dir: str | Path | None = None,
+    start_logits_cache: str | Path | None = None,
 ) -> Path:
     """Fine-tune a 1-logit cross-encoder on preference groups and save it to ``out_dir``.
 
@@ -206,6 +207,10 @@ def train_cross_encoder(
     scheduler, RNG) is saved there every that many steps, and a rerun with the same rows and
     config resumes from the last save (anything else there is cleared first). Not with
     ``eval_steps`` or ``lora_r``: their in-memory state (best dev weights, adapters) is not saved.
+
+    ``start_logits_cache`` (a SQLite file) keeps the start model's logits per (query, doc) for
+    ``distill_weight``, keyed by the start weights' hash: a resumed run or another seed over the
+    same pairs scores only the pairs it has not seen.
     """
     import torch
     from datasets import Dataset
@@ -249,7 +254,17 @@ def train_cross_encoder(
     rows = [{**r, "query": _truncate(model.tokenizer, r["query"], config.query_max_tokens)} for r in rows]
     if config.distill_weight > 0:
         # the teacher is the model as it starts, frozen: scored once, before any adapter or step
-        teacher = start_logits(model, rows, config.group_size)
+        cache = None
+        if start_logits_cache is not None:
+            from ragsieve.probe.cache import StateCache
+
+            cache = StateCache(start_logits_cache)
+        try:
+            teacher = start_logits(model, rows, config.group_size, cache=cache,
+                                   model_key=f"{weights_fingerprint(init)}|{config.max_length}")
+        finally:
+            if cache is not None:
+                cache.close()
         rows = [{**r, "label": t} for r, t in zip(rows, teacher)]
         loss = GroupInfoNCEDistillLoss(model, temperature=config.temperature, distill_weight=config.distill_weight)
     else:
@@ -310,23 +325,51 @@ def train_cross_encoder(
     return out_dir
 
 
-def start_logits(model, rows: Sequence[dict], group_size: int, batch_size: int = 64) -> list[list[float]]:
-    """The model's raw logits on each row's ``positive, negative_1..`` docs (eval mode, no gradient)."""
+def start_logits(model, rows: Sequence[dict], group_size: int, batch_size: int = 64, *,
+                 cache=None, model_key: str = "") -> list[list[float]]:
+    """The model's raw logits on each row's ``positive, negative_1..`` docs (eval mode, no gradient).
+
+    With ``cache`` (a :class:`~ragsieve.probe.cache.StateCache`), pairs stored under the same
+    ``model_key`` are read, not scored; the new ones are stored.
+    """
+    import hashlib
+
+    import numpy as np
     import torch
     from sentence_transformers.util import batch_to_device
 
     columns = ["positive"] + [f"negative_{i}" for i in range(1, group_size)]
     pairs = [(r["query"], r[c]) for r in rows for c in columns]
+    keys = [hashlib.sha1(f"{model_key}\x00{q}\x00{d}".encode()).hexdigest() for q, d in pairs]
+    known = {k: float(v[0]) for k, v in cache.get_many(sorted(set(keys))).items()} if cache is not None else {}
+    todo = sorted({k: p for k, p in zip(keys, pairs) if k not in known}.items())
     was_training = model.training
     model.eval()
-    out = []
     with torch.no_grad():
-        for lo in range(0, len(pairs), batch_size):
-            tokens = batch_to_device(model.preprocess(pairs[lo: lo + batch_size]), model.device)
-            out.append(model(tokens)["scores"].view(-1).float())
+        for lo in range(0, len(todo), batch_size):
+            chunk = todo[lo: lo + batch_size]
+            tokens = batch_to_device(model.preprocess([p for _, p in chunk]), model.device)
+            scores = model(tokens)["scores"].view(-1).float().tolist()
+            fresh = {k: s for (k, _), s in zip(chunk, scores)}
+            known.update(fresh)
+            if cache is not None:  # stored per batch: a kill keeps what was scored
+                cache.put_many({k: np.array([s], np.float32) for k, s in fresh.items()})
     model.train(was_training)
-    logits = torch.cat(out).view(len(rows), group_size)
-    return logits.tolist()
+    logits = [known[k] for k in keys]
+    return [logits[i: i + group_size] for i in range(0, len(logits), group_size)]
+
+
+def weights_fingerprint(folder: str | Path) -> str:
+    """sha256 of a model folder's weight files (names and bytes): which start model scored a cache."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for file in sorted(Path(folder).glob("*.safetensors")) + sorted(Path(folder).glob("*.bin")):
+        digest.update(file.name.encode())
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def _attach_lora(model, r: int, seed: int):

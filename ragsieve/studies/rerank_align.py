@@ -206,7 +206,9 @@ class RerankAlignExperiment:
         # with train.checkpoint_steps, a killed training resumes from its last save under work/
         checkpoints = model_dir.parent / "work" / f"{model_dir.name}-checkpoints"
         with atomic_directory(model_dir, overwrite=True) as tmp:
-            train_cross_encoder(records, train_cfg, tmp, checkpoint_dir=checkpoints)
+            # every seed distils from the same start model over mostly the same pairs: scored once
+            train_cross_encoder(records, train_cfg, tmp, checkpoint_dir=checkpoints,
+                                start_logits_cache=model_dir.parent / "work" / "start-logits.sqlite")
             shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
             (tmp / "ragsieve_aligned.json").write_text(json.dumps(card, indent=2))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the model is complete: its checkpoints are not needed
