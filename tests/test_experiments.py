@@ -145,6 +145,8 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert set(bounds) <= {"gold-first", "shift-order"} and "upper_bounds" in result["rag"]["hotpotqa"]
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
     assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
+    tables = (tmp_path / "align" / "tables.md").read_text()
+    assert "### Table 1" in tables and "aligned vs base" in tables and "gold-first" in tables and "nan" not in tables
     assert (tmp_path / "align" / "cbdr_aligned.png").stat().st_size > 0
     # a rerun trains nothing and answers nothing again
     stamp = (tmp_path / "align" / "model" / "ragsieve_aligned.json").stat().st_mtime_ns

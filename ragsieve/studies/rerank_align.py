@@ -184,6 +184,7 @@ class RerankAlignExperiment:
             "config": cfg.model_dump(),
         }
         (out_dir / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out_dir / "tables.md").write_text(tables_markdown(result) + "\n")
         plot_tables(result, out_dir)
         return result
 
@@ -571,6 +572,82 @@ def compare_preferences(pref: dict, base: dict, n_boot: int = 2000, seed: int = 
 def preference_means(per: dict) -> dict[str, float]:
     """Mean of each per-question preference metric (``{"P@1": {qid: v}}`` → ``{"P@1": mean}``)."""
     return {metric: float(np.mean(list(values.values()))) for metric, values in per.items()}
+
+
+def tables_markdown(result: dict) -> str:
+    """Tables 1 and 2, the reference orders and the seed spread as Markdown (``tables.md``), every
+    cell with its 95 % interval and every comparison with its paired test, for the README."""
+
+    def pct(v: float) -> str:
+        return f"{100 * v:.1f}"
+
+    def acc(c: dict) -> str:
+        return f"{pct(c['accuracy'])} [{pct(c['ci95'][0])}, {pct(c['ci95'][1])}]"
+
+    def mcn(m: dict) -> str:
+        return f"{100 * m['diff']:+.1f} pp (p = {m['p_value']:.3f}; {m['a_only']} vs {m['b_only']})"
+
+    lines = [f"### Table 1: preference test ({result['table1_queries']} questions), mean [95 % CI]", ""]
+    metrics = list(next(iter(result["table1"].values())))
+    stats = result["table1_stats"]
+    lines += ["| reranker | " + " | ".join(metrics) + " | − base P@1 (McNemar) | − base P@3 [95 % CI] (bootstrap p) |",
+              "|---" * (len(metrics) + 3) + "|"]
+    for name, row in result["table1"].items():
+        cells = [f"{row[m]:.3f} [{stats['ci95'][name][m][0]:.3f}, {stats['ci95'][name][m][1]:.3f}]" for m in metrics]
+        vs = stats["vs_base"].get(name)
+        extra = ["", ""]
+        if vs:
+            p3 = vs["P@3"]
+            extra = [f"{vs['P@1']['diff']:+.3f} (p = {vs['P@1']['p_value']:.3f})",
+                     f"{p3['diff']:+.3f} [{p3['low']:+.3f}, {p3['high']:+.3f}] (p = {p3['p_value']:.3f})"]
+        lines.append(f"| {name} | " + " | ".join(cells + extra) + " |")
+    t2 = result["table2_stats"]
+    cells = list(next(iter(t2["cells"].values())))
+    n = {c: next(iter(t2["cells"].values()))[c]["n"] for c in cells}
+    lines += ["", "### Table 2: RAG accuracy (containment, %) [Wilson 95 % CI]", "",
+              "| row | " + " | ".join(f"{c} (n = {n[c]})" for c in cells) + " |", "|---" * (len(cells) + 1) + "|"]
+    for name, row in t2["cells"].items():
+        lines.append(f"| {name} | " + " | ".join(acc(row[c]) for c in cells) + " |")
+    lines += ["", "Paired, exact McNemar (A − B; questions only A / only B got right):", "",
+              "| comparison | " + " | ".join(cells) + " |", "|---" * (len(cells) + 1) + "|"]
+    for name, by_cell in t2["paired"].items():
+        label = name.replace("_vs_", " vs ").replace("_", " ")
+        out = []
+        for c in cells:
+            m = by_cell.get(c)
+            out.append("" if m is None else mcn(m) + (f" vs {m['best_plain']}" if "best_plain" in m else ""))
+        lines.append(f"| {label} | " + " | ".join(out) + " |")
+    for set_name, info in result["rag"].items():
+        bounds = info.get("upper_bounds") if isinstance(info, dict) else None
+        if not bounds:
+            continue
+        lines += ["", f"### Reference orders, {set_name}: what reranking these candidates can reach", "",
+                  "| order (questions) | k | order | base | aligned | order − base (McNemar) "
+                  "| aligned − base (McNemar) |", "|---|---|---|---|---|---|---|"]
+        for order, by_k in bounds.items():
+            for k, row in by_k.items():
+                if k == "questions":
+                    continue
+                lines.append(f"| {order} ({by_k['questions']}) | {k} | {acc(row)} | "
+                             f"{acc(row['base']) if 'base' in row else ''} | "
+                             f"{acc(row['aligned']) if 'aligned' in row else ''} | "
+                             f"{mcn(row['vs_base']) if 'vs_base' in row else ''} | "
+                             f"{mcn(row['aligned_vs_base']) if 'aligned_vs_base' in row else ''} |")
+    spread = result.get("seed_spread", {})
+    if spread:
+        lines += ["", "### Seed spread of the aligned reranker (one training per seed)", "",
+                  "| metric | values | mean | − base |", "|---|---|---|---|"]
+        for metric, v in spread.items():
+            lines.append(f"| {metric} | " + ", ".join(f"{x:.3f}" for x in v["values"]) + f" | {v['mean']:.3f} | "
+                         + ", ".join(f"{x:+.3f}" for x in v["minus_base"]) + " |")
+    gold = {s: i["gold_at_1"] for s, i in result["rag"].items() if isinstance(i, dict) and "gold_at_1" in i}
+    if gold:
+        sets = list(gold)
+        lines += ["", "### Gold passage ranked first (share of questions)", "",
+                  "| row | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
+        for name in gold[sets[0]]:
+            lines.append(f"| {name} | " + " | ".join(f"{gold[s].get(name, float('nan')):.3f}" for s in sets) + " |")
+    return "\n".join(lines)
 
 
 def plot_tables(result: dict, out_dir: Path) -> None:
