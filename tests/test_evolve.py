@@ -530,6 +530,13 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     for key in shared:
         assert len({repr(getattr(c, key)) for c in params.values()}) == 1, key
     assert len({c.downstream.held_out_questions for c in params.values()}) == 1  # the same HotpotQA splits
+    # the mixed-M0 twin of stage 0 differs in m0 (and out_dir) only: its test outcomes pair with stage 0's
+    mixed = read_mapping(REPO / "experiments" / "evolve_scale_m0_mixed.yaml")
+    assert mixed["out_dir"] == "results/evolve_scale_m0_mixed" and mixed["params"]["m0"] == "mixed"
+    stage0 = read_mapping(REPO / "experiments" / "evolve_scale_m0.yaml")["params"]
+    assert {k: v for k, v in mixed["params"].items() if k not in ("m0", "downstream")} == {
+        k: v for k, v in stage0.items() if k not in ("m0", "downstream")}
+    build_config(EvolveExperimentConfig, mixed["params"])
 
 
 @requires_data
