@@ -534,7 +534,7 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     mixed = read_mapping(REPO / "experiments" / "evolve_scale_m0_mixed.yaml")
     assert mixed["out_dir"] == "results/evolve_scale_m0_mixed" and mixed["params"]["m0"] == "mixed"
     stage0 = read_mapping(REPO / "experiments" / "evolve_scale_m0.yaml")["params"]
-    assert {k: v for k, v in mixed["params"].items() if k not in ("m0", "downstream")} == {
+    assert {k: v for k, v in mixed["params"].items() if k not in ("m0", "downstream", "compare_m0_to")} == {
         k: v for k, v in stage0.items() if k not in ("m0", "downstream")}
     build_config(EvolveExperimentConfig, mixed["params"])
 
@@ -688,6 +688,17 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
     assert not (tmp_path / "work" / "pubmedqa" / "m0").exists()
     assert set(metrics["m0_test"]) == {"pubmedqa", "hotpotqa-distractor"}
     assert all(json.loads((tmp_path / "cells" / ds / "_m0.json").read_text())["m0"] == "mixed" for ds in cfg.datasets)
+    # against another run's M0 on the same test examples (here: the same file with every outcome flipped)
+    mine = json.loads((tmp_path / "cells" / "pubmedqa" / "_m0.json").read_text())
+    flipped = {**mine, "m0": "per-dataset", "test": {**mine["test"], "correct": "".join(
+        "1" if c == "0" else "0" for c in mine["test"]["correct"])}}
+    (tmp_path / "other" / "cells" / "pubmedqa").mkdir(parents=True)
+    (tmp_path / "other" / "cells" / "pubmedqa" / "_m0.json").write_text(json.dumps(flipped))
+    again = EvolveExperiment().run(cfg.model_copy(update={"compare_m0_to": str(tmp_path / "other")}), tmp_path,
+                                   Console(quiet=True))  # every cell is finished: only the metrics are redone
+    vs = again["m0_vs_other"]
+    assert set(vs) == {"other", "pubmedqa"} and vs["pubmedqa"]["a_only"] + vs["pubmedqa"]["b_only"] == 6
+    assert vs["pubmedqa"]["a"] == "mixed" and vs["pubmedqa"]["b"] == "per-dataset"
     bad = build_config(EvolveExperimentConfig,
                        {"datasets": ["fever"], "tau_sweep": [0.8], "tau_sweep_datasets": ["anli"]})
     with pytest.raises(RagsieveError, match="tau_sweep_datasets"):

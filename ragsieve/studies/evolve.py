@@ -116,6 +116,9 @@ class EvolveExperimentConfig(StrictConfig):
     balanced_test: bool = True
     forgetting_per_split: int = 0  # per split already trained on (SFT set, D_1..D_t), after every round
     m0: Literal["per-dataset", "mixed"] = "per-dataset"
+    # Another run's out_dir (e.g. stage 0 for the mixed-M0 twin): this run's M0 against that run's on the
+    # same test examples, exact McNemar per dataset (metrics.json → m0_vs_other)
+    compare_m0_to: Union[str, None] = None
     hotpot_source: Literal["sample100", "all"] = "sample100"
     # Per-round adapters (≈ 20 MB each for SmolLM2 r16) are needed only to resume a cell
     # mid-way; once its JSON is written they are dropped unless kept.
@@ -746,10 +749,17 @@ class EvolveExperiment:
                 if (ds, a) in results and (ds, b) in results:
                     paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(
                         results[(ds, a)], results[(ds, b)], base[ds])
-        return {
+        out = {
             "test_curves": test_curves, "forgetting": forgetting, "m0_test": m0_stats, "paired": paired,
             "scale_targets": st.scale_targets(m0_stats, paired),
         }
+        if cfg.compare_m0_to:
+            other_dir = Path(cfg.compare_m0_to) / "cells"
+            other = {ds: json.loads((other_dir / ds / "_m0.json").read_text()) for ds in base
+                     if (other_dir / ds / "_m0.json").is_file()}
+            out["m0_vs_other"] = {"other": cfg.compare_m0_to,
+                                  **{ds: st.paired_m0(base[ds], other[ds]) for ds in other}}
+        return out
 
     def _print(self, metrics: dict, console: Console) -> None:
         scale = "test_curves" in metrics

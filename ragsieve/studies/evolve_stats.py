@@ -7,6 +7,7 @@ makes every comparison paired:
 * :func:`test_curve` — accuracy of M_t on the test set by round, with Wilson intervals;
 * :func:`m0_vs_chance` — M0's accuracy, its interval and the binomial p-value against 50 %;
 * :func:`paired_last_round` — exact McNemar of two cells' M_R on the same test examples;
+* :func:`paired_m0` — the same for two runs' M0s (per-dataset vs mixed);
 * :func:`scale_targets` — the issue's three targets, each with its p-values.
 
 Example::
@@ -87,6 +88,24 @@ def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[st
         "b_ci95": cb["ci95"], "diff": round(result.diff, 4), "a_only": result.a_only, "b_only": result.b_only,
         "p_value": result.p_value, "verdict": result.verdict,
     }
+
+
+def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Exact McNemar of two runs' M0s (e.g. per-dataset vs mixed) on the same test examples.
+
+    >>> paired_m0({"m0": "mixed", "test_ids": ["a", "b"], "test": {"correct": "11"}},
+    ...           {"m0": "per-dataset", "test_ids": ["a", "b"], "test": {"correct": "01"}})["a_only"]
+    1
+    """
+    from ragsieve.eval.stats import mcnemar_exact
+
+    if a.get("test_ids") != b.get("test_ids") or not a.get("test_ids"):
+        return None  # not the same examples: no paired test
+    ca, cb = correct_vector(a["test"]), correct_vector(b["test"])
+    result = mcnemar_exact(ca, cb)
+    return {"a": a.get("m0"), "b": b.get("m0"), "n": result.n, "a_test": score_summary(ca),
+            "b_test": score_summary(cb), "diff": round(result.diff, 4), "a_only": result.a_only,
+            "b_only": result.b_only, "p_value": result.p_value, "verdict": result.verdict}
 
 
 def last_test(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> Mapping[str, Any]:
