@@ -51,12 +51,13 @@ def test_start_logits_cache_reads_stored_pairs_and_scores_only_new_ones(tmp_path
     from sentence_transformers.cross_encoder import CrossEncoder
 
     from ragsieve.probe.cache import StateCache
-    from ragsieve.rerank.train import start_logits, weights_fingerprint
+    from ragsieve.rerank.forgetting import weights_key
+    from ragsieve.rerank.train import start_logits
 
     model = CrossEncoder(str(tiny_cross_encoder_dir), max_length=32, num_labels=1)
     rows = [{"query": "who wrote hamlet", "positive": HAMLET, "negative_1": FOXES, "negative_2": PARIS}]
-    key = weights_fingerprint(tiny_cross_encoder_dir)
-    assert len(key) == 16 and key == weights_fingerprint(tiny_cross_encoder_dir)
+    key = weights_key(tiny_cross_encoder_dir)
+    assert len(key) == 12 and key == weights_key(tiny_cross_encoder_dir)
     plain = start_logits(model, rows, group_size=3)
     cache = StateCache(tmp_path / "start.sqlite")
     assert start_logits(model, rows, group_size=3, cache=cache, model_key=key)[0] == pytest.approx(plain[0], abs=1e-5)

@@ -209,7 +209,7 @@ def train_cross_encoder(
     ``eval_steps`` or ``lora_r``: their in-memory state (best dev weights, adapters) is not saved.
 
     ``start_logits_cache`` (a SQLite file) keeps the start model's logits per (query, doc) for
-    ``distill_weight``, keyed by the start weights' hash: a resumed run or another seed over the
+    ``distill_weight``, keyed by the start weights (:func:`~ragsieve.rerank.forgetting.weights_key`): a resumed run or another seed over the
     same pairs scores only the pairs it has not seen.
     """
     import torch
@@ -254,17 +254,17 @@ def train_cross_encoder(
     rows = [{**r, "query": _truncate(model.tokenizer, r["query"], config.query_max_tokens)} for r in rows]
     if config.distill_weight > 0:
         # the teacher is the model as it starts, frozen: scored once, before any adapter or step
-        cache = None
-        if start_logits_cache is not None:
-            from ragsieve.probe.cache import StateCache
+        if start_logits_cache is None:
+            teacher = start_logits(model, rows, config.group_size)
+        else:
+            from contextlib import closing
 
-            cache = StateCache(start_logits_cache)
-        try:
-            teacher = start_logits(model, rows, config.group_size, cache=cache,
-                                   model_key=f"{weights_fingerprint(init)}|{config.max_length}")
-        finally:
-            if cache is not None:
-                cache.close()
+            from ragsieve.probe.cache import StateCache
+            from ragsieve.rerank.forgetting import weights_key
+
+            with closing(StateCache(start_logits_cache)) as cache:
+                teacher = start_logits(model, rows, config.group_size, cache=cache,
+                                       model_key=f"{weights_key(init)}|{config.max_length}")
         rows = [{**r, "label": t} for r, t in zip(rows, teacher)]
         loss = GroupInfoNCEDistillLoss(model, temperature=config.temperature, distill_weight=config.distill_weight)
     else:
@@ -357,19 +357,6 @@ def start_logits(model, rows: Sequence[dict], group_size: int, batch_size: int =
     model.train(was_training)
     logits = [known[k] for k in keys]
     return [logits[i: i + group_size] for i in range(0, len(logits), group_size)]
-
-
-def weights_fingerprint(folder: str | Path) -> str:
-    """sha256 of a model folder's weight files (names and bytes): which start model scored a cache."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for file in sorted(Path(folder).glob("*.safetensors")) + sorted(Path(folder).glob("*.bin")):
-        digest.update(file.name.encode())
-        with file.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def _attach_lora(model, r: int, seed: int):

@@ -288,8 +288,7 @@ class RerankAlignExperiment:
                 gold_at_1[rname] = float(np.mean(firsts))
             bound_slots: list[tuple[str, int, int, int]] = []  # (order, k, question index, index into requests)
             if rc.upper_bounds:
-                retriever_order = ranked_ids(rankers["retriever"], rank_keys["retriever"], set_name, questions,
-                                             cands, out_dir / "work" / "rankings", console)
+                retriever_order = [[p.id for p in c] for c in cands]  # the candidates come in the retriever's order
                 shifts = read_test_shifts(out_dir / "prefs" / "shifts.jsonl") if set_name == "nq" else {}
                 for name, orders in upper_bound_orders(questions, retriever_order, shifts).items():
                     for i, (q, ids) in enumerate(zip(questions, orders)):
@@ -419,11 +418,18 @@ def ranked_ids(ranker: BaseRanker, key: str, set_name: str, questions, candidate
     return [done[q.id] for q in questions]
 
 
+def accuracy_cell(correct: np.ndarray) -> dict:
+    """n, right, accuracy and Wilson 95 % interval of 0/1 outcomes: one table cell."""
+    from ragsieve.eval.classification import accuracy_interval
+
+    k, n = int(correct.sum()), int(correct.size)
+    return {"n": n, "correct": k, "accuracy": float(correct.mean()), "ci95": [float(x) for x in accuracy_interval(k, n)]}
+
+
 def table2_stats(correct: dict[tuple[str, str, int], np.ndarray], rows: list[str], ks: list[int],
                  sets: list[str]) -> dict:
     """Wilson 95 % intervals per cell; exact McNemar of every aligned row vs base, and of the sieve
     (aligned+grader) vs the best plain row (retriever order, BM25, cosine, base) per cell."""
-    from ragsieve.eval.classification import accuracy_interval
     from ragsieve.eval.stats import mcnemar_exact
 
     cells: dict[str, dict] = {}
@@ -434,9 +440,7 @@ def table2_stats(correct: dict[tuple[str, str, int], np.ndarray], rows: list[str
             cell = f"{s}_top{k}"
             for r in rows:
                 v = correct[(s, r, k)]
-                cells.setdefault(r, {})[cell] = {"n": int(v.size), "correct": int(v.sum()),
-                                                  "accuracy": float(v.mean()),
-                                                  "ci95": [float(x) for x in accuracy_interval(int(v.sum()), v.size)]}
+                cells.setdefault(r, {})[cell] = accuracy_cell(v)
             for r in rows:
                 if r.startswith("aligned") and r != "aligned+grader":
                     paired.setdefault(f"{r}_vs_base", {})[cell] = mcnemar_exact(correct[(s, r, k)],
@@ -488,7 +492,6 @@ def upper_bound_orders(questions, retriever_order: list[list[str]], shifts: dict
 def upper_bound_stats(slots, gens, correct: dict, set_name: str) -> dict:
     """Per reference order and k: accuracy with its Wilson interval on the questions it is defined for,
     base and aligned on the same questions, and exact McNemar of the order vs base and of aligned vs base."""
-    from ragsieve.eval.classification import accuracy_interval
     from ragsieve.eval.stats import mcnemar_exact
 
     out: dict[str, dict] = {}
@@ -499,13 +502,10 @@ def upper_bound_stats(slots, gens, correct: dict, set_name: str) -> dict:
         vals.append(gens[ri].correct)
     for (name, k), (idx, vals) in by.items():
         v = np.asarray(vals)
-        row = {"n": int(v.size), "correct": int(v.sum()), "accuracy": float(v.mean()),
-               "ci95": [float(x) for x in accuracy_interval(int(v.sum()), v.size)]}
+        row = accuracy_cell(v)
         for other in ("base", "aligned"):
             if (set_name, other, k) in correct:
-                w = correct[(set_name, other, k)][idx]
-                row[other] = {"accuracy": float(w.mean()),
-                              "ci95": [float(x) for x in accuracy_interval(int(w.sum()), w.size)]}
+                row[other] = accuracy_cell(correct[(set_name, other, k)][idx])
         if (set_name, "base", k) in correct:
             base = correct[(set_name, "base", k)][idx]
             row["vs_base"] = mcnemar_exact(v, base).to_dict()
