@@ -266,6 +266,104 @@ def test_sft_and_fast_dpo_rounds_learn_and_save_mergeable_deltas(tiny_llm_dir, t
     assert np.allclose(rebuilt.predict(items).logp_true, after.logp_true, atol=1e-4)
 
 
+
+_TRAIN_KILL_SCRIPT = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from tests.test_evolve import synthetic_examples
+from ragsieve.evolve.train import VerdictTrainConfig, train_round
+from ragsieve.models.training import TrainingCheckpoint
+from ragsieve.rerank.pointwise import PointwiseLLMReranker
+save = TrainingCheckpoint.save
+def save_then_hang(self, model, optimizer, result):
+    save(self, model, optimizer, result)
+    if result.steps == 3:  # steps 1-3 saved, step 4 not started
+        print("SAVED", flush=True)
+        time.sleep(600)
+TrainingCheckpoint.save = save_then_hang
+ranker = PointwiseLLMReranker("pubmedqa", sys.argv[1], max_prompt_tokens=300)
+items = synthetic_examples(8)
+train_round(ranker.llm, ranker.tokens, "sft", ranker.prompts(items), [x.label for x in items],
+            VerdictTrainConfig(lr=5e-3, epochs=3, batch_size=4), checkpoint=TrainingCheckpoint(sys.argv[2], every=1))
+"""
+
+
+def test_a_training_killed_mid_way_resumes_from_its_checkpoint(tiny_llm_dir, tmp_path):
+    """kill -9 after step 3 of 6: the rerun trains steps 4-6 only and ends with the weights,
+    losses and verdicts of an uninterrupted training; the checkpoint is removed once saved."""
+    from ragsieve.evolve.train import VerdictSFTTrainer, VerdictTrainConfig, train_round
+    from ragsieve.models.training import TrainingCheckpoint
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
+
+    folder = tmp_path / "m0.checkpoint"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _TRAIN_KILL_SCRIPT, str(tiny_llm_dir), str(folder), str(REPO)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:
+            if line.startswith("SAVED") or time.monotonic() > deadline:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (folder / "state.pt").is_file()
+
+    items = synthetic_examples(8)
+    config = VerdictTrainConfig(lr=5e-3, epochs=3, batch_size=4)
+
+    def train(checkpoint, save_dir):
+        ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300)
+        calls = []
+        loss = VerdictSFTTrainer.loss
+        VerdictSFTTrainer.loss = lambda self, *a: calls.append(1) or loss(self, *a)
+        try:
+            result = train_round(ranker.llm, ranker.tokens, "sft", ranker.prompts(items), [x.label for x in items],
+                                 config, save_dir=save_dir, checkpoint=checkpoint)
+        finally:
+            VerdictSFTTrainer.loss = loss
+        return result, len(calls), ranker.predict(items)
+
+    resumed, resumed_steps, resumed_scores = train(TrainingCheckpoint(folder, every=1), tmp_path / "a")
+    fresh, fresh_steps, fresh_scores = train(None, tmp_path / "b")
+    assert (resumed_steps, fresh_steps) == (3, 6)
+    assert resumed.steps == fresh.steps == 6
+    assert np.allclose(resumed.losses, fresh.losses, atol=1e-5)
+    assert np.allclose(resumed_scores.logp_true, fresh_scores.logp_true, atol=1e-5)
+    assert not folder.exists()
+
+
+def test_a_checkpoint_of_another_training_is_discarded(tiny_llm_dir, tmp_path, monkeypatch):
+    """Other data in the same folder, or another start model's tag: start over, never resume."""
+    from ragsieve.evolve.train import VerdictSFTTrainer, VerdictTrainConfig
+    from ragsieve.models.training import TrainingCheckpoint
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
+
+    calls = []
+    loss = VerdictSFTTrainer.loss
+    monkeypatch.setattr(VerdictSFTTrainer, "loss", lambda self, *a: calls.append(1) or loss(self, *a))
+    items = synthetic_examples(8)
+    config = VerdictTrainConfig(lr=5e-3, epochs=1, batch_size=4)
+    folder = tmp_path / "ckpt"
+
+    def steps_run(tag: str, reverse: bool = False) -> int:
+        ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300)
+        prompts = ranker.prompts(items)
+        calls.clear()
+        result = VerdictSFTTrainer(ranker.llm, ranker.tokens, config).fit(
+            prompts[::-1] if reverse else prompts, [x.label for x in items],
+            checkpoint=TrainingCheckpoint(folder, every=1, tag=tag))
+        assert result.steps == 2
+        return len(calls)
+
+    assert steps_run("m0-a") == 2 and (folder / "state.pt").is_file()  # step 1 saved, the last step never
+    assert steps_run("m0-a") == 1  # the same training resumes
+    assert steps_run("m0-b") == 2  # another start model
+    assert steps_run("m0-b", reverse=True) == 2  # other data
+    with pytest.raises(RagsieveError, match="interval"):
+        TrainingCheckpoint(folder, every=0)
+
 # --------------------------------------------------------------------------- methods
 
 

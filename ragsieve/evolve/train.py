@@ -40,7 +40,7 @@ from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 from ragsieve.progress import report
 from ragsieve.models.lora import LoraSettings, attach_lora, merge_lora, save_adapter
-from ragsieve.models.training import TrainResult
+from ragsieve.models.training import TrainingCheckpoint, TrainResult
 from ragsieve.models.verdict import VerdictScores, VerdictTokens, answer_logits, left_pad_prompts
 
 if TYPE_CHECKING:
@@ -73,8 +73,15 @@ class VerdictTrainer(ABC):
         self.tokens = tokens
         self.config = config
 
-    def fit(self, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None = None) -> TrainResult:
-        """Attach a fresh adapter and train it; ``ref`` (aligned with prompts) is for DPO."""
+    def fit(self, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None = None, *,
+            checkpoint: "TrainingCheckpoint | None" = None) -> TrainResult:
+        """Attach a fresh adapter and train it; ``ref`` (aligned with prompts) is for DPO.
+
+        With ``checkpoint``, the adapter, optimizer and step are saved every
+        ``checkpoint.every`` steps, and a run killed mid-training continues from the last
+        save (the batch order is replayed from the seed, so the result is the one an
+        uninterrupted run gives).
+        """
         import torch
 
         if len(prompts) != len(labels):
@@ -88,12 +95,21 @@ class VerdictTrainer(ABC):
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        resume_at = 0
+        if checkpoint is not None:
+            checkpoint.bind(self.config, prompts, labels)
+            resume_at = checkpoint.restore(model, optimizer, result)
+        prior_seconds = result.seconds  # a resumed run's time includes the killed run's
         rng = random.Random(self.config.seed)
         total_steps = self.config.epochs * -(-len(prompts) // self.config.batch_size)
+        step = 0
         for _ in range(self.config.epochs):
             order = list(range(len(prompts)))
-            rng.shuffle(order)
+            rng.shuffle(order)  # drawn for every epoch, resumed or not, so the order is the same
             for lo in range(0, len(order), self.config.batch_size):
+                step += 1
+                if step <= resume_at:
+                    continue
                 idx = order[lo : lo + self.config.batch_size]
                 batch = left_pad_prompts(self.llm.tokenizer, [prompts[i] for i in idx])
                 loss = self.loss(model, batch, idx, [int(labels[i]) for i in idx])
@@ -105,8 +121,11 @@ class VerdictTrainer(ABC):
                 result.losses.append(float(loss.detach()))
                 result.steps += 1
                 report("train", result.steps, total_steps)
+                if checkpoint is not None and step % checkpoint.every == 0 and step < total_steps:
+                    result.seconds = prior_seconds + time.perf_counter() - start
+                    checkpoint.save(model, optimizer, result)
         model.eval()
-        result.seconds = time.perf_counter() - start
+        result.seconds = prior_seconds + time.perf_counter() - start
         return result
 
     def prepare(self, model, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None) -> None:
@@ -148,9 +167,11 @@ class TRLVerdictDPOTrainer(VerdictTrainer):
         TRLVerdictDPOTrainer(llm, ranker.tokens, VerdictTrainConfig(dpo_backend="trl")).fit(prompts, labels)
     """
 
-    def fit(self, prompts, labels, ref=None):
+    def fit(self, prompts, labels, ref=None, *, checkpoint=None):
         import torch
 
+        if checkpoint is not None:
+            log.warning("the TRL DPO backend is not checkpointed; a killed round restarts from its first step")
         result = TrainResult(examples=len(prompts))
         if not prompts:
             return result
@@ -261,12 +282,19 @@ def train_round(
     *,
     ref: VerdictScores | None = None,
     save_dir: str | Path | None = None,
+    checkpoint: TrainingCheckpoint | None = None,
 ) -> TrainResult:
-    """Train one round's delta, save it (atomically) to ``save_dir``, and merge it in."""
+    """Train one round's delta, save it (atomically) to ``save_dir``, and merge it in.
+
+    ``checkpoint``: resume a training killed part-way (see :class:`TrainingCheckpoint`);
+    cleared once the delta is saved.
+    """
     trainer = trainer_class(objective, config)(llm, tokens, config)
-    result = trainer.fit(prompts, labels, ref=ref)
+    result = trainer.fit(prompts, labels, ref=ref, checkpoint=checkpoint)
     if result.steps and save_dir is not None:
         save_adapter(llm.model, save_dir)
+    if checkpoint is not None:
+        checkpoint.clear()
     merge_lora(llm)
     if result.losses and not all(math.isfinite(x) for x in result.losses):
         raise RagsieveError(f"{objective} training diverged (non-finite loss); lower the learning rate")

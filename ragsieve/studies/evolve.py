@@ -126,6 +126,9 @@ class EvolveExperimentConfig(StrictConfig):
     # "auto": train M_R (after the last evaluation) only where the downstream QA uses it.
     train_last_round: Union[bool, Literal["auto"]] = "auto"
     downstream: DownstreamConfig = DownstreamConfig()
+    # M0's training saves its adapter and optimizer every this many steps (work/<ds>/m0.checkpoint),
+    # so a kill loses at most that many steps of a long (mixed) M0; 0 = none. Not part of any fingerprint.
+    checkpoint_steps: int = Field(25, ge=0)
     # torch CPU threads (0 = torch's default). On a 2-core machine shared with other jobs,
     # 1 thread ran a SmolLM2 step 2.7x faster than 2 oversubscribed ones (17 s vs 47 s).
     threads: int = 0
@@ -370,6 +373,7 @@ class EvolveExperiment:
     def _ensure_m0(self, cfg, tasks: dict, ds: str, work: Path, console: Console) -> "M0":
         """M0 = SFT on the labelled set(s), trained once (atomic adapter folder) and reused."""
         from ragsieve.evolve.train import train_round
+        from ragsieve.models.training import TrainingCheckpoint
 
         m0_dir, info_path = self._m0_paths(cfg, ds, work)
         fingerprint = self._m0_fingerprint(cfg, tasks if cfg.m0 == "mixed" else {ds: tasks[ds]})
@@ -379,6 +383,8 @@ class EvolveExperiment:
                 raise RagsieveError(f"{m0_dir} was trained under other settings or data; use another out_dir")
             return M0(m0_dir, info)
         config = cfg.m0_train.model_copy(update={"seed": cfg.seed})
+        checkpoint = (TrainingCheckpoint(m0_dir.parent / "m0.checkpoint", cfg.checkpoint_steps, tag=fingerprint)
+                      if cfg.checkpoint_steps else None)
         if cfg.m0 == "mixed":
             # One adapter for every dataset, each example in its own template. The label
             # words differ by template (SUPPORTS / yes / True ...), so the SFT target is
@@ -391,14 +397,15 @@ class EvolveExperiment:
                 targets += [ranker.tokens.id_for(x.label) for x in task.initial]
                 truncated[name] = ranker.prompter.truncated
             console.print(f"  training the mixed M0 on {len(prompts)} labelled examples of {len(tasks)} datasets")
-            result = train_round(llm, IdentityTargets(), "sft", prompts, targets, config, save_dir=m0_dir)
+            result = train_round(llm, IdentityTargets(), "sft", prompts, targets, config, save_dir=m0_dir,
+                                 checkpoint=checkpoint)
         else:
             task = tasks[ds]
             console.print(f"  training M0 on {len(task.initial)} labelled examples")
             ranker = self._ranker(cfg, ds)
             prompts = ranker.prompts(task.initial)
             result = train_round(ranker.llm, ranker.tokens, "sft", prompts, [x.label for x in task.initial], config,
-                                 save_dir=m0_dir)
+                                 save_dir=m0_dir, checkpoint=checkpoint)
             truncated = ranker.prompter.truncated
         info = {"m0": cfg.m0, "fingerprint": fingerprint, "train": result.summary(), "truncated_prompts": truncated}
         write_json(info_path, info)
