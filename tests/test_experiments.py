@@ -121,7 +121,10 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert set(result["table2"]) == rankers | {"retriever", "aligned+grader"}
     cell = result["table2_stats"]["cells"]["aligned+grader"]["nq_top1"]
     assert cell["n"] == 3 and cell["ci95"][0] <= cell["accuracy"] <= cell["ci95"][1]
-    assert set(result["table2_stats"]["paired"]) == {"aligned_vs_base", "aligned-seed1_vs_base", "sieve_vs_best_plain"}
+    assert set(result["table2_stats"]["paired"]) == {"aligned_vs_base", "aligned-seed1_vs_base", "sieve_vs_best_plain",
+                                                     "sieve_vs_best_plain_any_k", "sieve_vs_aligned"}
+    grader = result["rag"]["nq"]["grader"]["top3"]
+    assert grader["gold_in_top_k"] <= 3 and (grader["gold_dropped_rate"] is None or 0 <= grader["gold_dropped_rate"] <= 1)
     assert len(result["seed_spread"]["table2:nq_top3"]["values"]) == 2
     assert result["excluded_base_trained"] >= 0 and result["rag"]["nq"]["questions"] == 3
     # the probe run's closed-book answers to the same questions were copied, not generated again
@@ -147,6 +150,7 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
     tables = (tmp_path / "align" / "tables.md").read_text()
     assert "### Table 1" in tables and "aligned vs base" in tables and "gold-first" in tables and "nan" not in tables
+    assert "sieve vs aligned" in tables and "sieve's grader" in tables
     assert (tmp_path / "align" / "cbdr_aligned.png").stat().st_size > 0
     # a rerun trains nothing and answers nothing again
     stamp = (tmp_path / "align" / "model" / "ragsieve_aligned.json").stat().st_mtime_ns

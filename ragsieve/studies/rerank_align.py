@@ -264,6 +264,7 @@ class RerankAlignExperiment:
             gold_at_1: dict[str, float] = {}  # why a ranker helps or hurts: does it put the gold passage first?
             by_id = {p.id: p for c in cands for p in c}
             graded_out: dict[int, list[int]] = {}  # k → passages the grader dropped per question
+            gold_dropped: dict[int, list[bool]] = {}  # k → per question with gold in the top k: was it dropped?
             for rname in rows:
                 source = "aligned" if rname == "aligned+grader" else rname
                 order = ranked_ids(rankers[source], rank_keys[source], set_name, questions, cands,
@@ -280,6 +281,9 @@ class RerankAlignExperiment:
                         if rname == "aligned+grader":
                             kept = [p for p, ok in zip(top, relevant) if ok]
                             graded_out.setdefault(k, []).append(len(top) - len(kept))
+                            gold = set(q.gold_passage_ids)
+                            if gold & {p.id for p in top}:
+                                gold_dropped.setdefault(k, []).append(not gold & {p.id for p in kept})
                             if not kept:  # the sieve answers closed-book when the grader drops every passage
                                 requests.append(closed[i])
                                 continue
@@ -335,7 +339,10 @@ class RerankAlignExperiment:
                 info[set_name]["grader"] = {
                     "spec": rc.grader,
                     **{f"top{k}": {"graded_out_per_question": float(np.mean(v)),
-                                   "all_graded_out_rate": float(np.mean([d == k for d in v]))}
+                                   "all_graded_out_rate": float(np.mean([d == k for d in v])),
+                                   # the reason a sieve cell falls below its ranker: gold passages dropped
+                                   "gold_in_top_k": len(gold_dropped.get(k, [])),
+                                   "gold_dropped_rate": float(np.mean(gold_dropped[k])) if gold_dropped.get(k) else None}
                        for k, v in graded_out.items()}}
         info["stats"] = table2_stats(correct, rows, rc.top_ks, [s for s in sets if s in info])
         # Table 3: Conf(Q) from the probe gates the aligned reranker's answers.
@@ -429,7 +436,8 @@ def accuracy_cell(correct: np.ndarray) -> dict:
 def table2_stats(correct: dict[tuple[str, str, int], np.ndarray], rows: list[str], ks: list[int],
                  sets: list[str]) -> dict:
     """Wilson 95 % intervals per cell; exact McNemar of every aligned row vs base, and of the sieve
-    (aligned+grader) vs the best plain row (retriever order, BM25, cosine, base) per cell."""
+    (aligned+grader) vs the best plain row (retriever order, BM25, cosine, base) per cell, vs the best
+    plain row at any k (what a user would otherwise deploy) and vs aligned alone (the grader's effect)."""
     from ragsieve.eval.stats import mcnemar_exact
 
     cells: dict[str, dict] = {}
@@ -450,6 +458,12 @@ def table2_stats(correct: dict[tuple[str, str, int], np.ndarray], rows: list[str
                 best = max(plain, key=lambda r: correct[(s, r, k)].mean())
                 paired.setdefault("sieve_vs_best_plain", {})[cell] = {
                     "best_plain": best, **mcnemar_exact(correct[(s, "aligned+grader", k)], correct[(s, best, k)]).to_dict()}
+                best_r, best_k = max(((r, j) for r in plain for j in ks), key=lambda rk: correct[(s, *rk)].mean())
+                paired.setdefault("sieve_vs_best_plain_any_k", {})[cell] = {
+                    "best_plain": f"{best_r} top{best_k}",
+                    **mcnemar_exact(correct[(s, "aligned+grader", k)], correct[(s, best_r, best_k)]).to_dict()}
+                paired.setdefault("sieve_vs_aligned", {})[cell] = mcnemar_exact(
+                    correct[(s, "aligned+grader", k)], correct[(s, "aligned", k)]).to_dict()
     return {"cells": cells, "paired": paired}
 
 
@@ -635,6 +649,19 @@ def tables_markdown(result: dict) -> str:
                              f"{acc(row['aligned']) if 'aligned' in row else ''} | "
                              f"{mcn(row['vs_base']) if 'vs_base' in row else ''} | "
                              f"{mcn(row['aligned_vs_base']) if 'aligned_vs_base' in row else ''} |")
+    graders = {s: i["grader"] for s, i in result["rag"].items() if isinstance(i, dict) and "grader" in i}
+    if graders:
+        lines += ["", "### The sieve's grader: what it drops from the aligned reranker's top k", "",
+                  "| set | k | passages dropped per question | all dropped (answered closed-book) "
+                  "| gold passage dropped (questions with gold in the top k) |", "|---|---|---|---|---|"]
+        for set_name, g in graders.items():
+            for key, row in g.items():
+                if not key.startswith("top"):
+                    continue
+                rate = row.get("gold_dropped_rate")
+                gold = "" if rate is None else f"{pct(rate)} % ({row['gold_in_top_k']})"
+                lines.append(f"| {set_name} | {key[3:]} | {row['graded_out_per_question']:.2f} | "
+                             f"{pct(row['all_graded_out_rate'])} % | {gold} |")
     spread = result.get("seed_spread", {})
     if spread:
         lines += ["", "### Seed spread of the aligned reranker (one training per seed)", "",
