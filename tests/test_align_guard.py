@@ -276,7 +276,7 @@ def test_guard_study_end_to_end_tiny_and_resumes(tmp_path):
     from ragsieve.studies.runner import run_experiment_file
     from tests.conftest import REPO
 
-    committed = REPO / "results" / "rerank_align" / "prefs"
+    committed = REPO / "results" / "rerank_align_guard" / "prefs"
     prefs = tmp_path / "prefs"
     prefs.mkdir()
     write_preferences(prefs / "prefs_train.jsonl", read_preferences(committed / "prefs_train.jsonl")[:2])

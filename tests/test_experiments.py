@@ -171,13 +171,14 @@ def test_bad_study_values_are_refused_before_out_dir_exists(tmp_path):
     assert not out.exists()
 
 
-SCALE_CONFIGS = ("probe_nq_scale", "cbdr_nq_scale", "probe_hotpotqa_scale", "cbdr_hotpotqa_scale",
-                 "rerank_align_nq_scale")
+# the knowledge-boundary studies at issue #15's sample sizes (they replaced the 1,000- / 250- /
+# 150-question runs of the same names)
+STUDY_CONFIGS = ("probe_nq", "cbdr_nq", "probe_hotpotqa", "cbdr_hotpotqa", "rerank_align")
 
 
-@pytest.mark.parametrize("name", SCALE_CONFIGS + ("probe_nq", "cbdr_nq"))
+@pytest.mark.parametrize("name", STUDY_CONFIGS)
 def test_study_configs_validate(name):
-    """The committed configs parse into their study's config; the scale ones keep the issue's sizes."""
+    """The committed configs parse into their study's config and keep the issue's sizes."""
     from ragsieve.config import build_config, read_mapping
     from ragsieve.studies.runner import ExperimentFile, load_experiment
     from tests.conftest import REPO
@@ -186,18 +187,19 @@ def test_study_configs_validate(name):
     spec = build_config(ExperimentFile, read_mapping(path), source=str(path))
     cfg = build_config(load_experiment(spec.experiment).Config, spec.params, source=str(path))
     assert spec.out_dir == f"results/{name}"
-    if name.startswith("probe") and name.endswith("scale"):
+    if name.startswith("probe"):
         assert cfg.n_questions == 0 and cfg.layer_sweep == "all" and cfg.n_boot >= 1000
         assert cfg.state_cache.startswith(f"results/{name}/work/")  # git-ignored, next to the run
-    if name.startswith("cbdr") and name.endswith("scale"):
-        assert cfg.min_questions >= 500 and cfg.reuse_probe_generations and cfg.probe_results.endswith("_scale")
-    if name == "rerank_align_nq_scale":  # issue #15's sizes, on the probe run's split
+        for path in cfg.compare_to:  # a compared probe is committed next to the run
+            assert (REPO / path / "probe_config.json").is_file()
+    if name.startswith("cbdr"):
+        assert cfg.min_questions >= 500 and cfg.reuse_probe_generations
+        assert cfg.probe_results == f"results/probe_{name.removeprefix('cbdr_')}"
+    if name == "rerank_align":  # issue #15's sizes, on the probe run's split
         assert cfg.prefs.train_questions >= 1000 and cfg.prefs.test_questions >= 300 and len(cfg.seeds) == 3
-        assert cfg.prefs.split_file == "results/probe_nq_scale/split.json"
-        assert cfg.rag.nq_question_split == "results/probe_nq_scale/split.json:test" and cfg.rag.nq_questions >= 500
+        assert cfg.prefs.split_file == "results/probe_nq/split.json"
+        assert cfg.rag.nq_question_split == "results/probe_nq/split.json:test" and cfg.rag.nq_questions >= 500
         assert cfg.init == "embedded:base" and cfg.rag.grader and cfg.train.cosine_mix and cfg.exclude_base_trained
-    if name == "probe_nq":  # the 1,000-question study keeps today's behaviour
-        assert not cfg.layer_sweep and not cfg.extra_datasets and cfg.n_boot == 0 and cfg.state_cache is None
 
 
 @requires_data
@@ -210,7 +212,7 @@ def test_questions_the_base_reranker_trained_on_are_known_from_its_card():
 
     trained = trained_question_ids("nq-oracle", base_reranker_dir())
     assert len(trained) == 1000
-    test = set(json.loads((REPO / "results" / "probe_nq_scale" / "split.json").read_text())["test"])
+    test = set(json.loads((REPO / "results" / "probe_nq" / "split.json").read_text())["test"])
     from ragsieve.data import load_dataset
 
     oracle_test = {q.id for q in load_dataset("nq-oracle").questions} & test

@@ -150,7 +150,7 @@ def read_split_file(path, required: Sequence[str]) -> dict[str, list[str]]:
 
     Example::
 
-        ids = read_split_file("results/probe_nq_scale/split.json", ["test"])["test"]
+        ids = read_split_file("results/probe_nq/split.json", ["test"])["test"]
     """
     import json
     from pathlib import Path

@@ -179,8 +179,8 @@ def reuse_generations(
 
     Example::
 
-        reuse_generations(requests, "results/cbdr_nq_scale/generations.jsonl",
-                          ["results/probe_nq_scale/generations.jsonl"])
+        reuse_generations(requests, "results/cbdr_nq/generations.jsonl",
+                          ["results/probe_nq/generations.jsonl"])
     """
     from ragsieve.data import append_jsonl
 

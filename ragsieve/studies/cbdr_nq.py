@@ -13,7 +13,7 @@ With ``reuse_probe_generations`` the probe run's stored answers to the same prom
 
 Example::
 
-    ragsieve run experiments/cbdr_nq_scale.yaml   # after experiments/probe_nq_scale.yaml
+    ragsieve run experiments/cbdr_nq.yaml   # after experiments/probe_nq.yaml
 """
 
 from __future__ import annotations

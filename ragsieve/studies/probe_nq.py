@@ -5,7 +5,7 @@ prompts closed-book (Q), with the gold passage (Q+C) and with retrieved non-gold
 passages (Q+C). SmolLM2 rarely answers closed-book, so Q+C prompts supply most of
 the positives; Conf() is applied to both kinds, so the probe trains on both.
 
-At scale (``experiments/probe_nq_scale.yaml``, issue #15) three options join:
+For real sample sizes (``experiments/probe_nq.yaml``, issue #15) three options join:
 
 * ``extra_datasets: [nq-open]`` adds the NQ-open questions the oracle file lacks (ids
   agree across the two files); they have no gold passage, so they get the closed-book and
@@ -21,7 +21,7 @@ At scale (``experiments/probe_nq_scale.yaml``, issue #15) three options join:
 
 Example::
 
-    ragsieve run experiments/probe_nq_scale.yaml   # resumable; see results/probe_nq_scale/PLAN.md
+    ragsieve run experiments/probe_nq.yaml   # resumable; see results/probe_nq/PLAN.md
 """
 
 from __future__ import annotations

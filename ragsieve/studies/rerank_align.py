@@ -43,7 +43,7 @@ class RAGEvalConfig(StrictConfig):
     # stages without its gate (a question whose passages are all graded out is answered closed-book)
     grader: str | None = None
     # result folders (generations.jsonl + metrics.json) whose answers to the same question and contexts
-    # are copied instead of generated, when their LLM and token budgets match (e.g. cbdr_nq_scale's
+    # are copied instead of generated, when their LLM and token budgets match (e.g. cbdr_nq's
     # retriever top-3 = this table's retriever row)
     reuse_from: list[str] = []
     hotpotqa_questions: int = 50  # the half of the distractor sample the base reranker did not train on

@@ -3,7 +3,7 @@
 Aligned on confidence-shift preferences alone, the base reranker loses general relevance
 (MRR@10 on gold sets drops a lot). This study trains one aligned reranker per guard
 (:mod:`ragsieve.rerank.train`) from the same start (``embedded:base``) on the committed
-preference set (``results/rerank_align/prefs``) and measures, per variant:
+preference set (``results/rerank_align_guard/prefs``) and measures, per variant:
 
 (a) the preference test set ranking (P@k, R@k, MRR as in ``rerank_align``'s Table 1) with a
     paired test against the start reranker: exact McNemar on P@1, paired bootstrap on P@3;
@@ -82,7 +82,7 @@ class GoldGroupsConfig(StrictConfig):
 
 
 class RerankAlignGuardConfig(StrictConfig):
-    prefs_dir: str = "results/rerank_align/prefs"  # prefs_train.jsonl, prefs_test.jsonl, shifts.jsonl
+    prefs_dir: str = "results/rerank_align_guard/prefs"  # prefs_train.jsonl, prefs_test.jsonl, shifts.jsonl
     init: str = "embedded:base"  # every variant starts here: a cross-encoder folder or embedded:base
     train: CrossEncoderTrainConfig = Field(default_factory=_unguarded)
     # variant name → CrossEncoderTrainConfig fields that differ from `train`
