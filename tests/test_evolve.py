@@ -659,6 +659,8 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     # the fixed test set: M0 once, then M_t after every round, same examples for every cell
     m0 = json.loads((out / "cells" / "pubmedqa" / "_m0.json").read_text())
     assert len(m0["test_ids"]) == 8 and len(m0["test"]["correct"]) == 8
+    assert len(m0["test"]["margins"]) == 8 and len(m0["test_query_ids"]) == 8  # the ranking view: AUROC
+    assert {"auroc", "ci95", "queries"} <= set(metrics["m0_test"]["pubmedqa"]["auroc"])
     for name in ("sft", "replay-dpo", "cautious-dpo"):
         cell = json.loads((out / "cells" / "pubmedqa" / f"{name}.json").read_text())
         assert cell["test_ids"] == m0["test_ids"]
@@ -667,6 +669,7 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
         assert [sorted(r["forgetting"]["splits"]) for r in cell["rounds"]] == [["0", "1"], ["0", "1", "2"]]
     test_curve = metrics["test_curves"]["pubmedqa"]["dpo"]
     assert [r["round"] for r in test_curve] == [0, 1, 2] and all(r["n"] == 8 and r["ci95"] for r in test_curve)
+    assert all("auroc" in r for r in test_curve)
     for name in ("replay-dpo vs dpo", "cautious-dpo vs sft-only"):
         paired = metrics["paired"]["pubmedqa"][name]
         assert paired["n"] == 8 and 0 <= paired["p_value"] <= 1 and paired["verdict"]
@@ -792,11 +795,17 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
         "1" if c == "0" else "0" for c in mine["test"]["correct"])}}
     (tmp_path / "other" / "cells" / "pubmedqa").mkdir(parents=True)
     (tmp_path / "other" / "cells" / "pubmedqa" / "_m0.json").write_text(json.dumps(flipped))
+    # a record committed before margins were kept gets them on the next run (same verdicts, so same M0)
+    old = {**mine, "test": {k: v for k, v in mine["test"].items() if k not in ("margins", "auroc")}}
+    (tmp_path / "cells" / "pubmedqa" / "_m0.json").write_text(json.dumps(old))
     again = EvolveExperiment().run(cfg.model_copy(update={"compare_m0_to": str(tmp_path / "other")}), tmp_path,
                                    Console(quiet=True))  # every cell is finished: only the metrics are redone
+    restored = json.loads((tmp_path / "cells" / "pubmedqa" / "_m0.json").read_text())
+    assert restored["test"]["margins"] == pytest.approx(mine["test"]["margins"], abs=1e-3)
     vs = again["m0_vs_other"]
     assert set(vs) == {"other", "pubmedqa"} and vs["pubmedqa"]["a_only"] + vs["pubmedqa"]["b_only"] == 6
     assert vs["pubmedqa"]["a"] == "mixed" and vs["pubmedqa"]["b"] == "per-dataset"
+    assert vs["pubmedqa"]["auroc"]["diff"] == pytest.approx(0, abs=1e-3)  # the same margins: no AUROC difference
     bad = build_config(EvolveExperimentConfig,
                        {"datasets": ["fever"], "tau_sweep": [0.8], "tau_sweep_datasets": ["anli"]})
     with pytest.raises(RagsieveError, match="tau_sweep_datasets"):

@@ -284,21 +284,22 @@ def test_probe_layer_sweep_on_mixed_sources_then_gate_table(tmp_path, tiny_llm_d
         assert ci["low"] <= ci["skip"] <= ci["high"] and 0.0 <= result["oracle_gate"][k]["accuracy"] <= 1.0
 
 
-def test_probe_study_auroc_helpers():
+def test_grouped_auroc_helpers():
     """The grouped AUROC interval and paired difference: doctests, and a paired bootstrap that is paired."""
     import doctest
 
     import numpy as np
 
-    from ragsieve.studies import probe_nq
+    from ragsieve.eval import stats
+    from ragsieve.eval.stats import auroc_difference
 
-    assert doctest.testmod(probe_nq).failed == 0
+    assert doctest.testmod(stats).failed == 0
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 400)
     groups = np.arange(400) // 2
     good = y + rng.normal(0, 0.8, 400)
-    same = probe_nq.auroc_difference(y, good, good.copy(), groups, n_boot=200)
+    same = auroc_difference(y, good, good.copy(), groups, n_boot=200)
     assert same["diff"] == 0 and same["p_value"] == 1.0 and same["low"] == same["high"] == 0
     noisy = good + rng.normal(0, 2.0, 400)
-    d = probe_nq.auroc_difference(y, good, noisy, groups, n_boot=200)
+    d = auroc_difference(y, good, noisy, groups, n_boot=200)
     assert d["diff"] > 0.1 and d["low"] > 0 and d["p_value"] < 0.05

@@ -174,13 +174,18 @@ class IdentityTargets:
 
 
 def score_examples(ranker, examples) -> dict[str, Any]:
-    """Right/wrong of ``ranker``'s verdicts per example (0/1 strings, in ``examples`` order) and the summary."""
-    from ragsieve.studies.evolve_stats import score_summary
+    """Right/wrong of ``ranker``'s verdicts per example (0/1 strings, in ``examples`` order), the summary,
+    and the margins behind the verdicts: a reranker ranks by them, so AUROC (threshold-free) says
+    whether a model separates the labels even when its verdict threshold is off."""
+    from ragsieve.studies.evolve_stats import score_summary, threshold_free
 
     verdicts = ranker.predict(examples)
     pred = [int(p) for p in verdicts.predictions]
     correct = [int(p == x.label) for p, x in zip(pred, examples)]
-    return {**score_summary(correct, pred), "correct": "".join(map(str, correct)), "pred": "".join(map(str, pred))}
+    # log P(true) − log P(false): ranks like the score, without the ties rounding a saturated P(true) makes
+    margins = [round(float(m), 4) for m in verdicts.logp_true - verdicts.logp_false]
+    return {**score_summary(correct, pred), **threshold_free([x.label for x in examples], margins),
+            "correct": "".join(map(str, correct)), "pred": "".join(map(str, pred)), "margins": margins}
 
 
 def forgetting_samples(task, per_split: int, seed: int) -> list[list]:
@@ -311,9 +316,13 @@ class EvolveExperiment:
                 result = self._run_cell(cfg, cell, task, m0, base, judges or [], out_dir, console)
                 write_json(self._cell_path(out_dir, cell), result)
                 self._drop_partial(cfg, out_dir, cell)
-            info = self._m0_paths(cfg, ds, work)[1]
+            folder, info = self._m0_paths(cfg, ds, work)
             if ds not in m0_info and info.exists():
                 m0_info[ds] = json.loads(info.read_text())
+                record = out_dir / "cells" / ds / "_m0.json"
+                if cfg.test_size and folder.exists() and record.exists() and "margins" not in json.loads(
+                        record.read_text())["test"]:  # finished before margins were kept: add them from M0
+                    self._m0_eval(cfg, task, M0(folder, m0_info[ds]), out_dir, console)
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
                 write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
         metrics = self._aggregate(cfg, cells, out_dir, sizes, m0_info)
@@ -426,12 +435,14 @@ class EvolveExperiment:
                 "fingerprint") and base.get("test_ids") == [x.id for x in task.test]
             if not same:
                 raise RagsieveError(f"{path} was made with another M0 or test set; delete it or use another out_dir")
+            if "margins" not in base["test"]:  # recorded before margins were kept: add them, once
+                base = self._add_margins(cfg, task, m0, path, base, console, ranker)
             return {**base, "d1": json.loads(cache.read_text())}
         start = time.perf_counter()
         ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
         base = {"dataset": task.dataset, "m0": cfg.m0, "m0_fingerprint": m0.info.get("fingerprint"),
                 "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
-                "test": score_examples(ranker, task.test)}
+                "test_query_ids": [x.query_id for x in task.test], "test": score_examples(ranker, task.test)}
         samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
         if samples:
             base["forgetting"] = forgetting_eval(ranker, samples, 0, {}, 0)
@@ -440,6 +451,24 @@ class EvolveExperiment:
         t = base["test"]
         console.print(f"  M0 on the test set: accuracy {t['accuracy']:.3f} {t['ci95']} (n={t['n']})")
         return {**base, "d1": json.loads(cache.read_text())}
+
+    def _add_margins(self, cfg, task, m0: "M0", path: Path, base: dict, console: Console, ranker) -> dict:
+        """Re-score M0 on the test set to add the verdict margins to a committed ``_m0.json``.
+
+        Only when the verdicts come out the same as the committed ones: a retrained M0 (another
+        machine) may differ in the last digits, and the cells were scored against the committed record.
+        """
+        ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
+        fresh = score_examples(ranker, task.test)
+        if fresh["pred"] != base["test"]["pred"]:
+            differ = sum(a != b for a, b in zip(fresh["pred"], base["test"]["pred"]))
+            console.print(f"  [yellow]M0's verdicts differ from {path} on {differ} test examples: margins not added")
+            return base
+        base["test"].update(auroc=fresh["auroc"], margins=fresh["margins"])
+        base["test_query_ids"] = [x.query_id for x in task.test]
+        write_json(path, base)
+        console.print(f"  M0's test margins added to {path.name}: AUROC {fresh['auroc']}")
+        return base
 
     def _judges(self, cfg, task, console: Console):
         from ragsieve.evolve.judges import build_judges

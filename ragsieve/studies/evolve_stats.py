@@ -5,7 +5,8 @@ test examples (``test.correct``, a 0/1 string aligned with the cell's ``test_ids
 makes every comparison paired:
 
 * :func:`test_curve` — accuracy of M_t on the test set by round, with Wilson intervals;
-* :func:`m0_vs_chance` — M0's accuracy, its interval and the binomial p-value against 50 %;
+* :func:`m0_vs_chance` — M0's accuracy, its interval and the binomial p-value against 50 %, and its
+  threshold-free AUROC (:func:`m0_auroc`, bootstrapped over whole queries);
 * :func:`paired_last_round` — exact McNemar of two cells' M_R on the same test examples;
 * :func:`paired_m0` — the same for two runs' M0s (per-dataset vs mixed);
 * :func:`scale_targets` — the issue's three targets, each with its p-values.
@@ -48,6 +49,37 @@ def score_summary(correct: list[int], predictions: list[int] | None = None) -> d
     return out
 
 
+def labels_of(entry: Mapping[str, Any]) -> list[int]:
+    """The gold labels behind a stored evaluation: the prediction where it was right, the other where wrong."""
+    return [int(p) if c == "1" else 1 - int(p) for p, c in zip(entry["pred"], entry["correct"])]
+
+
+def threshold_free(labels: list[int], margins: list[float]) -> dict[str, Any]:
+    """AUROC of the verdict margins (None with one class only): does the model separate the labels at all?
+
+    >>> threshold_free([0, 1, 1, 0], [-1.0, 2.0, 0.5, 0.7])
+    {'auroc': 0.75}
+    """
+    from sklearn.metrics import roc_auc_score
+
+    return {"auroc": round(float(roc_auc_score(labels, margins)), 4) if len(set(labels)) == 2 else None}
+
+
+def m0_auroc(m0: Mapping[str, Any], n_boot: int = 1000, seed: int = 0) -> dict[str, Any] | None:
+    """M0's test AUROC with a 95 % bootstrap interval over whole queries (None for records without margins)."""
+    import numpy as np
+
+    from ragsieve.eval.stats import auroc_interval
+
+    entry = m0["test"]
+    if "margins" not in entry:
+        return None
+    groups = m0.get("test_query_ids") or m0["test_ids"]
+    r = auroc_interval(np.array(labels_of(entry)), np.array(entry["margins"]), np.array(groups), n_boot, seed)
+    ci = [round(r["low"], 4), round(r["high"], 4)] if r["low"] is not None else None
+    return {"auroc": round(r["auroc"], 4) if r["auroc"] is not None else None, "ci95": ci, "queries": len(set(groups))}
+
+
 def test_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str, Any]]:
     """M_t's test accuracy for t = 0 (M0) .. R, each with its interval."""
     rows = [("0", m0["test"])] + [(str(r["round"]), r["test"]) for r in cell["rounds"] if "test" in r]
@@ -55,7 +87,7 @@ def test_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str,
     for t, entry in rows:
         c = correct_vector(entry)
         preds = [int(p) for p in entry["pred"]] if "pred" in entry else None
-        out.append({"round": int(t), **score_summary(c, preds)})
+        out.append({"round": int(t), **score_summary(c, preds), "auroc": entry.get("auroc")})
     return out
 
 
@@ -72,6 +104,8 @@ def m0_vs_chance(m0: Mapping[str, Any]) -> dict[str, Any]:
         "target_met": acc >= CHANCE + M0_MARGIN,
         # the stricter reading: the whole interval clears chance + 10 pp
         "target_met_with_ci": wilson(k, n)[0] >= CHANCE + M0_MARGIN,
+        # threshold-free: a reranker ranks by the margin, so this is what M0 has learned to rank
+        "auroc": m0_auroc(m0),
     }
 
 
@@ -103,9 +137,21 @@ def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | No
         return None  # not the same examples: no paired test
     ca, cb = correct_vector(a["test"]), correct_vector(b["test"])
     result = mcnemar_exact(ca, cb)
-    return {"a": a.get("m0"), "b": b.get("m0"), "n": result.n, "a_test": score_summary(ca),
-            "b_test": score_summary(cb), "diff": round(result.diff, 4), "a_only": result.a_only,
-            "b_only": result.b_only, "p_value": result.p_value, "verdict": result.verdict}
+    out = {"a": a.get("m0"), "b": b.get("m0"), "n": result.n, "a_test": score_summary(ca),
+           "b_test": score_summary(cb), "diff": round(result.diff, 4), "a_only": result.a_only,
+           "b_only": result.b_only, "p_value": result.p_value, "verdict": result.verdict}
+    if "margins" in a["test"] and "margins" in b["test"]:  # the ranking view: paired AUROC difference
+        import numpy as np
+
+        from ragsieve.eval.stats import auroc_difference, verdict
+
+        groups = np.array(a.get("test_query_ids") or a["test_ids"])
+        d = auroc_difference(np.array(labels_of(a["test"])), np.array(a["test"]["margins"]),
+                             np.array(b["test"]["margins"]), groups, n_boot=1000)
+        out["auroc"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+        if d["p_value"] is not None:
+            out["auroc"]["verdict"] = verdict(d["p_value"], d["diff"], d["low"], d["high"])
+    return out
 
 
 def last_test(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -39,6 +39,7 @@ from rich.table import Table
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
+from ragsieve.eval.stats import auroc_difference, auroc_interval
 from ragsieve.probe.train import ProbeTrainConfig
 from ragsieve.studies.common import progress_bar, write_json
 
@@ -170,91 +171,6 @@ def balanced_indices(labels: np.ndarray, per_class: int, rng: np.random.Generato
     pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
     n = min(per_class, len(pos), len(neg))
     return np.sort(np.concatenate([rng.choice(pos, n, replace=False), rng.choice(neg, n, replace=False)]))
-
-
-def _group_rows(groups: np.ndarray) -> list[np.ndarray]:
-    """The row indices of each group (question), for bootstraps that resample whole groups."""
-    _, inverse = np.unique(groups, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    return np.split(order, np.cumsum(np.bincount(inverse))[:-1])
-
-
-def auroc_interval(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, n_boot: int, seed: int = 0) -> dict:
-    """AUROC with a 95 % bootstrap interval that resamples ``groups`` (questions) whole.
-
-    A question's prompts share what the model knows about it, so resampling prompts
-    one by one would make the interval too narrow. ``n_boot = 0`` gives the point only.
-
-    Example::
-
-        >>> y = np.array([0, 1, 0, 1, 0, 1]); s = np.array([.1, .9, .2, .8, .7, .3])
-        >>> r = auroc_interval(y, s, np.array([0, 0, 1, 1, 2, 2]), n_boot=200)
-        >>> round(r["auroc"], 3), r["positives"], r["low"] <= r["auroc"] <= r["high"]
-        (0.889, 3, True)
-    """
-    from sklearn.metrics import roc_auc_score
-
-    from ragsieve.eval.stats import bootstrap_metric
-
-    labels, scores, groups = np.asarray(labels), np.asarray(scores), np.asarray(groups)
-    out = {"auroc": None, "low": None, "high": None, "n": int(len(labels)), "positives": int(labels.sum())}
-    if len(labels) == 0 or len(set(labels.tolist())) < 2:
-        return out
-    out["auroc"] = float(roc_auc_score(labels, scores))
-    if n_boot <= 0:
-        return out
-    members = _group_rows(groups)
-
-    def metric(sample: np.ndarray) -> float:
-        rows = np.concatenate([members[g] for g in sample])
-        if labels[rows].min() == labels[rows].max():
-            raise ValueError("one class only")  # undefined: bootstrap_metric skips the resample
-        return roc_auc_score(labels[rows], scores[rows])
-
-    _, low, high = bootstrap_metric(metric, np.arange(len(members)), n_boot=n_boot, seed=seed)
-    if np.isfinite(low) and np.isfinite(high):  # nan when no resample had both classes: leave None
-        out["low"], out["high"] = low, high
-    return out
-
-
-def auroc_difference(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, groups: np.ndarray,
-                     n_boot: int, seed: int = 0) -> dict:
-    """AUROC(a) − AUROC(b) on the same prompts, with a paired bootstrap over whole ``groups``.
-
-    ``p_value`` is two-sided: twice the share of resampled differences on the other side of 0.
-
-    Example::
-
-        >>> y = np.array([0, 1, 0, 1, 0, 1]); g = np.array([0, 0, 1, 1, 2, 2])
-        >>> r = auroc_difference(y, np.array([.1, .9, .2, .8, .3, .7]), np.array([.9, .1, .2, .8, .3, .7]), g, 200)
-        >>> round(r["diff"], 3), r["p_value"] <= 1
-        (0.556, True)
-    """
-    from sklearn.metrics import roc_auc_score
-
-    labels, a, b, groups = map(np.asarray, (labels, scores_a, scores_b, groups))
-    out = {"n": int(len(labels)), "positives": int(labels.sum()), "a": None, "b": None, "diff": None,
-           "low": None, "high": None, "p_value": None}
-    if len(set(labels.tolist())) < 2:
-        return out
-    out["a"], out["b"] = float(roc_auc_score(labels, a)), float(roc_auc_score(labels, b))
-    out["diff"] = out["a"] - out["b"]
-    if n_boot <= 0:
-        return out
-    members = _group_rows(groups)
-    rng = np.random.default_rng(seed)
-    diffs = []
-    for sample in rng.integers(0, len(members), size=(n_boot, len(members))):
-        rows = np.concatenate([members[k] for k in sample])
-        if labels[rows].min() == labels[rows].max():
-            continue  # undefined on a one-class resample
-        diffs.append(roc_auc_score(labels[rows], a[rows]) - roc_auc_score(labels[rows], b[rows]))
-    if diffs:
-        d = np.array(diffs)
-        out["low"], out["high"] = float(np.quantile(d, 0.025)), float(np.quantile(d, 0.975))
-        side = d <= 0 if out["diff"] > 0 else d >= 0
-        out["p_value"] = 1.0 if out["diff"] == 0 else min(1.0, 2 * float(side.mean()))
-    return out
 
 
 class ProbeExperiment:
