@@ -674,6 +674,7 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
         paired = metrics["paired"]["pubmedqa"][name]
         assert paired["n"] == 8 and 0 <= paired["p_value"] <= 1 and paired["verdict"]
         assert paired["a_only"] + paired["b_only"] <= 8
+        assert {"diff", "low", "high", "p_value"} <= set(paired["auroc"])  # the ranking view, paired
     targets = metrics["scale_targets"]
     assert set(targets) == {"m0_above_chance_plus_10pp", "replay_ge_dpo_last_round", "cautious_gt_sft_only"}
     assert "p_value" in targets["replay_ge_dpo_last_round"]["per_dataset"]["pubmedqa"]

@@ -7,7 +7,8 @@ makes every comparison paired:
 * :func:`test_curve` — accuracy of M_t on the test set by round, with Wilson intervals;
 * :func:`m0_vs_chance` — M0's accuracy, its interval and the binomial p-value against 50 %, and its
   threshold-free AUROC (:func:`m0_auroc`, bootstrapped over whole queries);
-* :func:`paired_last_round` — exact McNemar of two cells' M_R on the same test examples;
+* :func:`paired_last_round` — exact McNemar of two cells' M_R on the same test examples (and
+  :func:`paired_auroc`, the paired bootstrap of their AUROC difference);
 * :func:`paired_m0` — the same for two runs' M0s (per-dataset vs mixed);
 * :func:`scale_targets` — the issue's three targets, each with its p-values.
 
@@ -116,12 +117,34 @@ def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[st
     if a.get("test_ids") != b.get("test_ids") or not a.get("test_ids"):
         return None  # not the same examples: no paired test
     ca, cb = test_curve(a, m0)[-1], test_curve(b, m0)[-1]
-    result = mcnemar_exact(correct_vector(last_test(a, m0)), correct_vector(last_test(b, m0)))
-    return {
+    ta, tb = last_test(a, m0), last_test(b, m0)
+    result = mcnemar_exact(correct_vector(ta), correct_vector(tb))
+    out = {
         "round": ca["round"], "n": result.n, "a": ca["accuracy"], "b": cb["accuracy"], "a_ci95": ca["ci95"],
         "b_ci95": cb["ci95"], "diff": round(result.diff, 4), "a_only": result.a_only, "b_only": result.b_only,
         "p_value": result.p_value, "verdict": result.verdict,
     }
+    auroc = paired_auroc(ta, tb, m0.get("test_query_ids") or a["test_ids"])
+    if auroc:
+        out["auroc"] = auroc
+    return out
+
+
+def paired_auroc(a: Mapping[str, Any], b: Mapping[str, Any], groups: list[str], n_boot: int = 1000) -> dict | None:
+    """AUROC(A) − AUROC(B) of two evaluations of the same examples, paired bootstrap over whole queries
+    (None unless both kept their margins)."""
+    import numpy as np
+
+    from ragsieve.eval.stats import auroc_difference, verdict
+
+    if "margins" not in a or "margins" not in b:
+        return None
+    d = auroc_difference(np.array(labels_of(a)), np.array(a["margins"]), np.array(b["margins"]), np.array(groups),
+                         n_boot=n_boot)
+    out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+    if d["p_value"] is not None:
+        out["verdict"] = verdict(d["p_value"], d["diff"], d["low"], d["high"])
+    return out
 
 
 def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -140,17 +163,9 @@ def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | No
     out = {"a": a.get("m0"), "b": b.get("m0"), "n": result.n, "a_test": score_summary(ca),
            "b_test": score_summary(cb), "diff": round(result.diff, 4), "a_only": result.a_only,
            "b_only": result.b_only, "p_value": result.p_value, "verdict": result.verdict}
-    if "margins" in a["test"] and "margins" in b["test"]:  # the ranking view: paired AUROC difference
-        import numpy as np
-
-        from ragsieve.eval.stats import auroc_difference, verdict
-
-        groups = np.array(a.get("test_query_ids") or a["test_ids"])
-        d = auroc_difference(np.array(labels_of(a["test"])), np.array(a["test"]["margins"]),
-                             np.array(b["test"]["margins"]), groups, n_boot=1000)
-        out["auroc"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
-        if d["p_value"] is not None:
-            out["auroc"]["verdict"] = verdict(d["p_value"], d["diff"], d["low"], d["high"])
+    auroc = paired_auroc(a["test"], b["test"], a.get("test_query_ids") or a["test_ids"])  # the ranking view
+    if auroc:
+        out["auroc"] = auroc
     return out
 
 
