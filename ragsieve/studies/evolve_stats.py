@@ -81,11 +81,27 @@ def m0_auroc(m0: Mapping[str, Any], n_boot: int = 1000, seed: int = 0) -> dict[s
     return {"auroc": round(r["auroc"], 4) if r["auroc"] is not None else None, "ci95": ci, "queries": len(set(groups))}
 
 
+def round_tests(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    """(t, M_t's test evaluation) for t = 0 (M0) .. R. A round that trained nothing has the model of the round
+    before, so its evaluation is that one (SFT-only: M0's, including margins recorded after the cell finished).
+
+    >>> m0 = {"test": {"correct": "01", "margins": [0.1, 0.2]}}
+    >>> cell = {"rounds": [{"round": 1, "trained": False, "test": {"correct": "01"}}]}
+    >>> [(t, "margins" in e) for t, e in round_tests(cell, m0)]
+    [(0, True), (1, True)]
+    """
+    rows, previous = [(0, m0["test"])], m0["test"]
+    for r in cell["rounds"]:
+        if "test" in r:
+            previous = previous if r.get("trained") is False else r["test"]
+            rows.append((int(r["round"]), previous))
+    return rows
+
+
 def test_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str, Any]]:
     """M_t's test accuracy for t = 0 (M0) .. R, each with its interval."""
-    rows = [("0", m0["test"])] + [(str(r["round"]), r["test"]) for r in cell["rounds"] if "test" in r]
     out = []
-    for t, entry in rows:
+    for t, entry in round_tests(cell, m0):
         c = correct_vector(entry)
         preds = [int(p) for p in entry["pred"]] if "pred" in entry else None
         out.append({"round": int(t), **score_summary(c, preds), "auroc": entry.get("auroc")})
@@ -170,8 +186,7 @@ def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | No
 
 
 def last_test(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> Mapping[str, Any]:
-    tested = [r["test"] for r in cell["rounds"] if "test" in r]
-    return tested[-1] if tested else m0["test"]
+    return round_tests(cell, m0)[-1][1]
 
 
 def scale_targets(m0_stats: Mapping[str, Any], paired: Mapping[str, Any]) -> dict[str, Any]:
