@@ -267,6 +267,24 @@ def test_sft_and_fast_dpo_rounds_learn_and_save_mergeable_deltas(tiny_llm_dir, t
 
 
 
+def _kill_at(args: list[str], marker: str, env: dict, timeout: float = 120) -> tuple[list[str], int]:
+    """Run a child, read its stdout up to the line starting with ``marker`` (or ``timeout``), then
+    ``kill -9`` it, as a user would; its stdout lines so far and its return code."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+    seen = []
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            seen.append(line.strip())
+            if line.startswith(marker) or time.monotonic() > deadline:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    return seen, proc.returncode
+
+
 _TRAIN_KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
@@ -297,17 +315,7 @@ def test_a_training_killed_mid_way_resumes_from_its_checkpoint(tiny_llm_dir, tmp
 
     folder = tmp_path / "m0.checkpoint"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", _TRAIN_KILL_SCRIPT, str(tiny_llm_dir), str(folder), str(REPO)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
-    deadline = time.monotonic() + 120
-    try:
-        for line in proc.stdout:
-            if line.startswith("SAVED") or time.monotonic() > deadline:
-                break
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    _kill_at([sys.executable, "-c", _TRAIN_KILL_SCRIPT, str(tiny_llm_dir), str(folder), str(REPO)], "SAVED", env)
     assert (folder / "state.pt").is_file()
 
     items = synthetic_examples(8)
@@ -517,23 +525,9 @@ def test_store_resumes_after_sigkill_without_duplicated_or_lost_pairs(tiny_llm_d
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILL_SCRIPT, str(killed)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=env, cwd=REPO,
-    )
-    seen = []
-    deadline = time.monotonic() + 120
-    try:
-        for line in proc.stdout:
-            seen.append(line.strip())
-            if line.startswith("INSERTED") or time.monotonic() > deadline:
-                break
-        assert seen[-1] == "INSERTED", seen
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    seen, returncode = _kill_at([sys.executable, "-c", _KILL_SCRIPT, str(killed)], "INSERTED", env)
+    assert seen[-1] == "INSERTED", seen
+    assert returncode == -signal.SIGKILL
     after_kill = store_status(killed)
     assert [r["round"] for r in after_kill["rounds"]] == [0]
     assert {p[1] for p in _pairs(killed)} == {0}  # round 1's inserted pairs were rolled back
@@ -738,19 +732,7 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CELL_KILL_SCRIPT, str(config(killed)), str(tiny_llm_dir)], stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
-    )
-    deadline = time.monotonic() + 120
-    try:
-        for line in proc.stdout:
-            if line.startswith("CHECKPOINTED") or time.monotonic() > deadline:
-                break
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    _kill_at([sys.executable, "-c", _CELL_KILL_SCRIPT, str(config(killed)), str(tiny_llm_dir)], "CHECKPOINTED", env)
     part = killed / "cells" / "pubmedqa" / "dpo"
     assert sorted(p.name for p in part.iterdir()) == ["round-1.json", "round-2.json"]
     assert (killed / "work" / "pubmedqa" / "dpo" / "round-2" / "adapter_config.json").exists()

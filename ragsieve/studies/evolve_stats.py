@@ -61,9 +61,12 @@ def threshold_free(labels: list[int], margins: list[float]) -> dict[str, Any]:
     >>> threshold_free([0, 1, 1, 0], [-1.0, 2.0, 0.5, 0.7])
     {'auroc': 0.75}
     """
-    from sklearn.metrics import roc_auc_score
+    import numpy as np
 
-    return {"auroc": round(float(roc_auc_score(labels, margins)), 4) if len(set(labels)) == 2 else None}
+    from ragsieve.eval.stats import auroc_interval
+
+    auroc = auroc_interval(np.array(labels), np.array(margins), np.arange(len(labels)), n_boot=0)["auroc"]
+    return {"auroc": round(auroc, 4) if auroc is not None else None}
 
 
 def m0_auroc(m0: Mapping[str, Any], n_boot: int = 1000, seed: int = 0) -> dict[str, Any] | None:
@@ -132,11 +135,11 @@ def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[st
 
     if a.get("test_ids") != b.get("test_ids") or not a.get("test_ids"):
         return None  # not the same examples: no paired test
-    ca, cb = test_curve(a, m0)[-1], test_curve(b, m0)[-1]
-    ta, tb = last_test(a, m0), last_test(b, m0)
+    (last, ta), (_, tb) = round_tests(a, m0)[-1], round_tests(b, m0)[-1]
+    ca, cb = score_summary(correct_vector(ta)), score_summary(correct_vector(tb))
     result = mcnemar_exact(correct_vector(ta), correct_vector(tb))
     out = {
-        "round": ca["round"], "n": result.n, "a": ca["accuracy"], "b": cb["accuracy"], "a_ci95": ca["ci95"],
+        "round": last, "n": result.n, "a": ca["accuracy"], "b": cb["accuracy"], "a_ci95": ca["ci95"],
         "b_ci95": cb["ci95"], "diff": round(result.diff, 4), "a_only": result.a_only, "b_only": result.b_only,
         "p_value": result.p_value, "verdict": result.verdict,
     }
@@ -183,10 +186,6 @@ def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | No
     if auroc:
         out["auroc"] = auroc
     return out
-
-
-def last_test(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> Mapping[str, Any]:
-    return round_tests(cell, m0)[-1][1]
 
 
 def scale_targets(m0_stats: Mapping[str, Any], paired: Mapping[str, Any]) -> dict[str, Any]:
