@@ -151,6 +151,18 @@ def test_test_set_takes_whole_queries_balanced_and_disjoint_from_every_split():
     assert task.sizes()["test"] == {"n": 10, "positives": 5}
     with pytest.raises(DataError, match="test set of 80 needs more"):
         build_task_rounds("pubmedqa", initial_size=2, round_size=2, rounds=1, test_size=80, examples=items)
+    # the dev set (for choosing M0's recipe): whole unused queries, none in the test set or any split
+    from ragsieve.evolve.tasks import select_dev
+
+    in_splits = {x.id for split in task.splits() for x in split}
+    assert {x.id for x in task.unused} == {x.id for x in items if x.query_id not in test_queries and x.id not in in_splits}
+    dev = select_dev(task, 6)
+    assert len(dev) == 6 and sum(x.label for x in dev) == 3
+    taken = test_queries | {x.query_id for split in task.splits() for x in split}
+    assert not {x.query_id for x in dev} & taken
+    assert {x.query_id for x in dev} == {x.query_id for x in task.unused if x.query_id in {d.query_id for d in dev}}
+    with pytest.raises(DataError, match="dev set of 40 needs more"):
+        select_dev(task, 40)
 
 
 @requires_data
@@ -371,6 +383,46 @@ def test_a_checkpoint_of_another_training_is_discarded(tiny_llm_dir, tmp_path, m
     assert steps_run("m0-b", reverse=True) == 2  # other data
     with pytest.raises(RagsieveError, match="interval"):
         TrainingCheckpoint(folder, every=0)
+
+def test_the_model_after_epoch_k_is_the_k_epoch_model_and_a_kill_in_the_hook_repeats_only_that_epoch(
+        tiny_llm_dir, tmp_path):
+    """The M0 sweep scores epochs 1..E of one run: after epoch 1 of a 2-epoch training the verdicts
+    are those of a 1-epoch training; a crash while epoch 2 is scored resumes at that epoch's end."""
+    from ragsieve.evolve.train import VerdictSFTTrainer, VerdictTrainConfig
+    from ragsieve.models.training import TrainingCheckpoint
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
+
+    items = synthetic_examples(8)
+
+    def train(epochs: int, hook=None, checkpoint=None):
+        ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300)
+        config = VerdictTrainConfig(lr=5e-3, epochs=epochs, batch_size=4)
+        seen = {}
+
+        def on_epoch_end(epoch, so_far):
+            seen[epoch] = (ranker.predict(items).logp_true, len(so_far.losses))
+            if hook:
+                hook(epoch)
+
+        VerdictSFTTrainer(ranker.llm, ranker.tokens, config).fit(
+            ranker.prompts(items), [x.label for x in items], checkpoint=checkpoint, on_epoch_end=on_epoch_end)
+        return seen, ranker.predict(items).logp_true
+
+    by_epoch, _ = train(2)
+    _, one_epoch = train(1)
+    assert np.allclose(by_epoch[1][0], one_epoch, atol=1e-5) and by_epoch[1][1] == 2 and by_epoch[2][1] == 4
+
+    def crash(epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    folder = tmp_path / "ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        train(2, crash, TrainingCheckpoint(folder, every=1))
+    resumed, final = train(2, None, TrainingCheckpoint(folder, every=1))
+    assert set(resumed) == {2}  # epoch 1 was scored before the crash; epoch 2 is scored again
+    assert np.allclose(resumed[2][0], by_epoch[2][0], atol=1e-5)
+
 
 # --------------------------------------------------------------------------- methods
 
@@ -752,6 +804,48 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     assert [r["pairs"] for r in a["rounds"]] == [r["pairs"] for r in b["rounds"]]
     assert resumed["test_curves"] == fresh["test_curves"]
     assert not part.exists() and not (killed / "work" / "pubmedqa" / "dpo").exists()
+
+
+@requires_data
+def test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done(tiny_llm_dir, tmp_path, monkeypatch):
+    from ragsieve.config import build_config
+    from rich.console import Console
+
+    from ragsieve.evolve.tasks import select_dev
+    from ragsieve.evolve.train import VerdictSFTTrainer
+    from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
+    from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
+
+    params = {"llm": str(tiny_llm_dir), "datasets": ["bioasq"], "rounds": 1, "sizes": {"initial": 8, "per_round": 4},
+              "test_size": 6, "max_prompt_tokens": 300, "m0_train": {"lr": 1e-2, "epochs": 2, "batch_size": 4},
+              "lrs": [1e-2, 3e-2], "max_epochs": 2, "dev_size": 6, "fit_sample": 4, "threads": 1}
+    cfg = build_config(EvolveM0SweepConfig, params)
+    metrics = EvolveM0Sweep().run(cfg, tmp_path, Console(quiet=True))
+    r = metrics["by_dataset"]["bioasq"]
+    assert [(g["lr"], g["epochs"]) for g in r["grid"]] == [(1e-2, 1), (1e-2, 2), (3e-2, 1), (3e-2, 2)]
+    assert r["dev"] == {"n": 6, "positives": 3} and r["configured"]["lr"] == 1e-2
+    best = max(g["accuracy"] for g in r["grid"])
+    assert r["chosen"]["dev_accuracy"] == best
+    assert (r["override"] == {}) == (r["chosen"] == {**r["chosen"], "lr": 1e-2, "epochs": 2})
+    cell = json.loads((tmp_path / "cells" / "bioasq" / "lr=0.01.json").read_text())
+    task = EvolveExperiment()._task(cfg, "bioasq")
+    dev_ids = {x.id for x in select_dev(task, 6)}
+    assert set(cell["key"]["dev"]) == dev_ids and not dev_ids & {x.id for x in task.test}
+    assert cell["epochs"]["2"]["fit_sample"]["n"] == 4 and len(cell["epochs"]["1"]["dev"]["correct"]) == 6
+    # a rerun trains nothing; other settings in the same out_dir stop with a one-line error
+    monkeypatch.setattr(VerdictSFTTrainer, "loss", lambda *a: pytest.fail("a finished sweep trained again"))
+    assert EvolveM0Sweep().run(cfg, tmp_path, Console(quiet=True))["by_dataset"]["bioasq"]["chosen"] == r["chosen"]
+    with pytest.raises(RagsieveError, match="other settings"):
+        EvolveM0Sweep().run(build_config(EvolveM0SweepConfig, {**params, "dev_size": 4}), tmp_path, Console(quiet=True))
+    # the chosen recipe is a per-dataset override of the scale run: only that dataset's M0 and cells change
+    scale = {"datasets": ["bioasq", "fever"], "m0_train": {"lr": 2e-4, "epochs": 2}, "test_size": 6}
+    plain = build_config(EvolveExperimentConfig, scale)
+    tuned = build_config(EvolveExperimentConfig, {**scale, "m0_train_overrides": {"bioasq": {"lr": 5e-4}}})
+    assert tuned.m0_train_for("bioasq").epochs == 2 and tuned.m0_train_for("bioasq").lr == 5e-4
+    assert tuned.m0_train_for("fever") == plain.m0_train_for("fever")
+    for bad, match in (({"anli": {"lr": 1e-3}}, "not in datasets"), ({"bioasq": {"lrr": 1e-3}}, "lrr")):
+        with pytest.raises(Exception, match=match):
+            plan_cells(build_config(EvolveExperimentConfig, {**scale, "m0_train_overrides": bad}))
 
 
 @requires_data

@@ -57,6 +57,8 @@ class TaskRounds:
     meta: dict[str, Any] = field(default_factory=dict)
     test: list[LabeledPair] = field(default_factory=list)  # fixed, query-disjoint from every split
     held_out: list[LabeledPair] = field(default_factory=list)  # the examples of held_out_query_ids
+    # Examples left after the test set, M0's set and the rounds were cut (a dev set comes from these).
+    unused: list[LabeledPair] = field(default_factory=list)
 
     def sizes(self) -> dict[str, Any]:
         def count(xs: Sequence[LabeledPair]) -> dict[str, int]:
@@ -257,7 +259,7 @@ class _Cutter:
 
 
 def select_test(
-    items: Sequence[LabeledPair], size: int, seed: int, balanced: bool, dataset: str
+    items: Sequence[LabeledPair], size: int, seed: int, balanced: bool, dataset: str, what: str = "test set"
 ) -> tuple[list[LabeledPair], set[str]]:
     """A test set of whole queries (seeded query order) and every query id it used up.
 
@@ -283,7 +285,7 @@ def select_test(
     short = {k: (len(got[k]), n) for k, n in want.items() if len(got[k]) < n}
     if short:
         raise DataError(
-            f"{dataset}: test set of {size} needs more examples than the data has ({short}); lower test_size"
+            f"{dataset}: {what} of {size} needs more examples than the data has ({short}); lower its size"
         )
     test = [x for k in want for x in got[k]]
     return _ordered(test, seed), {x.query_id for x in test}
@@ -342,9 +344,20 @@ def build_task_rounds(
         initial = cutter.take(initial_size, "SFT set")
         cut = [cutter.take(round_size, f"round {i}") for i in range(1, rounds + 1)]
         how = f"seeded id order (seed {seed})"
+    taken = {x.id for split in (initial, *cut) for x in split}
     task = TaskRounds(
         dataset, initial, cut, held_out, {"split": how, "balanced": balanced, "available": len(items)},
-        test=test, held_out=held_out_examples,
+        test=test, held_out=held_out_examples, unused=[x for x in items if x.id not in taken],
     )
     task.meta["sizes"] = task.sizes()
     return task
+
+
+def select_dev(task: TaskRounds, size: int, seed: int = 0) -> list[LabeledPair]:
+    """A balanced dev set of whole queries from ``task.unused``, sharing no query with the test set,
+    M0's set or any round: for choosing settings (M0's recipe) without touching the test set, and
+    without the rounds' labels, which CautiousDPO must not see."""
+    used = {x.query_id for split in task.splits() for x in split} | {x.query_id for x in task.test}
+    pool = [x for x in task.unused if x.query_id not in used]
+    dev, _ = select_test(pool, size, seed, True, task.dataset, what="dev set")
+    return dev

@@ -30,7 +30,7 @@ import random
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -74,13 +74,21 @@ class VerdictTrainer(ABC):
         self.config = config
 
     def fit(self, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None = None, *,
-            checkpoint: "TrainingCheckpoint | None" = None) -> TrainResult:
+            checkpoint: "TrainingCheckpoint | None" = None,
+            on_epoch_end: Callable[[int, TrainResult], None] | None = None) -> TrainResult:
         """Attach a fresh adapter and train it; ``ref`` (aligned with prompts) is for DPO.
 
         With ``checkpoint``, the adapter, optimizer and step are saved every
         ``checkpoint.every`` steps, and a run killed mid-training continues from the last
         save (the batch order is replayed from the seed, so the result is the one an
         uninterrupted run gives).
+
+        ``on_epoch_end(epoch, result)`` is called with ``self.llm.model`` (base + the adapter so far)
+        in eval mode after each epoch (1-based; ``result`` holds the losses so far). The learning rate is constant and each epoch's
+        order is drawn in sequence, so after epoch k the model is the one an ``epochs = k``
+        training ends with: one run of E epochs scores every epoch count up to E. With a
+        checkpoint it is saved right after the call, so a kill during the call repeats it;
+        epochs that ended before a resumed run's start are not called again.
         """
         import torch
 
@@ -103,7 +111,7 @@ class VerdictTrainer(ABC):
         rng = random.Random(self.config.seed)
         total_steps = self.config.epochs * -(-len(prompts) // self.config.batch_size)
         step = 0
-        for _ in range(self.config.epochs):
+        for epoch in range(1, self.config.epochs + 1):
             order = list(range(len(prompts)))
             rng.shuffle(order)  # drawn for every epoch, resumed or not, so the order is the same
             for lo in range(0, len(order), self.config.batch_size):
@@ -121,7 +129,16 @@ class VerdictTrainer(ABC):
                 result.losses.append(float(loss.detach()))
                 result.steps += 1
                 report("train", result.steps, total_steps)
-                if checkpoint is not None and step % checkpoint.every == 0 and step < total_steps:
+                epoch_done = lo + self.config.batch_size >= len(order)
+                if (checkpoint is not None and step % checkpoint.every == 0 and step < total_steps
+                        and not (epoch_done and on_epoch_end is not None)):  # saved after the hook instead
+                    result.seconds = prior_seconds + time.perf_counter() - start
+                    checkpoint.save(model, optimizer, result)
+            if on_epoch_end is not None and step > resume_at:
+                model.eval()
+                on_epoch_end(epoch, result)
+                model.train()
+                if checkpoint is not None and step < total_steps:
                     result.seconds = prior_seconds + time.perf_counter() - start
                     checkpoint.save(model, optimizer, result)
         model.eval()
@@ -167,9 +184,11 @@ class TRLVerdictDPOTrainer(VerdictTrainer):
         TRLVerdictDPOTrainer(llm, ranker.tokens, VerdictTrainConfig(dpo_backend="trl")).fit(prompts, labels)
     """
 
-    def fit(self, prompts, labels, ref=None, *, checkpoint=None):
+    def fit(self, prompts, labels, ref=None, *, checkpoint=None, on_epoch_end=None):
         import torch
 
+        if on_epoch_end is not None:
+            raise RagsieveError("the TRL DPO backend has no per-epoch hook; use dpo_backend: fast")
         if checkpoint is not None:
             log.warning("the TRL DPO backend is not checkpointed; a killed round restarts from its first step")
         result = TrainResult(examples=len(prompts))
@@ -283,14 +302,15 @@ def train_round(
     ref: VerdictScores | None = None,
     save_dir: str | Path | None = None,
     checkpoint: TrainingCheckpoint | None = None,
+    on_epoch_end: Callable[[int, TrainResult], None] | None = None,
 ) -> TrainResult:
     """Train one round's delta, save it (atomically) to ``save_dir``, and merge it in.
 
     ``checkpoint``: resume a training killed part-way (see :class:`TrainingCheckpoint`);
-    cleared once the delta is saved.
+    cleared once the delta is saved. ``on_epoch_end``: see :meth:`VerdictTrainer.fit`.
     """
     trainer = trainer_class(objective, config)(llm, tokens, config)
-    result = trainer.fit(prompts, labels, ref=ref, checkpoint=checkpoint)
+    result = trainer.fit(prompts, labels, ref=ref, checkpoint=checkpoint, on_epoch_end=on_epoch_end)
     if result.steps and save_dir is not None:
         save_adapter(llm.model, save_dir)
     if checkpoint is not None:

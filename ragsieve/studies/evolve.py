@@ -97,6 +97,9 @@ class EvolveExperimentConfig(StrictConfig):
     max_prompt_tokens: int = 320
     eval_batch_size: int = 8
     m0_train: VerdictTrainConfig = VerdictTrainConfig(lr=2e-4, epochs=2)
+    # Per-dataset changes to m0_train (e.g. {bioasq: {lr: 5.0e-4, epochs: 4}}, chosen on a dev set by
+    # `experiment: evolve_m0_sweep`); a dataset without one keeps m0_train, its M0 and cells unchanged.
+    m0_train_overrides: dict[str, dict[str, Any]] = {}
     train: VerdictTrainConfig = VerdictTrainConfig()
     alpha: float = 0.7  # ReplayDPO's share of new pairs
     tau: float = 0.9  # CautiousDPO confidence gate
@@ -138,6 +141,11 @@ class EvolveExperimentConfig(StrictConfig):
     def sizes_for(self, dataset: str) -> RoundSizes:
         return self.size_overrides.get(dataset, self.sizes)
 
+    def m0_train_for(self, dataset: str) -> VerdictTrainConfig:
+        """M0's recipe for ``dataset`` (m0_train with its override applied)."""
+        override = self.m0_train_overrides.get(dataset)
+        return VerdictTrainConfig(**{**self.m0_train.model_dump(), **override}) if override else self.m0_train
+
     def balanced_for(self, dataset: str) -> bool:
         size = self.sizes_for(dataset)
         return self.balanced if size.balanced is None else size.balanced
@@ -152,6 +160,13 @@ class EvolveExperimentConfig(StrictConfig):
             raise RagsieveError(f"test_size must be 0 (off) or >= 2, got {self.test_size}")
         if self.forgetting_per_split and not self.test_size:
             raise RagsieveError("forgetting_per_split needs the test-set evaluation (test_size > 0)")
+        stray = [d for d in self.m0_train_overrides if d not in self.datasets]
+        if stray:
+            raise RagsieveError(f"m0_train_overrides {stray} are not in datasets {self.datasets}")
+        if self.m0_train_overrides and self.m0 == "mixed":
+            raise RagsieveError("m0_train_overrides need m0: per-dataset (a mixed M0 has one recipe)")
+        for ds in self.m0_train_overrides:
+            self.m0_train_for(ds)  # a misspelt field fails here, not when that dataset's turn comes
         if self.m0 == "mixed" and not self.test_size:
             raise RagsieveError("m0: mixed is measured on the test sets; set test_size > 0")
         if not all(0.5 <= t <= 1.0 for t in self.tau_sweep):
@@ -391,7 +406,7 @@ class EvolveExperiment:
             if info.get("fingerprint", fingerprint) != fingerprint:
                 raise RagsieveError(f"{m0_dir} was trained under other settings or data; use another out_dir")
             return M0(m0_dir, info)
-        config = cfg.m0_train.model_copy(update={"seed": cfg.seed})
+        config = (cfg.m0_train if cfg.m0 == "mixed" else cfg.m0_train_for(ds)).model_copy(update={"seed": cfg.seed})
         checkpoint = (TrainingCheckpoint(m0_dir.parent / "m0.checkpoint", cfg.checkpoint_steps, tag=fingerprint)
                       if cfg.checkpoint_steps else None)
         if cfg.m0 == "mixed":
@@ -489,7 +504,8 @@ class EvolveExperiment:
         """What M0 depends on: a reused adapter must come from the same SFT set(s) and settings."""
         import hashlib
 
-        key = {"m0": cfg.m0, "m0_train": cfg.m0_train.model_dump(), "llm": cfg.llm, "seed": cfg.seed,
+        recipe = cfg.m0_train if cfg.m0 == "mixed" else cfg.m0_train_for(next(iter(tasks)))
+        key = {"m0": cfg.m0, "m0_train": recipe.model_dump(), "llm": cfg.llm, "seed": cfg.seed,
                "max_prompt_tokens": cfg.max_prompt_tokens,
                "initial": {ds: [x.id for x in t.initial] for ds, t in tasks.items()}}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -500,7 +516,8 @@ class EvolveExperiment:
         import hashlib
 
         key = {
-            "method": cell.method.model_dump(), "train": cfg.train.model_dump(), "m0_train": cfg.m0_train.model_dump(),
+            "method": cell.method.model_dump(), "train": cfg.train.model_dump(),
+            "m0_train": cfg.m0_train_for(cell.dataset).model_dump(),
             "m0": cfg.m0, "llm": cfg.llm, "seed": cfg.seed, "max_prompt_tokens": cfg.max_prompt_tokens,
             "splits": [[x.id for x in split] for split in task.splits()], "test": [x.id for x in task.test],
             "judges": [j.model_dump() for j in cfg.judges] if cell.method.kind == "cautious-dpo" else [],

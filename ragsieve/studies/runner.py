@@ -21,6 +21,7 @@ from ragsieve.config import StrictConfig, build_config, read_mapping
 from ragsieve.errors import RagsieveError
 from ragsieve.studies.cbdr_nq import CBDRExperiment
 from ragsieve.studies.evolve import EvolveExperiment
+from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep
 from ragsieve.studies.grader import GraderExperiment
 from ragsieve.studies.probe_nq import ProbeExperiment
 from ragsieve.studies.rerank_align import RerankAlignExperiment
@@ -35,6 +36,7 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "rerank_align_guard": RerankAlignGuardStudy,
     "grader": GraderExperiment,
     "evolve": EvolveExperiment,
+    "evolve_m0_sweep": EvolveM0Sweep,
 }
 
 
