@@ -424,6 +424,21 @@ def test_the_model_after_epoch_k_is_the_k_epoch_model_and_a_kill_in_the_hook_rep
     assert np.allclose(resumed[2][0], by_epoch[2][0], atol=1e-5)
 
 
+def test_two_m0s_are_paired_on_the_test_examples_both_scored():
+    """A run that held downstream questions out has a partly different test set: pair the shared ones."""
+    from ragsieve.studies.evolve_stats import paired_m0
+
+    a = {"m0": "mixed", "test_ids": ["x", "y", "z", "w"], "test_query_ids": ["q1", "q1", "q2", "q3"],
+         "test": {"correct": "1101", "pred": "1100", "margins": [2.0, 1.0, -1.0, -2.0]}}
+    b = {"m0": "per-dataset", "test_ids": ["v", "w", "y", "x"],
+         "test": {"correct": "0100", "pred": "1000", "margins": [0.5, 1.5, -0.5, 0.1]}}
+    r = paired_m0(a, b)
+    assert r["n"] == 3 and (r["a_only"], r["b_only"]) == (2, 0)  # x, y right only in A; w right in both
+    assert (r["a_only_examples"], r["b_only_examples"]) == (1, 1)
+    assert r["auroc"]["n"] == 3
+    assert paired_m0(a, {**b, "test_ids": ["p", "q", "r", "s"]}) is None
+
+
 # --------------------------------------------------------------------------- methods
 
 

@@ -166,8 +166,25 @@ def paired_auroc(a: Mapping[str, Any], b: Mapping[str, Any], groups: list[str], 
     return out
 
 
+def _test_rows(m0: Mapping[str, Any], ids: list[str]) -> dict[str, Any]:
+    """The test record restricted to ``ids`` (in that order): outcomes, verdicts, margins, query ids."""
+    at = {x: i for i, x in enumerate(m0["test_ids"])}
+    rows = [at[x] for x in ids]
+    test = m0["test"]
+    out: dict[str, Any] = {k: "".join(test[k][i] for i in rows) for k in ("correct", "pred") if k in test}
+    if "margins" in test:
+        out["margins"] = [test["margins"][i] for i in rows]
+    queries = m0.get("test_query_ids") or m0["test_ids"]
+    out["query_ids"] = [queries[i] for i in rows]
+    return out
+
+
 def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Exact McNemar of two runs' M0s (e.g. per-dataset vs mixed) on the same test examples.
+    """Exact McNemar of two runs' M0s (e.g. per-dataset vs mixed) on the test examples both scored.
+
+    Two runs whose test sets differ in part (e.g. one held downstream questions out and the other
+    did not) are compared on the shared examples (``n``; ``a_only_examples`` / ``b_only_examples``
+    say how many were left out); with none shared there is no paired test (None).
 
     >>> paired_m0({"m0": "mixed", "test_ids": ["a", "b"], "test": {"correct": "11"}},
     ...           {"m0": "per-dataset", "test_ids": ["a", "b"], "test": {"correct": "01"}})["a_only"]
@@ -175,14 +192,19 @@ def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | No
     """
     from ragsieve.eval.stats import mcnemar_exact
 
-    if a.get("test_ids") != b.get("test_ids") or not a.get("test_ids"):
+    in_b = set(b.get("test_ids") or [])
+    shared = [x for x in a.get("test_ids") or [] if x in in_b]
+    if not shared:
         return None  # not the same examples: no paired test
-    ca, cb = correct_vector(a["test"]), correct_vector(b["test"])
+    ta, tb = _test_rows(a, shared), _test_rows(b, shared)
+    ca, cb = correct_vector(ta), correct_vector(tb)
     result = mcnemar_exact(ca, cb)
     out = {"a": a.get("m0"), "b": b.get("m0"), "n": result.n, "a_test": score_summary(ca),
            "b_test": score_summary(cb), "diff": round(result.diff, 4), "a_only": result.a_only,
            "b_only": result.b_only, "p_value": result.p_value, "verdict": result.verdict}
-    auroc = paired_auroc(a["test"], b["test"], a.get("test_query_ids") or a["test_ids"])  # the ranking view
+    if len(shared) < max(len(a["test_ids"]), len(in_b)):
+        out.update(a_only_examples=len(a["test_ids"]) - len(shared), b_only_examples=len(in_b) - len(shared))
+    auroc = paired_auroc(ta, tb, ta["query_ids"])  # the ranking view
     if auroc:
         out["auroc"] = auroc
     return out
