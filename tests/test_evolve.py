@@ -696,6 +696,11 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     assert {k: v for k, v in mixed["params"].items() if k not in ("m0", "downstream", "compare_m0_to")} == {
         k: v for k, v in stage0.items() if k not in ("m0", "downstream")}
     build_config(EvolveExperimentConfig, mixed["params"])
+    # the M0 recipe sweep trains on the scale run's SFT sets: its task settings are stage 0's
+    sweep = read_mapping(REPO / "experiments" / "evolve_m0_sweep.yaml")["params"]
+    grid = ("lrs", "max_epochs", "dev_size", "fit_sample", "datasets")
+    assert {k: v for k, v in sweep.items() if k not in grid} == {k: stage0[k] for k in sweep if k not in grid}
+    assert set(sweep["datasets"]) <= set(stage0["datasets"]) and stage0["m0_train"]["lr"] in sweep["lrs"]
 
 
 @requires_data
