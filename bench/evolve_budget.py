@@ -52,8 +52,8 @@ def cell_counts(cfg, ds: str, name: str, method) -> dict[str, float]:
 
 def dataset_counts(cfg, ds: str, cells) -> dict[str, float]:
     """M0 (training + test + D_1 + SFT-set sample), the judges and the downstream QA."""
-    size = cfg.sizes_for(ds)
-    out = {"m0_steps": math.ceil(size.initial / cfg.m0_train.batch_size) * cfg.m0_train.epochs,
+    size, recipe = cfg.sizes_for(ds), cfg.m0_train_for(ds)
+    out = {"m0_steps": math.ceil(size.initial / recipe.batch_size) * recipe.epochs,
            "m0_evals": cfg.test_size + size.per_round + cfg.forgetting_per_split}
     cautious = any(c.method.kind == "cautious-dpo" for c in cells)
     llm_judges = sum(1 for j in cfg.judges if j.kind == "llm")

@@ -685,7 +685,7 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 41
     assert ("bioasq", "cautious-dpo@tau=0.8") in plans["evolve_scale_stage1"]
     shared = ("sizes", "size_overrides", "test_size", "forgetting_per_split", "m0", "m0_train", "train", "llm", "seed",
-              "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha")
+              "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha", "m0_train_overrides")
     for key in shared:
         assert len({repr(getattr(c, key)) for c in params.values()}) == 1, key
     assert len({c.downstream.held_out_questions for c in params.values()}) == 1  # the same HotpotQA splits
@@ -694,11 +694,11 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     assert mixed["out_dir"] == "results/evolve_scale_m0_mixed" and mixed["params"]["m0"] == "mixed"
     stage0 = read_mapping(REPO / "experiments" / "evolve_scale_m0.yaml")["params"]
     assert {k: v for k, v in mixed["params"].items() if k not in ("m0", "downstream", "compare_m0_to")} == {
-        k: v for k, v in stage0.items() if k not in ("m0", "downstream")}
+        k: v for k, v in stage0.items() if k not in ("m0", "downstream", "m0_train_overrides")}
     build_config(EvolveExperimentConfig, mixed["params"])
     # the M0 recipe sweep trains on the scale run's SFT sets: its task settings are stage 0's
     sweep = read_mapping(REPO / "experiments" / "evolve_m0_sweep.yaml")["params"]
-    grid = ("lrs", "max_epochs", "dev_size", "fit_sample", "datasets")
+    grid = ("lrs", "max_epochs", "dev_size", "fit_sample", "datasets", "m0_train_overrides")
     assert {k: v for k, v in sweep.items() if k not in grid} == {k: stage0[k] for k in sweep if k not in grid}
     assert set(sweep["datasets"]) <= set(stage0["datasets"]) and stage0["m0_train"]["lr"] in sweep["lrs"]
 

@@ -195,7 +195,7 @@ class EvolveM0Sweep:
             m = mcnemar_exact([int(c) for c in best["correct"]], [int(c) for c in configured["correct"]])
             diff = (m.a_correct - m.b_correct) / m.n
             paired = {"n": m.n, "chosen_only": m.a_only, "configured_only": m.b_only, "difference": round(diff, 4),
-                      "p_value": round(m.p_value, 4), "verdict": verdict(m.p_value, diff)}
+                      "p_value": float(f"{m.p_value:.3g}"), "verdict": verdict(m.p_value, diff)}
         chosen = {"lr": best["lr"], "epochs": best["epochs"]}
         override = {} if configured is best else {k: v for k, v in chosen.items() if v != getattr(base, k)}
         return {"dev": {"n": len(dev), "positives": sum(x.label for x in dev)},
