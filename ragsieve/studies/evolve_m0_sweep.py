@@ -131,8 +131,7 @@ class EvolveM0Sweep:
             scored = score_examples(ranker, dev)
             own = score_examples(ranker, fit) if fit else None
             epochs[str(epoch)] = {
-                "dev": {**{k: v for k, v in scored.items() if k != "margins"}, "margins": scored["margins"],
-                        "auroc_ci95": self._auroc_ci(dev, scored["margins"])},
+                "dev": {**scored, "auroc_ci95": self._auroc_ci(dev, scored["margins"])},
                 "fit_sample": {k: own[k] for k in ("n", "accuracy", "ci95")} if own else None,
                 "loss_last_epoch": self._epoch_loss(so_far.losses, len(prompts), config.batch_size),
                 "eval_seconds": round(time.perf_counter() - start, 1),
