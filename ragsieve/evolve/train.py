@@ -111,6 +111,11 @@ class VerdictTrainer(ABC):
         rng = random.Random(self.config.seed)
         total_steps = self.config.epochs * -(-len(prompts) // self.config.batch_size)
         step = 0
+
+        def save() -> None:
+            result.seconds = prior_seconds + time.perf_counter() - start
+            checkpoint.save(model, optimizer, result)
+
         for epoch in range(1, self.config.epochs + 1):
             order = list(range(len(prompts)))
             rng.shuffle(order)  # drawn for every epoch, resumed or not, so the order is the same
@@ -132,15 +137,13 @@ class VerdictTrainer(ABC):
                 epoch_done = lo + self.config.batch_size >= len(order)
                 if (checkpoint is not None and step % checkpoint.every == 0 and step < total_steps
                         and not (epoch_done and on_epoch_end is not None)):  # saved after the hook instead
-                    result.seconds = prior_seconds + time.perf_counter() - start
-                    checkpoint.save(model, optimizer, result)
+                    save()
             if on_epoch_end is not None and step > resume_at:
                 model.eval()
                 on_epoch_end(epoch, result)
                 model.train()
                 if checkpoint is not None and step < total_steps:
-                    result.seconds = prior_seconds + time.perf_counter() - start
-                    checkpoint.save(model, optimizer, result)
+                    save()
         model.eval()
         result.seconds = prior_seconds + time.perf_counter() - start
         return result

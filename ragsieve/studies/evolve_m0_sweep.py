@@ -103,6 +103,7 @@ class EvolveM0Sweep:
         from ragsieve.evolve.train import trainer_class
         from ragsieve.models.training import TrainingCheckpoint
         from ragsieve.studies.evolve import score_examples
+        from ragsieve.studies.evolve_stats import m0_auroc
 
         ds = task.dataset
         path = self._cell(out_dir, ds, lr)
@@ -123,6 +124,7 @@ class EvolveM0Sweep:
         prompts = ranker.prompts(task.initial)
         labels = [x.label for x in task.initial]
         trainer = trainer_class("sft", config)(ranker.llm, ranker.tokens, config)
+        dev_ids, dev_queries = [x.id for x in dev], [x.query_id for x in dev]
 
         def on_epoch_end(epoch: int, so_far) -> None:
             if str(epoch) in epochs:
@@ -131,7 +133,8 @@ class EvolveM0Sweep:
             scored = score_examples(ranker, dev)
             own = score_examples(ranker, fit) if fit else None
             epochs[str(epoch)] = {
-                "dev": {**scored, "auroc_ci95": self._auroc_ci(dev, scored["margins"])},
+                "dev": {**scored, "auroc_ci95": m0_auroc({"test": scored, "test_ids": dev_ids,
+                                                          "test_query_ids": dev_queries})["ci95"]},
                 "fit_sample": {k: own[k] for k in ("n", "accuracy", "ci95")} if own else None,
                 "loss_last_epoch": self._epoch_loss(so_far.losses, len(prompts), config.batch_size),
                 "eval_seconds": round(time.perf_counter() - start, 1),
@@ -164,19 +167,9 @@ class EvolveM0Sweep:
         return round(sum(tail) / len(tail), 4) if tail else None
 
     @staticmethod
-    def _auroc_ci(dev, margins: list[float]) -> list[float] | None:
-        import numpy as np
-
-        from ragsieve.eval.stats import auroc_interval
-
-        out = auroc_interval(np.array([x.label for x in dev]), np.array(margins), np.array([x.query_id for x in dev]),
-                             n_boot=1000)
-        return [round(out["low"], 4), round(out["high"], 4)] if out["low"] is not None else None
-
-    @staticmethod
     def _summarise(cfg, ds: str, dev, runs: dict[float, dict]) -> dict[str, Any]:
         """The grid, the chosen recipe (best dev accuracy; ties → fewer epochs, then lower lr) and its paired test."""
-        from ragsieve.eval.stats import mcnemar_exact, verdict
+        from ragsieve.eval.stats import mcnemar_exact
 
         grid = []
         for lr, run in runs.items():
@@ -192,9 +185,8 @@ class EvolveM0Sweep:
         paired = None
         if configured is not None and configured is not best:
             m = mcnemar_exact([int(c) for c in best["correct"]], [int(c) for c in configured["correct"]])
-            diff = (m.a_correct - m.b_correct) / m.n
-            paired = {"n": m.n, "chosen_only": m.a_only, "configured_only": m.b_only, "difference": round(diff, 4),
-                      "p_value": float(f"{m.p_value:.3g}"), "verdict": verdict(m.p_value, diff)}
+            paired = {"n": m.n, "chosen_only": m.a_only, "configured_only": m.b_only, "difference": round(m.diff, 4),
+                      "p_value": float(f"{m.p_value:.3g}"), "verdict": m.verdict}
         chosen = {"lr": best["lr"], "epochs": best["epochs"]}
         override = {} if configured is best else {k: v for k, v in chosen.items() if v != getattr(base, k)}
         return {"dev": {"n": len(dev), "positives": sum(x.label for x in dev)},

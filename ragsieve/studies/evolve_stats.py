@@ -136,8 +136,9 @@ def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[st
     if a.get("test_ids") != b.get("test_ids") or not a.get("test_ids"):
         return None  # not the same examples: no paired test
     (last, ta), (_, tb) = round_tests(a, m0)[-1], round_tests(b, m0)[-1]
-    ca, cb = score_summary(correct_vector(ta)), score_summary(correct_vector(tb))
-    result = mcnemar_exact(correct_vector(ta), correct_vector(tb))
+    va, vb = correct_vector(ta), correct_vector(tb)
+    ca, cb = score_summary(va), score_summary(vb)
+    result = mcnemar_exact(va, vb)
     out = {
         "round": last, "n": result.n, "a": ca["accuracy"], "b": cb["accuracy"], "a_ci95": ca["ci95"],
         "b_ci95": cb["ci95"], "diff": round(result.diff, 4), "a_only": result.a_only, "b_only": result.b_only,
