@@ -29,7 +29,8 @@ At scale (``test_size`` > 0, issue #16; ``experiments/evolve_scale*.yaml``):
 * ``m0: mixed`` trains one M0 on the SFT sets of all datasets (each in its own template).
 * Cells resume mid-cell: each finished round writes ``cells/<dataset>/<cell>/round-<t>.json``
   (small, committable: metrics, pseudo-labels, the round's pairs) after its adapter is
-  saved to ``work/<dataset>/<cell>/round-<t>`` (git-ignored). A rerun rebuilds M_t from M0
+  saved to ``work/<dataset>/<cell>/round-<t>`` (git-ignored; M0 under ``work/<dataset>/m0`` is
+  committable, :data:`WORK_GITIGNORE`). A rerun rebuilds M_t from M0
   and those adapters and continues at round t + 1; a round whose adapter is missing (a
   fresh clone) is redone, with every round after it.
 * ``tau_sweep`` adds CautiousDPO cells with other confidence gates, like ``alpha_sweep``.
@@ -287,6 +288,12 @@ def _alpha_cell(cfg: EvolveExperimentConfig, alpha: float) -> str:
     return f"replay-dpo@{alpha:g}"
 
 
+# work/ holds adapters. Round adapters (≈ 20 MB each) stay ignored: they are dropped when their cell
+# finishes. M0 (one per dataset) and its verdicts on D_1 are committed: each session starts from a
+# fresh clone, and retraining three M0s would cost ≈ 45 min of every session of a multi-session run.
+WORK_GITIGNORE = "*\n!.gitignore\n!*/\n!*/m0/**\n!*/m0.json\n!*/m0_d1.json\n*.checkpoint/\n"
+
+
 class EvolveExperiment:
     """The experiment behind ``experiment: evolve``.
 
@@ -307,7 +314,7 @@ class EvolveExperiment:
             torch.set_num_threads(cfg.threads)
         work = out_dir / "work"
         work.mkdir(parents=True, exist_ok=True)
-        (work / ".gitignore").write_text("*\n")  # adapters are large and rebuilt on demand
+        (work / ".gitignore").write_text(WORK_GITIGNORE)
         # Built up front: a mixed M0 trains on every dataset's SFT set.
         tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
         sizes = {
