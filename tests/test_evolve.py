@@ -768,6 +768,25 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     again = experiments.run_experiment_file(cfg, overrides=overrides)
     assert again["by_dataset"] == metrics["by_dataset"]
 
+    # Records name the M0 weights they were scored with: a record older than that is re-scored and kept
+    # only if M0's verdicts come out the same; a record or cell of other weights stops the run.
+    record_path = out / "cells" / "pubmedqa" / "_m0.json"
+    weights = m0["m0_weights"]
+    assert weights and json.loads((out / "cells" / "pubmedqa" / "sft.json").read_text())["m0_weights"] == weights
+    legacy = {k: v for k, v in m0.items() if k != "m0_weights"}
+    record_path.write_text(json.dumps(legacy))
+    experiments.run_experiment_file(cfg, overrides=overrides)
+    assert json.loads(record_path.read_text())["m0_weights"] == weights
+    (out / "cells" / "pubmedqa" / "dpo.json").unlink()  # a pending cell: M0 is loaded and checked
+    record_path.write_text(json.dumps({**m0, "m0_weights": "retrained"}))
+    with pytest.raises(RagsieveError, match="scored with M0 weights retrained"):
+        experiments.run_experiment_file(cfg, overrides=overrides)
+    record_path.write_text(json.dumps(m0))
+    sft_path = out / "cells" / "pubmedqa" / "sft.json"
+    sft_path.write_text(json.dumps({**json.loads(sft_path.read_text()), "m0_weights": "retrained"}))
+    with pytest.raises(RagsieveError, match="started from M0 weights retrained"):
+        experiments.run_experiment_file(cfg, overrides=overrides)
+
 
 _CELL_KILL_SCRIPT = """
 import sys, time
@@ -899,13 +918,15 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
         "1" if c == "0" else "0" for c in mine["test"]["correct"])}}
     (tmp_path / "other" / "cells" / "pubmedqa").mkdir(parents=True)
     (tmp_path / "other" / "cells" / "pubmedqa" / "_m0.json").write_text(json.dumps(flipped))
-    # a record committed before margins were kept gets them on the next run (same verdicts, so same M0)
-    old = {**mine, "test": {k: v for k, v in mine["test"].items() if k not in ("margins", "auroc")}}
+    # a record committed before margins and weights were kept gets them on the next run (same verdicts)
+    old = {**{k: v for k, v in mine.items() if k != "m0_weights"},
+           "test": {k: v for k, v in mine["test"].items() if k not in ("margins", "auroc")}}
     (tmp_path / "cells" / "pubmedqa" / "_m0.json").write_text(json.dumps(old))
     again = EvolveExperiment().run(cfg.model_copy(update={"compare_m0_to": str(tmp_path / "other")}), tmp_path,
                                    Console(quiet=True))  # every cell is finished: only the metrics are redone
     restored = json.loads((tmp_path / "cells" / "pubmedqa" / "_m0.json").read_text())
     assert restored["test"]["margins"] == pytest.approx(mine["test"]["margins"], abs=1e-3)
+    assert restored["m0_weights"] == mine["m0_weights"]
     vs = again["m0_vs_other"]
     assert set(vs) == {"other", "pubmedqa"} and vs["pubmedqa"]["a_only"] + vs["pubmedqa"]["b_only"] == 6
     assert vs["pubmedqa"]["a"] == "mixed" and vs["pubmedqa"]["b"] == "per-dataset"

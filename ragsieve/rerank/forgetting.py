@@ -65,11 +65,12 @@ def heldout_queries(name: str, data_dir: str | Path | None = None, seed: int = 0
     return queries[:max_queries] if max_queries else queries
 
 
-def weights_key(folder: str | Path) -> str:
-    """A short key that changes with a model folder's weights (first MB + size of its safetensors)."""
-    f = Path(folder) / "model.safetensors"
+def weights_key(folder: str | Path, filename: str = "model.safetensors") -> str:
+    """A short key that changes with a model folder's weights (first MB + size of its safetensors;
+    ``filename="adapter_model.safetensors"`` for a PEFT adapter)."""
+    f = Path(folder) / filename
     if not f.is_file():
-        raise RagsieveError(f"{folder}: no model.safetensors to key the cached scores by")
+        raise RagsieveError(f"{folder}: no {filename} to key the scores made with it by")
     with f.open("rb") as fh:
         head = fh.read(1 << 20)
     return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -178,6 +179,14 @@ class EvolveExperimentConfig(StrictConfig):
 class M0:
     dir: Path  # the SFT adapter every cell of a dataset starts from
     info: dict
+
+    @cached_property
+    def weights(self) -> str:
+        """Which adapter this is. Records made with M0 carry it: retraining M0 from the same data and
+        seed does not reproduce it on CPU (FEVER, 1 → 2 threads: 35 of 300 test verdicts changed)."""
+        from ragsieve.rerank.forgetting import weights_key
+
+        return weights_key(self.dir, "adapter_model.safetensors")
 
 
 class IdentityTargets:
@@ -332,6 +341,7 @@ class EvolveExperiment:
             for cell in pending:
                 m0 = self._ensure_m0(cfg, tasks, ds, work, console)
                 m0_info[ds] = m0.info
+                self._check_same_m0([c for c in cells if c.dataset == ds and c not in pending], m0, out_dir)
                 base = self._m0_eval(cfg, task, m0, out_dir, console) if cfg.test_size else None
                 if cell.method.kind == "cautious-dpo" and judges is None:
                     judges = self._judges(cfg, task, console)
@@ -342,8 +352,8 @@ class EvolveExperiment:
             if ds not in m0_info and info.exists():
                 m0_info[ds] = json.loads(info.read_text())
                 record = out_dir / "cells" / ds / "_m0.json"
-                if cfg.test_size and folder.exists() and record.exists() and "margins" not in json.loads(
-                        record.read_text())["test"]:  # finished before margins were kept: add them from M0
+                if cfg.test_size and folder.exists() and record.exists() and "m0_weights" not in json.loads(
+                        record.read_text()):  # recorded before weights were: check against M0 and add them
                     self._m0_eval(cfg, task, M0(folder, m0_info[ds]), out_dir, console)
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
                 write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
@@ -451,19 +461,19 @@ class EvolveExperiment:
             ranker = self._ranker(cfg, task.dataset, adapters=[m0.dir])
             d1 = ranker.predict(task.rounds[0])
             write_json(cache, {"logp_true": d1.logp_true.tolist(), "logp_false": d1.logp_false.tolist()}, indent=None)
-        if path.exists():  # committed with the finished cells: keep it (a retrained M0 on another machine
-            base = json.loads(path.read_text())  # may differ in the last digits, the cells were scored against this)
+        if path.exists():  # committed with the finished cells: keep it, if made with this very M0
+            base = json.loads(path.read_text())
             same = base.get("m0") == cfg.m0 and base.get("m0_fingerprint", m0.info.get("fingerprint")) == m0.info.get(
                 "fingerprint") and base.get("test_ids") == [x.id for x in task.test]
             if not same:
                 raise RagsieveError(f"{path} was made with another M0 or test set; delete it or use another out_dir")
-            if "margins" not in base["test"]:  # recorded before margins were kept: add them, once
-                base = self._add_margins(cfg, task, m0, path, base, console, ranker)
+            if base.get("m0_weights") != m0.weights:
+                base = self._adopt_record(cfg, task, m0, path, base, console, ranker)
             return {**base, "d1": json.loads(cache.read_text())}
         start = time.perf_counter()
         ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
         base = {"dataset": task.dataset, "m0": cfg.m0, "m0_fingerprint": m0.info.get("fingerprint"),
-                "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
+                "m0_weights": m0.weights, "train": m0.info.get("train"), "test_ids": [x.id for x in task.test],
                 "test_query_ids": [x.query_id for x in task.test], "test": score_examples(ranker, task.test)}
         samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
         if samples:
@@ -474,22 +484,27 @@ class EvolveExperiment:
         console.print(f"  M0 on the test set: accuracy {t['accuracy']:.3f} {t['ci95']} (n={t['n']})")
         return {**base, "d1": json.loads(cache.read_text())}
 
-    def _add_margins(self, cfg, task, m0: "M0", path: Path, base: dict, console: Console, ranker) -> dict:
-        """Re-score M0 on the test set to add the verdict margins to a committed ``_m0.json``.
-
-        Only when the verdicts come out the same as the committed ones: a retrained M0 (another
-        machine) may differ in the last digits, and the cells were scored against the committed record.
-        """
+    def _adopt_record(self, cfg, task, m0: "M0", path: Path, base: dict, console: Console, ranker) -> dict:
+        """A committed ``_m0.json`` made with other or unrecorded M0 weights (an M0 retrained in a fresh
+        clone, or a record older than ``m0_weights``): re-score M0 on the test set and keep the record
+        only if every verdict comes out the same (then with the margins and weights it lacked).
+        Otherwise the dataset's records were scored against another M0: stop rather than mix them in."""
+        if base.get("m0_weights"):
+            raise RagsieveError(
+                f"{path} was scored with M0 weights {base['m0_weights']}, not {m0.dir}'s ({m0.weights}): restore "
+                f"that M0 (it is committed under work/) or move {path.parent} aside to redo the dataset")
         ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
         fresh = score_examples(ranker, task.test)
-        if fresh["pred"] != base["test"]["pred"]:
-            differ = sum(a != b for a, b in zip(fresh["pred"], base["test"]["pred"]))
-            console.print(f"  [yellow]M0's verdicts differ from {path} on {differ} test examples: margins not added")
-            return base
+        differ = sum(a != b for a, b in zip(fresh["pred"], base["test"]["pred"]))
+        if differ:
+            raise RagsieveError(
+                f"{path} was scored with another M0 ({differ} of {len(task.test)} test verdicts differ from "
+                f"{m0.dir}'s; a retrained M0 is not bitwise the same): move {path.parent} aside to redo the dataset")
         base["test"].update(auroc=fresh["auroc"], margins=fresh["margins"])
         base["test_query_ids"] = [x.query_id for x in task.test]
+        base["m0_weights"] = m0.weights
         write_json(path, base)
-        console.print(f"  M0's test margins added to {path.name}: AUROC {fresh['auroc']}")
+        console.print(f"  {path.name}: M0's test verdicts re-scored the same; its weights recorded")
         return base
 
     def _judges(self, cfg, task, console: Console):
@@ -540,6 +555,15 @@ class EvolveExperiment:
                 made = json.loads(path.read_text()).get("fingerprint")  # the small study's cells have none
                 if made and made != self._fingerprint(cfg, cell, task):
                     raise RagsieveError(f"{path} was made under other settings; delete it or use another out_dir")
+
+    def _check_same_m0(self, finished: list[Cell], m0: "M0", out_dir: Path) -> None:
+        """New cells are compared with the finished ones example by example: all must start from one M0."""
+        for cell in finished:
+            path = self._cell_path(out_dir, cell)
+            made = json.loads(path.read_text()).get("m0_weights")  # None: older than the field, see _adopt_record
+            if made and made != m0.weights:
+                raise RagsieveError(f"{path} started from M0 weights {made}, not {m0.dir}'s ({m0.weights}): "
+                                    f"restore that M0 or move {path.parent} aside to redo the dataset")
 
     def _finished_rounds(self, out_dir: Path, cell: Cell, fingerprint: str, rounds: int) -> list[dict]:
         """The longest prefix of rounds with a matching record and (if it trained) its adapter."""
@@ -627,7 +651,7 @@ class EvolveExperiment:
             )
         result: dict[str, Any] = {
             "dataset": cell.dataset, "cell": cell.name, "method": cell.method.model_dump(), "rounds": rounds,
-            "fingerprint": fingerprint,
+            "fingerprint": fingerprint, "m0_weights": m0.weights,
             "seconds": round(sum(r["seconds"]["total"] + r["seconds"].get("test", 0) for r in rounds), 1),
         }
         if cfg.test_size:
