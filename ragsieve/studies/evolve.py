@@ -457,10 +457,11 @@ class EvolveExperiment:
         path = out_dir / "cells" / task.dataset / "_m0.json"
         cache = out_dir / "work" / task.dataset / "m0_d1.json"  # M0's verdicts on D_1 (round 1's input)
         ranker = None
-        if not cache.exists():
+        if not cache.exists() or json.loads(cache.read_text()).get("m0_weights", m0.weights) != m0.weights:
             ranker = self._ranker(cfg, task.dataset, adapters=[m0.dir])
             d1 = ranker.predict(task.rounds[0])
-            write_json(cache, {"logp_true": d1.logp_true.tolist(), "logp_false": d1.logp_false.tolist()}, indent=None)
+            write_json(cache, {"m0_weights": m0.weights, "logp_true": d1.logp_true.tolist(),
+                               "logp_false": d1.logp_false.tolist()}, indent=None)
         if path.exists():  # committed with the finished cells: keep it, if made with this very M0
             base = json.loads(path.read_text())
             same = base.get("m0") == cfg.m0 and base.get("m0_fingerprint", m0.info.get("fingerprint")) == m0.info.get(
