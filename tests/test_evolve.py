@@ -796,7 +796,7 @@ from ragsieve.studies import runner
 write = ev.write_json
 def write_then_hang(path, data, indent=1):
     write(path, data, indent)
-    if path.name == "round-2.json":  # round 2 checkpointed, round 3 not started
+    if path.name == "round-2.json" and path.parent.name == "dpo":  # round 2 checkpointed, round 3 not started
         print("CHECKPOINTED", flush=True)
         time.sleep(600)
 ev.write_json = write_then_hang
@@ -811,10 +811,10 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     from ragsieve.evolve import methods
     from ragsieve.studies import runner
 
-    def config(out):
+    def config(out, methods="[dpo]"):
         path = tmp_path / f"{out.name}.yaml"
         path.write_text(
-            f"experiment: evolve\nout_dir: {out}\nparams:\n  datasets: [pubmedqa]\n  methods: [dpo]\n  rounds: 3\n"
+            f"experiment: evolve\nout_dir: {out}\nparams:\n  datasets: [pubmedqa]\n  methods: {methods}\n  rounds: 3\n"
             "  sizes: {initial: 8, per_round: 4}\n  test_size: 8\n  forgetting_per_split: 2\n"
             "  max_prompt_tokens: 300\n  m0_train: {lr: 1.0e-2, batch_size: 8}\n  train: {lr: 1.0e-2, batch_size: 4}\n"
             "  downstream: {enabled: false}\n  threads: 1\n"
@@ -824,7 +824,12 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": "1"}
-    _kill_at([sys.executable, "-c", _CELL_KILL_SCRIPT, str(config(killed)), str(tiny_llm_dir)], "CHECKPOINTED", env)
+    _kill_at([sys.executable, "-c", _CELL_KILL_SCRIPT, str(config(killed, "[sft-only, dpo]")), str(tiny_llm_dir)],
+             "CHECKPOINTED", env)
+    # the cell finished before the kill is already in metrics.json (committed part-way in a long run)
+    partial = json.loads((killed / "metrics.json").read_text())
+    assert partial["cells"] == {"finished": 1, "planned": 2} and set(partial["test_curves"]["pubmedqa"]) == {"sft-only"}
+    assert (killed / "accuracy_pubmedqa.png").exists()
     part = killed / "cells" / "pubmedqa" / "dpo"
     assert sorted(p.name for p in part.iterdir()) == ["round-1.json", "round-2.json"]
     assert (killed / "work" / "pubmedqa" / "dpo" / "round-2" / "adapter_config.json").exists()
@@ -840,7 +845,7 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     calls = []
     real_round = methods.evolve_round
     monkeypatch.setattr(methods, "evolve_round", lambda *a, **k: calls.append(k["round_id"]) or real_round(*a, **k))
-    resumed = runner.run_experiment_file(config(killed), overrides={"llm": str(tiny_llm_dir)})
+    resumed = runner.run_experiment_file(config(killed, "[sft-only, dpo]"), overrides={"llm": str(tiny_llm_dir)})
     assert calls == [3]  # rounds 1 and 2 came from their checkpoints
     calls.clear()
     fresh = runner.run_experiment_file(config(reference), overrides={"llm": str(tiny_llm_dir)})
@@ -849,7 +854,8 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     a, b = cell(killed), cell(reference)
     assert [r["test"]["correct"] for r in a["rounds"]] == [r["test"]["correct"] for r in b["rounds"]]
     assert [r["pairs"] for r in a["rounds"]] == [r["pairs"] for r in b["rounds"]]
-    assert resumed["test_curves"] == fresh["test_curves"]
+    assert resumed["test_curves"]["pubmedqa"]["dpo"] == fresh["test_curves"]["pubmedqa"]["dpo"]
+    assert resumed["cells"] == {"finished": 2, "planned": 2}
     assert not part.exists() and not (killed / "work" / "pubmedqa" / "dpo").exists()
 
 

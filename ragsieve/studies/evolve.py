@@ -348,6 +348,9 @@ class EvolveExperiment:
                 result = self._run_cell(cfg, cell, task, m0, base, judges or [], out_dir, console)
                 write_json(self._cell_path(out_dir, cell), result)
                 self._drop_partial(cfg, out_dir, cell)
+                # metrics.json and the plots follow every finished cell: a run spanning sessions is
+                # committed (and read) part-way
+                self._report(cfg, cells, out_dir, sizes, self._known_m0(cfg, work, m0_info), t0)
             folder, info = self._m0_paths(cfg, ds, work)
             if ds not in m0_info and info.exists():
                 m0_info[ds] = json.loads(info.read_text())
@@ -357,12 +360,30 @@ class EvolveExperiment:
                     self._m0_eval(cfg, task, M0(folder, m0_info[ds]), out_dir, console)
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
                 write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
+        metrics = self._report(cfg, cells, out_dir, sizes, m0_info, t0)
+        self._print(metrics, console)
+        console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
+        return metrics
+
+    def _known_m0(self, cfg, work: Path, m0_info: dict) -> dict:
+        """M0's training record for every dataset with an M0 so far (part-way: not only this run's)."""
+        known = {}
+        for ds in cfg.datasets:
+            info = self._m0_paths(cfg, ds, work)[1]
+            if ds in m0_info or info.exists():
+                known[ds] = m0_info.get(ds) or json.loads(info.read_text())
+        return known
+
+    def _report(self, cfg, cells: list[Cell], out_dir: Path, sizes: dict, m0_info: dict, t0: float) -> dict:
+        """metrics.json and the plots from the finished cells (all of them at the end of a run)."""
         metrics = self._aggregate(cfg, cells, out_dir, sizes, m0_info)
         metrics["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)
+        metrics["cells"] = {"finished": sum(self._cell_path(out_dir, c).exists() for c in cells), "planned": len(cells)}
         write_json(out_dir / "metrics.json", metrics)
         curves = metrics["test_curves"] if cfg.test_size else metrics["by_dataset"]
         for ds in cfg.datasets:
-            plot_accuracy_by_round(curves.get(ds, {}), out_dir / f"accuracy_{ds}.png", ds)
+            if curves.get(ds):  # part-way, a dataset not reached yet keeps its plot
+                plot_accuracy_by_round(curves[ds], out_dir / f"accuracy_{ds}.png", ds)
         for ds, by_alpha in metrics["alpha_sweep"].items():
             plot_accuracy_by_round({f"α = {a}": c for a, c in by_alpha.items()}, out_dir / f"alpha_sweep_{ds}.png",
                                    f"{ds}: ReplayDPO, share α of new pairs")
@@ -371,8 +392,6 @@ class EvolveExperiment:
                                    f"{ds}: CautiousDPO, confidence gate τ")
         for ds, by_variant in metrics["ablation"].items():
             plot_accuracy_by_round(by_variant, out_dir / f"ablation_{ds}.png", f"{ds}: CautiousDPO variants")
-        self._print(metrics, console)
-        console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
         return metrics
 
     # -- pieces -------------------------------------------------------------------
