@@ -239,9 +239,9 @@ def test_verdict_dpo_loss_formula_and_doc_example():
     from ragsieve.evolve import verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
     from ragsieve.models import training, verdict
-    from ragsieve.studies import evolve_stats
+    from ragsieve.studies import evolve_stats, evolve_tables
 
-    for module in (verdict_dpo, verdict, training, evolve_stats):
+    for module in (verdict_dpo, verdict, training, evolve_stats, evolve_tables):
         assert doctest.testmod(module).failed == 0
     out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                            torch.tensor([-1.5, -2.0]), beta=0.5)
@@ -763,6 +763,13 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     assert (out / "accuracy_pubmedqa.png").stat().st_size > 0
     assert (out / "alpha_sweep_pubmedqa.png").stat().st_size > 0 and (out / "ablation_pubmedqa.png").stat().st_size > 0
     assert json.loads((out / "metrics.json").read_text())["sizes"]["pubmedqa"]["initial"]["n"] == 8
+    tables = (out / "TABLES.md").read_text()  # generated with metrics.json: every section of the study
+    for heading in ("## M0 on the test set", "### pubmedqa", "## Paired comparisons on the last round",
+                    "## The issue's targets", "### ReplayDPO: share α of new pairs, pubmedqa",
+                    "### CautiousDPO: gate τ, pubmedqa", "### CautiousDPO variants, pubmedqa",
+                    "## Accepted pseudo-labels per round", "## Forgetting", "## Downstream QA"):
+        assert heading in tables
+    assert "| pubmedqa | replay-dpo vs dpo | 8 |" in tables
 
     monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))
     again = experiments.run_experiment_file(cfg, overrides=overrides)

@@ -380,6 +380,10 @@ class EvolveExperiment:
         metrics["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)
         metrics["cells"] = {"finished": sum(self._cell_path(out_dir, c).exists() for c in cells), "planned": len(cells)}
         write_json(out_dir / "metrics.json", metrics)
+        if cfg.test_size:
+            from ragsieve.studies.evolve_tables import markdown_tables
+
+            (out_dir / "TABLES.md").write_text(markdown_tables(metrics))
         curves = metrics["test_curves"] if cfg.test_size else metrics["by_dataset"]
         for ds in cfg.datasets:
             if curves.get(ds):  # part-way, a dataset not reached yet keeps its plot

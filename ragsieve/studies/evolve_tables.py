@@ -1,0 +1,160 @@
+"""``TABLES.md`` of the evolving-reranker study at scale: ``metrics.json`` as markdown tables.
+
+Written next to ``metrics.json`` after every finished cell, so the numbers a README quotes are
+generated, never copied by hand, and a run spanning sessions can be read part-way. Pure
+formatting: every figure is already in ``metrics.json`` (:mod:`ragsieve.studies.evolve_stats`).
+
+Example::
+
+    >>> m = {"cells": {"finished": 1, "planned": 2}, "m0_test": {}, "test_curves": {"fever": {"sft-only": [
+    ...     {"round": 0, "n": 300, "accuracy": 0.6667, "ci95": [0.6115, 0.7176], "auroc": 0.72, "positive_rate": 0.75}]}}}
+    >>> print(markdown_tables(m).splitlines()[0])
+    # Evolving reranker at scale: tables generated from metrics.json (1 of 2 cells finished)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def _ci(ci) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+
+
+def _num(x, digits: int = 3) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _source(d) -> str:
+    """``{"n": 12, "accuracy": 0.75, ...}`` → ``12 (0.75)``."""
+    if not d:
+        return ""
+    return f"{d['n']} ({d['accuracy']:.2f})" if d.get("accuracy") is not None else str(d["n"])
+
+
+def _p(p) -> str:
+    if p is None:
+        return ""
+    return f"{p:.2g}" if p >= 1e-4 else "< 1e-4"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _curves(title: str, curves: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+    """One row per method (or variant): accuracy of M_t after each round, the last with its interval."""
+    if not curves:
+        return []
+    rounds = max(len(c) for c in curves.values())
+    header = ["", *[("M0" if t == 0 else f"M_{t}") for t in range(rounds)],
+              "last: 95 % CI", "last: AUROC", "last: share called \"true\""]
+    rows = []
+    for name, curve in curves.items():
+        last = curve[-1]
+        rows.append([name, *[f"{r['accuracy']:.3f}" for r in curve], *[""] * (rounds - len(curve)),
+                     _ci(last.get("ci95")), _num(last.get("auroc")), _num(last.get("positive_rate"), 2)])
+    return [f"### {title}", "", *_table(header, rows)]
+
+
+def markdown_tables(metrics: Mapping[str, Any]) -> str:
+    """The study's tables: test curves, paired tests, targets, sweeps, pseudo-labels, forgetting, QA."""
+    cells = metrics.get("cells", {})
+    lines = [f"# Evolving reranker at scale: tables generated from metrics.json "
+             f"({cells.get('finished', '?')} of {cells.get('planned', '?')} cells finished)", "",
+             "Accuracy on each dataset's fixed test set (n per row in metrics.json → test_curves), Wilson 95 % "
+             "intervals; AUROC ranks by the verdict margin. Paired: exact McNemar on the same test examples "
+             "(right only with A / only with B) and a paired bootstrap over queries for AUROC.", ""]
+    m0 = metrics.get("m0_test", {})
+    if m0:
+        lines += ["## M0 on the test set", ""]
+        lines += _table(["dataset", "n", "accuracy [95 % CI]", "vs chance", "p (binomial)", "AUROC [95 % CI]"], [
+            [ds, s["n"], f"{s['accuracy']:.3f} {_ci(s['ci95'])}", f"{s['above_chance_pp']:+.1f} pp",
+             _p(s["p_value_vs_chance"]),
+             f"{s['auroc']['auroc']:.3f} {_ci(s['auroc']['ci95'])}" if s.get("auroc") else ""]
+            for ds, s in m0.items()])
+    lines += ["## Test accuracy after each round", ""]
+    for ds, curves in metrics.get("test_curves", {}).items():
+        lines += _curves(ds, curves)
+    paired = metrics.get("paired", {})
+    if paired:
+        lines += ["## Paired comparisons on the last round", ""]
+        rows = []
+        for ds, tests in paired.items():
+            for name, r in tests.items():
+                if not r:
+                    continue
+                auc = r.get("auroc") or {}
+                rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}", f"{r['diff']:+.3f}",
+                             f"{r['a_only']} vs {r['b_only']}", _p(r["p_value"]), r["verdict"],
+                             f"{auc['diff']:+.3f} [{auc['low']:+.3f}, {auc['high']:+.3f}], p {_p(auc['p_value'])}"
+                             if auc else ""])
+        lines += _table(["dataset", "A vs B", "n", "accuracy", "diff", "only A / only B right", "p (McNemar)",
+                         "verdict", "AUROC diff [95 % CI]"], rows)
+    targets = metrics.get("scale_targets")
+    if targets:
+        lines += ["## The issue's targets", ""]
+        m = targets["m0_above_chance_plus_10pp"]
+        r = targets["replay_ge_dpo_last_round"]
+        c = targets["cautious_gt_sft_only"]
+        lines += _table(["target", "per dataset", "met"], [
+            ["M0 ≥ chance + 10 pp", ", ".join(f"{ds} {s['accuracy']:.3f}" for ds, s in m["per_dataset"].items()),
+             f"{m['hits']} of {len(m['per_dataset'])} (needs {m['needed']}): {m['met']}"],
+            ["ReplayDPO ≥ DPO, last round",
+             ", ".join(f"{ds} {s['diff']:+.3f} (p {_p(s['p_value'])})" for ds, s in r["per_dataset"].items()),
+             r["met"] if r["per_dataset"] else "not run yet"],
+            ["CautiousDPO > SFT-only, last round",
+             ", ".join(f"{ds} {s['diff']:+.3f} (p {_p(s['p_value'])})" for ds, s in c["per_dataset"].items()),
+             f"{c['wins']} of {len(c['per_dataset'])} (needs {c['needed']}; {c['significant_wins']} with p < 0.05): "
+             f"{c['met']}" if c["per_dataset"] else "not run yet"],
+        ])
+    for key, title in (("alpha_sweep", "ReplayDPO: share α of new pairs"), ("tau_sweep", "CautiousDPO: gate τ"),
+                       ("ablation", "CautiousDPO variants")):
+        for ds, curves in metrics.get(key, {}).items():
+            lines += _curves(f"{title}, {ds}", curves)
+    labels = metrics.get("pseudo_labels", {})
+    if labels:
+        lines += ["## Accepted pseudo-labels per round (CautiousDPO cells)", "",
+                  "Accepted of the round's new examples; their accuracy against the gold labels (hidden from the "
+                  "method); the share labelled \"true\" among them, and the share that is \"true\" by gold; who "
+                  "labelled them (self: M_{t-1} confident ≥ τ; else the jury); the share M_{t-1} called \"true\" on "
+                  "the round. A collapse shows as a share \"true\" near 0 or 1 while the gold share stays near 0.5.",
+                  ""]
+        rows = []
+        for ds, by_cell in labels.items():
+            for name, per_round in by_cell.items():
+                for r in per_round:
+                    acc = r.get("accepted") or 0
+                    share = (lambda k: f"{r[k] / acc:.2f}" if acc and r.get(k) is not None else "")  # noqa: E731
+                    rows.append([ds, name, r["round"], f"{acc} of {r.get('n')}", _num(r.get("accuracy")),
+                                 share("accepted_true"), share("gold_true"), _source(r.get("self")),
+                                 _source(r.get("jury")), _num(r.get("model_positive_rate"), 2)])
+        lines += _table(["dataset", "cell", "round", "accepted", "accuracy", "share \"true\"", "gold share \"true\"",
+                         "self: n (accuracy)", "jury: n (accuracy)", "M_{t-1} share \"true\""], rows)
+    forgetting = metrics.get("forgetting", {})
+    if forgetting:
+        lines += ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", ""]
+        rows = []
+        for ds, by_method in forgetting.items():
+            for name, curve in by_method.items():
+                last = curve[-1]
+                rows.append([ds, name, last["round"],
+                             f"{last['seen']['accuracy']:.3f} {_ci(last['seen']['ci95'])} (n {last['seen']['n']})",
+                             f"{last['earlier']['accuracy']:.3f} {_ci(last['earlier']['ci95'])}"
+                             if last["earlier"]["accuracy"] is not None else ""])
+        lines += _table(["dataset", "method", "round", "all splits seen", "splits before the last"], rows)
+    qa = metrics.get("downstream_stats") or {}
+    if qa.get("intervals"):
+        lines += [f"## Downstream QA (HotpotQA), paired bootstrap against {qa.get('vs')}", ""]
+        rows = []
+        for name, s in qa["intervals"].items():
+            vs = qa.get("paired", {}).get(name, {})
+            rows.append([name, s["n"], *[f"{s[k]['mean']:.3f} [{s[k]['low']:.3f}, {s[k]['high']:.3f}]"
+                                         for k in ("em", "f1", "containment")],
+                         "; ".join(f"{k} {vs[k]['diff']:+.3f} p {_p(vs[k]['p_value'])}" for k in ("f1", "containment")
+                                   if k in vs)])
+        lines += _table(["context", "n", "EM", "F1", "containment", f"vs {qa.get('vs')}"], rows)
+    return "\n".join(lines).rstrip() + "\n"
