@@ -237,7 +237,11 @@ def test_grade_and_rerank_stream_to_out_and_resume(tmp_path, cli):
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:1]) + "\n" + lines[1][:10])  # as a kill mid-write leaves it
     again = cli("grade", "who is the author of hamlet", "-p", passages, "-g", tmp_path / "grader", "--json", "--out", out)
-    assert again.code == 0 and again.out == first.out
+    assert again.code == 0
+    # the rerun scores only the 2 missing rows, in a batch of another shape: equal up to float rounding
+    rows = lambda out: [json.loads(x) for x in out.splitlines()]  # noqa: E731
+    assert [(r["id"], r["relevant"]) for r in rows(again.out)] == [(r["id"], r["relevant"]) for r in rows(first.out)]
+    assert [r["score"] for r in rows(again.out)] == pytest.approx([r["score"] for r in rows(first.out)], abs=1e-6)
 
     ranked = tmp_path / "ranked.jsonl"
     result = cli("rerank", "who is the author of hamlet", "-p", passages, "-r", "bm25", "--json", "--out", ranked)

@@ -47,6 +47,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def _curves(title: str, curves: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
     """One row per method (or variant): accuracy of M_t after each round, the last with its interval."""
+    curves = {name: c for name, c in curves.items() if c}
     if not curves:
         return []
     rounds = max(len(c) for c in curves.values())
@@ -140,6 +141,8 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
         rows = []
         for ds, by_method in forgetting.items():
             for name, curve in by_method.items():
+                if not curve:  # forgetting_per_split: 0
+                    continue
                 last = curve[-1]
                 rows.append([ds, name, last["round"],
                              f"{last['seen']['accuracy']:.3f} {_ci(last['seen']['ci95'])} (n {last['seen']['n']})",
