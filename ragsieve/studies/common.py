@@ -46,10 +46,14 @@ def metrics_table(title: str, rows: dict[str, dict[str, float]], columns: Sequen
 
 def markdown_table(rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> str:
     """The same table as Markdown, for READMEs."""
-    lines = [f"| {first} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, m in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{m[c]:.3f}" for c in columns) + " |")
-    return "\n".join(lines)
+    return "\n".join(markdown_rows([first, *columns],
+                                   [[name, *(f"{m[c]:.3f}" for c in columns)] for name, m in rows.items()]))
+
+
+def markdown_rows(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A Markdown table's lines from cells already formatted (``None`` → empty)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
 
 
 def write_json(path: Path, data: Any, indent: int = 1) -> None:

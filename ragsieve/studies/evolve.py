@@ -331,18 +331,24 @@ class EvolveExperiment:
                  "held_out_questions": len(t.held_out_query_ids)}
             for ds, t in tasks.items()
         }
-        m0_info: dict[str, Any] = {}
         self._generator = self._hotpot = None
         for ds, task in tasks.items():
-            self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
-            pending = [c for c in cells if c.dataset == ds and not self._cell_path(out_dir, c).exists()]
+            ds_cells = [c for c in cells if c.dataset == ds]
+            self._check_finished(cfg, ds_cells, task, out_dir)
+            pending = [c for c in ds_cells if not self._cell_path(out_dir, c).exists()]
             console.print(f"[bold]{ds}[/]: {len(pending)} cell(s) to run, sizes {task.sizes()}")
+            folder, info = self._m0_paths(cfg, ds, work)
+            record = out_dir / "cells" / ds / "_m0.json"
+            base = None
+            if pending:  # M0 once per dataset, shared by its cells
+                m0 = self._ensure_m0(cfg, tasks, ds, work, console)
+                self._check_same_m0([c for c in ds_cells if c not in pending], m0, out_dir)
+                base = self._m0_eval(cfg, task, m0, out_dir, console) if cfg.test_size else None
+            elif cfg.test_size and folder.exists() and info.exists() and record.exists() and "m0_weights" not in \
+                    json.loads(record.read_text()):  # recorded before weights were: check against M0 and add them
+                self._m0_eval(cfg, task, M0(folder, json.loads(info.read_text())), out_dir, console)
             judges = None
             for cell in pending:
-                m0 = self._ensure_m0(cfg, tasks, ds, work, console)
-                m0_info[ds] = m0.info
-                self._check_same_m0([c for c in cells if c.dataset == ds and c not in pending], m0, out_dir)
-                base = self._m0_eval(cfg, task, m0, out_dir, console) if cfg.test_size else None
                 if cell.method.kind == "cautious-dpo" and judges is None:
                     judges = self._judges(cfg, task, console)
                 result = self._run_cell(cfg, cell, task, m0, base, judges or [], out_dir, console)
@@ -350,33 +356,22 @@ class EvolveExperiment:
                 self._drop_partial(cfg, out_dir, cell)
                 # metrics.json and the plots follow every finished cell: a run spanning sessions is
                 # committed (and read) part-way
-                self._report(cfg, cells, out_dir, sizes, self._known_m0(cfg, work, m0_info), t0)
-            folder, info = self._m0_paths(cfg, ds, work)
-            if ds not in m0_info and info.exists():
-                m0_info[ds] = json.loads(info.read_text())
-                record = out_dir / "cells" / ds / "_m0.json"
-                if cfg.test_size and folder.exists() and record.exists() and "m0_weights" not in json.loads(
-                        record.read_text()):  # recorded before weights were: check against M0 and add them
-                    self._m0_eval(cfg, task, M0(folder, m0_info[ds]), out_dir, console)
+                self._report(cfg, cells, out_dir, sizes, t0)
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
                 write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
-        metrics = self._report(cfg, cells, out_dir, sizes, m0_info, t0)
+        metrics = self._report(cfg, cells, out_dir, sizes, t0)
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
         return metrics
 
-    def _known_m0(self, cfg, work: Path, m0_info: dict) -> dict:
-        """M0's training record for every dataset with an M0 so far (part-way: not only this run's)."""
-        known = {}
-        for ds in cfg.datasets:
-            info = self._m0_paths(cfg, ds, work)[1]
-            if ds in m0_info or info.exists():
-                known[ds] = m0_info.get(ds) or json.loads(info.read_text())
-        return known
+    def _known_m0(self, cfg, work: Path) -> dict:
+        """M0's training record (``m0.json``) for every dataset with an M0 so far, this run's or earlier."""
+        paths = {ds: self._m0_paths(cfg, ds, work)[1] for ds in cfg.datasets}
+        return {ds: json.loads(path.read_text()) for ds, path in paths.items() if path.exists()}
 
-    def _report(self, cfg, cells: list[Cell], out_dir: Path, sizes: dict, m0_info: dict, t0: float) -> dict:
+    def _report(self, cfg, cells: list[Cell], out_dir: Path, sizes: dict, t0: float) -> dict:
         """metrics.json and the plots from the finished cells (all of them at the end of a run)."""
-        metrics = self._aggregate(cfg, cells, out_dir, sizes, m0_info)
+        metrics = self._aggregate(cfg, cells, out_dir, sizes, self._known_m0(cfg, out_dir / "work"))
         metrics["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)
         metrics["cells"] = {"finished": sum(self._cell_path(out_dir, c).exists() for c in cells), "planned": len(cells)}
         write_json(out_dir / "metrics.json", metrics)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ragsieve.studies.common import markdown_rows
+
 
 def _ci(ci) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
@@ -40,9 +42,7 @@ def _p(p) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
-    return out + [""]
+    return [*markdown_rows(header, rows), ""]  # a blank line before what follows
 
 
 def _curves(title: str, curves: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
