@@ -707,7 +707,7 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
 def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
     """experiments/evolve_smoke.yaml with the tiny LLM: every output key, plots, per-cell resume."""
     from ragsieve.studies import runner as experiments
-    from ragsieve.studies.evolve import EvolveExperiment
+    from ragsieve.studies.evolve import PAIRED_TESTS, EvolveExperiment
     out = tmp_path / "out"
     cfg = tmp_path / "evolve_smoke.yaml"
     raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()
@@ -736,9 +736,11 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     test_curve = metrics["test_curves"]["pubmedqa"]["dpo"]
     assert [r["round"] for r in test_curve] == [0, 1, 2] and all(r["n"] == 8 and r["ci95"] for r in test_curve)
     assert all("auroc" in r for r in test_curve)
+    assert set(metrics["paired"]["pubmedqa"]) == {f"{a} vs {b}" for a, b in PAIRED_TESTS}
     for name in ("replay-dpo vs dpo", "cautious-dpo vs sft-only"):
         paired = metrics["paired"]["pubmedqa"][name]
         assert paired["n"] == 8 and 0 <= paired["p_value"] <= 1 and paired["verdict"]
+        assert paired["p_value"] <= paired["p_holm"] <= 1 and paired["holm_family"] == len(PAIRED_TESTS)
         assert paired["a_only"] + paired["b_only"] <= 8
         assert {"diff", "low", "high", "p_value"} <= set(paired["auroc"])  # the ranking view, paired
     targets = metrics["scale_targets"]
@@ -769,7 +771,7 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
                     "### CautiousDPO: gate τ, pubmedqa", "### CautiousDPO variants, pubmedqa",
                     "## Accepted pseudo-labels per round", "## Forgetting", "## Downstream QA"):
         assert heading in tables
-    assert "| pubmedqa | replay-dpo vs dpo | 8 |" in tables
+    assert "| pubmedqa | replay-dpo vs dpo | 8 |" in tables and "p (Holm)" in tables
 
     monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))
     again = experiments.run_experiment_file(cfg, overrides=overrides)

@@ -8,6 +8,7 @@ covers 0 (or whose p ≥ 0.05) is reported as "no measurable difference", never 
 * :func:`paired_bootstrap` — the difference of two methods on the same examples, its interval and p;
 * :func:`mcnemar_exact` — the exact McNemar test for two classifiers' right/wrong on the same examples;
 * :func:`verdict` — the words a README uses for a difference;
+* :func:`holm` — Holm's step-down adjustment of a family of p-values (several tests on one test set);
 * :func:`auroc_interval` / :func:`auroc_difference` — AUROC and a paired AUROC difference, bootstrapped
   over whole groups (questions), since a question's examples are not independent.
 
@@ -166,6 +167,20 @@ def verdict(p_value: float, diff: float, low: float | None = None, high: float |
     if p_value >= alpha or (low is not None and high is not None and low <= 0 <= high) or diff == 0:
         return "no measurable difference"
     return "A better" if diff > 0 else "B better"
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the input order: controls the chance of any false "A better" in the family.
+
+    >>> holm([0.01, 0.04, 0.03])
+    [0.03, 0.06, 0.06]
+    """
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))  # step-down: never below a smaller p's
+        adjusted[i] = round(running, 12)
+    return adjusted
 
 
 def bootstrap_metric(

@@ -61,8 +61,10 @@ DOWNSTREAM_DATASET = "hotpotqa-distractor"
 MAIN_METHODS = ("sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo")
 # The issue's paired comparisons (A vs B, exact McNemar on the last round's test outcomes),
 # plus the SFT-vs-DPO and replay-vs-SFT contrasts that explain them.
+# The issue's two comparisons first; then each method against the frozen-M0 reference (sft-only) and
+# DPO against SFT on the same rounds' data, so a claim like "DPO beats M0" carries its own p-value.
 PAIRED_TESTS = (("replay-dpo", "dpo"), ("cautious-dpo", "sft-only"), ("dpo", "sft"), ("sft", "sft-only"),
-                ("replay-dpo", "sft-only"))
+                ("dpo", "sft-only"), ("replay-dpo", "sft-only"))
 # CautiousDPO variants run on `ablation_datasets`: two ablations and the collapse guard.
 ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanced": {"balance": True}}
 
@@ -852,6 +854,7 @@ class EvolveExperiment:
                 if (ds, a) in results and (ds, b) in results:
                     paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(
                         results[(ds, a)], results[(ds, b)], base[ds])
+            st.add_holm(paired.get(ds, {}))
         out = {
             "test_curves": test_curves, "forgetting": forgetting, "m0_test": m0_stats, "paired": paired,
             "scale_targets": st.scale_targets(m0_stats, paired),

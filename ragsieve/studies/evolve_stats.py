@@ -150,6 +150,19 @@ def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[st
     return out
 
 
+def add_holm(tests: dict[str, dict | None]) -> None:
+    """Holm-adjust a dataset's paired accuracy tests in place (``p_holm``, ``verdict_holm``).
+
+    The issue's two comparisons are stated in advance; the rest are read together, so a single
+    p < 0.05 among several tests on one test set is not taken as a win on its own.
+    """
+    from ragsieve.eval.stats import holm, verdict
+
+    done = {name: r for name, r in tests.items() if r}
+    for (name, r), p in zip(done.items(), holm([r["p_value"] for r in done.values()])):
+        r.update(p_holm=p, holm_family=len(done), verdict_holm=verdict(p, r["diff"]))
+
+
 def paired_auroc(a: Mapping[str, Any], b: Mapping[str, Any], groups: list[str], n_boot: int = 1000) -> dict | None:
     """AUROC(A) − AUROC(B) of two evaluations of the same examples, paired bootstrap over whole queries
     (None unless both kept their margins)."""

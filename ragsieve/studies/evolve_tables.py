@@ -91,10 +91,14 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                 auc = r.get("auroc") or {}
                 rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}", f"{r['diff']:+.3f}",
                              f"{r['a_only']} vs {r['b_only']}", _p(r["p_value"]), r["verdict"],
+                             _p(r["p_holm"]) if "p_holm" in r else "", r.get("verdict_holm", ""),
                              f"{auc['diff']:+.3f} [{auc['low']:+.3f}, {auc['high']:+.3f}], p {_p(auc['p_value'])}"
                              if auc else ""])
+        lines += ["Holm: the McNemar p adjusted over the dataset's paired tests (the issue states two of them in "
+                  "advance, ReplayDPO vs DPO and CautiousDPO vs SFT-only; read the others through the Holm column).",
+                  ""]
         lines += _table(["dataset", "A vs B", "n", "accuracy", "diff", "only A / only B right", "p (McNemar)",
-                         "verdict", "AUROC diff [95 % CI]"], rows)
+                         "verdict", "p (Holm)", "verdict (Holm)", "AUROC diff [95 % CI]"], rows)
     targets = metrics.get("scale_targets")
     if targets:
         lines += ["## The issue's targets", ""]
