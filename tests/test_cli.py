@@ -39,6 +39,21 @@ def test_demo_config_with_wrong_key(tmp_path, cli):
     assert "unknown key 'n_question'" in r.err
 
 
+def test_report_only_is_refused_in_one_line_where_there_is_nothing_to_report(tmp_path, cli):
+    """`ragsieve run --report-only`: an experiment without a report mode, or no out_dir yet, is a one-line error."""
+    probe = tmp_path / "probe.yaml"
+    probe.write_text(f"experiment: probe_nq\nout_dir: {tmp_path / 'probe'}\n")
+    r = cli(*["run", str(probe), "--report-only"])
+    assert r.code == 2, r.err
+    assert r.err.strip().startswith("error: experiment 'probe_nq' has no report-only mode") and "\n" not in r.err.strip()
+    evolve = tmp_path / "evolve.yaml"
+    evolve.write_text(f"experiment: evolve\nout_dir: {tmp_path / 'never-run'}\n")
+    r = cli(*["run", str(evolve), "--report-only"])
+    assert r.code == 2, r.err
+    assert "never-run does not exist: nothing to report yet" in r.err
+    assert not (tmp_path / "never-run").exists()  # refused before anything is written
+
+
 @requires_data
 def test_index_retrieve_ask_end_to_end(tmp_path, cli, tiny_llm_dir):
     """BM25 index over a real pool, retrieval as JSON, and `ask` with a tiny LLM."""

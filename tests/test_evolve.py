@@ -772,10 +772,36 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
                     "## Accepted pseudo-labels per round", "## Forgetting", "## Downstream QA"):
         assert heading in tables
     assert "| pubmedqa | replay-dpo vs dpo | 8 |" in tables and "p (Holm)" in tables
+    # every sweep cell is paired with its reference cells (SWEEP_REFERENCES), Holm within each sweep
+    sweeps = metrics["sweep_paired"]
+    assert set(sweeps["alpha_sweep"]["pubmedqa"]) == {"0.5 vs dpo", "0.7 vs dpo"}
+    assert set(sweeps["tau_sweep"]["pubmedqa"]) == {"0.8 vs cautious-dpo", "0.8 vs sft-only", "0.9 vs sft-only"}
+    assert set(sweeps["ablation"]["pubmedqa"]) == {f"{v} vs {ref}" for v in ("no-gating", "no-jury", "balanced")
+                                                   for ref in ("cautious-dpo", "sft-only")} | {"cautious-dpo vs sft-only"}
+    assert all(r["n"] == 8 and r["holm_family"] == 7 for r in sweeps["ablation"]["pubmedqa"].values())
+    assert tables.count("Paired on the last round (p (Holm) over these") == 3
+    assert "| pubmedqa | 0.5 vs dpo | 8 |" in tables
 
     monkeypatch.setattr(EvolveExperiment, "_run_cell", lambda *a, **k: pytest.fail("finished cells must be skipped"))
     again = experiments.run_experiment_file(cfg, overrides=overrides)
     assert again["by_dataset"] == metrics["by_dataset"]
+    # --report-only rebuilds the report from the finished cells and runs nothing, even with cells pending
+    (out / "metrics.json").unlink()
+    (out / "TABLES.md").unlink()
+    dpo_cell = (out / "cells" / "pubmedqa" / "dpo.json").read_bytes()
+    (out / "cells" / "pubmedqa" / "dpo.json").unlink()
+    ensure_m0 = EvolveExperiment._ensure_m0
+    monkeypatch.setattr(EvolveExperiment, "_ensure_m0", lambda *a, **k: pytest.fail("report-only trains nothing"))
+    report = experiments.run_experiment_file(cfg, overrides=overrides, report_only=True)
+    assert report["cells"]["finished"] == metrics["cells"]["finished"] - 1
+    assert "dpo" not in report["test_curves"]["pubmedqa"]
+    assert "alpha_sweep" not in report["sweep_paired"]  # every α is paired with DPO, which is pending
+    assert json.loads((out / "metrics.json").read_text())["cells"] == report["cells"] and (out / "TABLES.md").exists()
+    (out / "cells" / "pubmedqa" / "dpo.json").write_bytes(dpo_cell)
+    report = experiments.run_experiment_file(cfg, overrides=overrides, report_only=True)
+    same = lambda key: json.dumps(report[key], sort_keys=True) == json.dumps(metrics[key], sort_keys=True)  # noqa: E731
+    assert same("sweep_paired") and same("paired")  # (as JSON: a NaN equals itself there)
+    monkeypatch.setattr(EvolveExperiment, "_ensure_m0", ensure_m0)
 
     # Records name the M0 weights they were scored with: a record older than that is re-scored and kept
     # only if M0's verdicts come out the same; a record or cell of other weights stops the run.

@@ -23,9 +23,14 @@ def demo_cmd(
 
 
 @app.command("run")
-def run_cmd(config: Path = typer.Argument(..., help="Experiment YAML (see experiments/).")) -> None:
+def run_cmd(
+    config: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    report_only: bool = typer.Option(
+        False, "--report-only", help="Rebuild metrics.json, tables and plots from the results already in out_dir; "
+        "train and score nothing (experiments that resume per cell, e.g. evolve)."),
+) -> None:
     """Run an experiment config end to end and write its results."""
     from ragsieve.studies.runner import run_experiment_file
 
-    run_experiment_file(config, console)
+    run_experiment_file(config, console, report_only=report_only)
 

@@ -67,6 +67,11 @@ PAIRED_TESTS = (("replay-dpo", "dpo"), ("cautious-dpo", "sft-only"), ("dpo", "sf
                 ("dpo", "sft-only"), ("replay-dpo", "sft-only"))
 # CautiousDPO variants run on `ablation_datasets`: two ablations and the collapse guard.
 ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanced": {"balance": True}}
+# Each sweep's cells are paired (same test examples, last round) with these reference cells: α < 1
+# with DPO (α = 1, no replay); a τ or a CautiousDPO variant with the main CautiousDPO cell and with
+# the frozen M0 (the issue's CautiousDPO target), so "the gate / the jury / balancing matters" is a test.
+SWEEP_REFERENCES = {"alpha_sweep": ("dpo",), "tau_sweep": ("cautious-dpo", "sft-only"),
+                    "ablation": ("cautious-dpo", "sft-only")}
 
 
 class RoundSizes(StrictConfig):
@@ -299,6 +304,17 @@ def _alpha_cell(cfg: EvolveExperimentConfig, alpha: float) -> str:
     return f"replay-dpo@{alpha:g}"
 
 
+def sweep_cells(cfg: EvolveExperimentConfig) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Sweep → dataset → [(label, cell name)]: the cells behind each sweep's curves and paired tests."""
+    return {
+        "alpha_sweep": {ds: [(f"{a:g}", _alpha_cell(cfg, a)) for a in cfg.alpha_sweep]
+                        for ds in cfg.alpha_sweep_datasets},
+        "tau_sweep": {ds: [(f"{t:g}", _tau_cell(cfg, t)) for t in cfg.tau_sweep] for ds in cfg.tau_sweep_datasets},
+        "ablation": {ds: [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in ABLATIONS]
+                     for ds in cfg.ablation_datasets},
+    }
+
+
 # work/ holds adapters. Round adapters (≈ 20 MB each) stay ignored: they are dropped when their cell
 # finishes. M0 (one per dataset) and its verdicts on D_1 are committed: each session starts from a
 # fresh clone, and retraining three M0s would cost ≈ 45 min of every session of a multi-session run.
@@ -328,11 +344,7 @@ class EvolveExperiment:
         (work / ".gitignore").write_text(WORK_GITIGNORE)
         # Built up front: a mixed M0 trains on every dataset's SFT set.
         tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
-        sizes = {
-            ds: {**t.sizes(), "split": t.meta["split"], "balanced": t.meta["balanced"],
-                 "held_out_questions": len(t.held_out_query_ids)}
-            for ds, t in tasks.items()
-        }
+        sizes = self._sizes(tasks)
         self._generator = self._hotpot = None
         for ds, task in tasks.items():
             ds_cells = [c for c in cells if c.dataset == ds]
@@ -365,6 +377,31 @@ class EvolveExperiment:
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
         return metrics
+
+    def report(self, cfg: EvolveExperimentConfig, out_dir: Path, console: Console) -> dict:
+        """metrics.json, TABLES.md and the plots from the cells finished so far; runs nothing.
+
+        For a run that spans sessions or machines: the report of the committed cells under the
+        committed config (a run writes it too, after every cell, under the config it was started with).
+        """
+        t0 = time.perf_counter()
+        cells = plan_cells(cfg)
+        tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
+        for ds, task in tasks.items():  # the same check as a run: a cell of other settings is not mixed in
+            self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
+        metrics = self._report(cfg, cells, out_dir, self._sizes(tasks), t0)
+        self._print(metrics, console)
+        console.print(f"wrote {out_dir / 'metrics.json'} from {metrics['cells']['finished']} of "
+                      f"{metrics['cells']['planned']} cells")
+        return metrics
+
+    @staticmethod
+    def _sizes(tasks: dict) -> dict:
+        return {
+            ds: {**t.sizes(), "split": t.meta["split"], "balanced": t.meta["balanced"],
+                 "held_out_questions": len(t.held_out_query_ids)}
+            for ds, t in tasks.items()
+        }
 
     def _known_m0(self, cfg, work: Path) -> dict:
         """M0's training record (``m0.json``) for every dataset with an M0 so far, this run's or earlier."""
@@ -785,12 +822,8 @@ class EvolveExperiment:
 
         by_dataset = {ds: {m: curve(results[(ds, m)]) for m in cfg.methods if (ds, m) in results}
                       for ds in cfg.datasets}
-        alpha_sweep = {ds: curves(ds, [(f"{a:g}", _alpha_cell(cfg, a)) for a in cfg.alpha_sweep])
-                       for ds in cfg.alpha_sweep_datasets}
-        tau_sweep = {ds: curves(ds, [(f"{t:g}", _tau_cell(cfg, t)) for t in cfg.tau_sweep])
-                     for ds in cfg.tau_sweep_datasets}
-        ablation = {ds: curves(ds, [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in ABLATIONS])
-                    for ds in cfg.ablation_datasets}
+        sweeps = {name: {ds: curves(ds, named) for ds, named in by_ds.items()}
+                  for name, by_ds in sweep_cells(cfg).items()}
         pseudo, pseudo_labels = {}, {}
         for (ds, name), result in results.items():
             if result["method"]["kind"] == "cautious-dpo":
@@ -811,9 +844,7 @@ class EvolveExperiment:
         ]
         metrics = {
             "by_dataset": by_dataset,
-            "alpha_sweep": alpha_sweep,
-            "tau_sweep": tau_sweep,
-            "ablation": ablation,
+            **sweeps,  # alpha_sweep, tau_sweep, ablation
             "pseudo_label_accuracy": pseudo,
             "pseudo_labels": pseudo_labels,
             "downstream": downstream,
@@ -855,9 +886,18 @@ class EvolveExperiment:
                     paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(
                         results[(ds, a)], results[(ds, b)], base[ds])
             st.add_holm(paired.get(ds, {}))
+        sweep_paired: dict[str, dict] = {}
+        for name, by_ds in sweep_cells(cfg).items():
+            for ds, named in by_ds.items():
+                tests = {f"{label} vs {ref}": st.paired_last_round(results[(ds, cell)], results[(ds, ref)], base[ds])
+                         for ref in SWEEP_REFERENCES[name] for label, cell in named
+                         if ds in base and cell != ref and (ds, cell) in results and (ds, ref) in results}
+                st.add_holm(tests)  # one family per sweep and dataset
+                if tests:
+                    sweep_paired.setdefault(name, {})[ds] = tests
         out = {
             "test_curves": test_curves, "forgetting": forgetting, "m0_test": m0_stats, "paired": paired,
-            "scale_targets": st.scale_targets(m0_stats, paired),
+            "sweep_paired": sweep_paired, "scale_targets": st.scale_targets(m0_stats, paired),
         }
         if cfg.compare_m0_to:
             other_dir = Path(cfg.compare_m0_to) / "cells"

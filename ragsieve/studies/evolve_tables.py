@@ -61,6 +61,27 @@ def _curves(title: str, curves: Mapping[str, list[Mapping[str, Any]]]) -> list[s
     return [f"### {title}", "", *_table(header, rows)]
 
 
+SWEEP_TITLES = {"alpha_sweep": "ReplayDPO: share α of new pairs", "tau_sweep": "CautiousDPO: gate τ",
+                "ablation": "CautiousDPO variants"}
+
+
+def _paired_table(by_dataset: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Paired last-round tests (``evolve_stats.paired_last_round`` records), one row each."""
+    rows = []
+    for ds, tests in by_dataset.items():
+        for name, r in tests.items():
+            if not r:
+                continue
+            auc = r.get("auroc") or {}
+            rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}", f"{r['diff']:+.3f}",
+                         f"{r['a_only']} vs {r['b_only']}", _p(r["p_value"]), r["verdict"],
+                         _p(r["p_holm"]) if "p_holm" in r else "", r.get("verdict_holm", ""),
+                         f"{auc['diff']:+.3f} [{auc['low']:+.3f}, {auc['high']:+.3f}], p {_p(auc['p_value'])}"
+                         if auc else ""])
+    return _table(["dataset", "A vs B", "n", "accuracy", "diff", "only A / only B right", "p (McNemar)",
+                   "verdict", "p (Holm)", "verdict (Holm)", "AUROC diff [95 % CI]"], rows)
+
+
 def markdown_tables(metrics: Mapping[str, Any]) -> str:
     """The study's tables: test curves, paired tests, targets, sweeps, pseudo-labels, forgetting, QA."""
     cells = metrics.get("cells", {})
@@ -82,23 +103,10 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
         lines += _curves(ds, curves)
     paired = metrics.get("paired", {})
     if paired:
-        lines += ["## Paired comparisons on the last round", ""]
-        rows = []
-        for ds, tests in paired.items():
-            for name, r in tests.items():
-                if not r:
-                    continue
-                auc = r.get("auroc") or {}
-                rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}", f"{r['diff']:+.3f}",
-                             f"{r['a_only']} vs {r['b_only']}", _p(r["p_value"]), r["verdict"],
-                             _p(r["p_holm"]) if "p_holm" in r else "", r.get("verdict_holm", ""),
-                             f"{auc['diff']:+.3f} [{auc['low']:+.3f}, {auc['high']:+.3f}], p {_p(auc['p_value'])}"
-                             if auc else ""])
-        lines += ["Holm: the McNemar p adjusted over the dataset's paired tests (the issue states two of them in "
+        lines += ["## Paired comparisons on the last round", "",
+                  "Holm: the McNemar p adjusted over the dataset's paired tests (the issue states two of them in "
                   "advance, ReplayDPO vs DPO and CautiousDPO vs SFT-only; read the others through the Holm column).",
-                  ""]
-        lines += _table(["dataset", "A vs B", "n", "accuracy", "diff", "only A / only B right", "p (McNemar)",
-                         "verdict", "p (Holm)", "verdict (Holm)", "AUROC diff [95 % CI]"], rows)
+                  "", *_paired_table(paired)]
     targets = metrics.get("scale_targets")
     if targets:
         lines += ["## The issue's targets", ""]
@@ -116,10 +124,14 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
              f"{c['wins']} of {len(c['per_dataset'])} (needs {c['needed']}; {c['significant_wins']} with p < 0.05): "
              f"{c['met']}" if c["per_dataset"] else "not run yet"],
         ])
-    for key, title in (("alpha_sweep", "ReplayDPO: share α of new pairs"), ("tau_sweep", "CautiousDPO: gate τ"),
-                       ("ablation", "CautiousDPO variants")):
+    sweep_paired = metrics.get("sweep_paired", {})
+    for key, title in SWEEP_TITLES.items():
         for ds, curves in metrics.get(key, {}).items():
             lines += _curves(f"{title}, {ds}", curves)
+            tests = {name: r for name, r in sweep_paired.get(key, {}).get(ds, {}).items() if r}
+            if tests:
+                lines += [f"Paired on the last round (p (Holm) over these {len(tests)} test{'s' * (len(tests) > 1)}):", "",
+                          *_paired_table({ds: tests})]
     labels = metrics.get("pseudo_labels", {})
     if labels:
         lines += ["## Accepted pseudo-labels per round (CautiousDPO cells)", "",

@@ -6,6 +6,9 @@ A config file looks like::
     out_dir: results/probe_nq
     params: {...}             # validated by that experiment's StrictConfig
 
+``ragsieve run CONFIG.yaml --report-only`` rebuilds the report from what ``out_dir`` already holds,
+for studies with a ``report`` method (evolve: the cells finished so far, e.g. committed by another session).
+
 The registry holds the study classes themselves; each study imports its ML code inside
 ``run``, so importing this module stays cheap.
 """
@@ -59,14 +62,23 @@ def load_experiment(name: str) -> Experiment:
         raise RagsieveError(f"unknown experiment '{name}'; known: {', '.join(sorted(EXPERIMENTS))}") from None
 
 
-def run_experiment_file(path: str | Path, console: Console | None = None, overrides: dict | None = None) -> dict:
-    """Validate the whole file before any work starts, then run it."""
+def run_experiment_file(path: str | Path, console: Console | None = None, overrides: dict | None = None,
+                        report_only: bool = False) -> dict:
+    """Validate the whole file before any work starts, then run it (or only rebuild its report from the
+    results already in ``out_dir``, for experiments that can: ``report_only``)."""
     console = console or Console()
     spec = build_config(ExperimentFile, read_mapping(path), source=str(path))
     experiment = load_experiment(spec.experiment)
     params = {**spec.params, **(overrides or {})}
     config = build_config(experiment.Config, params, source=f"{path}: params")
     out_dir = Path(spec.out_dir)
+    if report_only:
+        if not hasattr(experiment, "report"):
+            raise RagsieveError(f"experiment '{spec.experiment}' has no report-only mode; run it without --report-only")
+        if not out_dir.is_dir():
+            raise RagsieveError(f"{out_dir} does not exist: nothing to report yet; run the experiment first")
+        console.rule(f"[bold]{spec.experiment}[/] report ← {out_dir}")
+        return experiment.report(config, out_dir, console)
     out_dir.mkdir(parents=True, exist_ok=True)
     console.rule(f"[bold]{spec.experiment}[/] → {out_dir}")
     return experiment.run(config, out_dir, console)
