@@ -326,3 +326,18 @@ def test_bootstrap_metric_skips_resamples_where_auroc_is_undefined():
     y, s = np.array([1, 0, 0, 0, 0, 0]), np.array([0.9, 0.1, 0.2, 0.3, 0.4, 0.5])  # 1/3 of resamples lack a 1
     est, low, high = bootstrap_metric(roc_auc_score, y, s, n_boot=200)
     assert est == 1.0 and math.isfinite(low) and math.isfinite(high)
+
+
+def test_rank_auroc_equals_sklearn_with_ties_and_refuses_one_class():
+    """The bootstrap loops' AUROC is scikit-learn's value (ties half), only faster."""
+    from sklearn.metrics import roc_auc_score
+
+    from ragsieve.eval.stats import rank_auroc
+
+    rng = np.random.default_rng(0)
+    for n, decimals in ((6, 0), (40, 1), (300, 3), (300, 8)):
+        labels = np.r_[0, 1, rng.integers(0, 2, n - 2)]
+        scores = np.round(rng.normal(size=n) + labels, decimals)  # rounding makes ties
+        assert rank_auroc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    with pytest.raises(ValueError, match="both classes"):
+        rank_auroc(np.array([1, 1]), np.array([0.2, 0.3]))
