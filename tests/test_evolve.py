@@ -754,6 +754,9 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     qa = metrics["downstream_stats"]
     assert qa["vs"] == "base-reranker" and {"em", "f1", "containment", "n"} <= set(qa["intervals"]["replay-dpo"])
     assert qa["paired"]["replay-dpo"]["f1"]["n"] == 2 and "verdict" in qa["paired"]["replay-dpo"]["em"]
+    # the reranker's own share of supporting sentences in its top k, paired with the base reranker's
+    assert 0 <= qa["intervals"]["replay-dpo"]["support_recall"]["mean"] <= 1
+    assert "support_recall" in qa["paired"]["replay-dpo"] and "support_recall" not in qa["intervals"]["gold-support"]
     curve = metrics["by_dataset"]["pubmedqa"]["replay-dpo"]
     assert [r["round"] for r in curve] == [1, 2] and all(r["n"] == 4 for r in curve)
     assert all(lo <= r["accuracy"] <= hi for r in curve for lo, hi in [r["accuracy_ci95"]])

@@ -930,6 +930,9 @@ class EvolveExperiment:
 
 
 QA_METRICS = ("em", "f1", "containment")
+# What the reranker itself achieves: the share of a question's supporting sentences in its top k
+# (not defined for the fixed contexts: gold support, closed book).
+RANKING_METRICS = ("support_recall",)
 BULKY = ("answers", "per_question")  # kept in the cell JSONs, left out of metrics.json
 
 
@@ -946,14 +949,18 @@ def per_question_scores(answers, golds, ids) -> dict[str, Any]:
 
 
 def downstream_stats(per_question: dict[str, dict]) -> dict[str, Any]:
-    """Bootstrap intervals of EM / F1 / containment per context source, and paired differences
-    of every source against the base reranker (else the frozen M0, ``sft-only``)."""
+    """Bootstrap intervals of EM / F1 / containment (and, for rerankers, support recall@k) per
+    context source, and paired differences of every source against the base reranker (else the
+    frozen M0, ``sft-only``)."""
     from ragsieve.eval.stats import bootstrap_ci, paired_bootstrap
+
+    def metrics_of(pq: dict) -> list[str]:
+        return [m for m in QA_METRICS + RANKING_METRICS if m in pq]
 
     out: dict[str, Any] = {"intervals": {}, "vs": None, "paired": {}}
     for name, pq in per_question.items():
         out["intervals"][name] = {
-            m: dict(zip(("mean", "low", "high"), (round(x, 4) for x in bootstrap_ci(pq[m])))) for m in QA_METRICS
+            m: dict(zip(("mean", "low", "high"), (round(x, 4) for x in bootstrap_ci(pq[m])))) for m in metrics_of(pq)
         } | {"n": len(pq["ids"])}
     ref = next((r for r in ("base-reranker", "sft-only") if r in per_question), None)
     if ref is None:
@@ -962,7 +969,8 @@ def downstream_stats(per_question: dict[str, dict]) -> dict[str, Any]:
     for name, pq in per_question.items():
         if name == ref or pq["ids"] != per_question[ref]["ids"]:
             continue
-        out["paired"][name] = {m: paired_bootstrap(pq[m], per_question[ref][m]).to_dict() for m in QA_METRICS}
+        out["paired"][name] = {m: paired_bootstrap(pq[m], per_question[ref][m]).to_dict()
+                               for m in metrics_of(pq) if m in per_question[ref]}
     return out
 
 
