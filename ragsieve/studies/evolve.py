@@ -879,21 +879,20 @@ class EvolveExperiment:
                            for m in cfg.methods if (ds, m) in results}
                       for ds in base}
         m0_stats = {ds: st.m0_vs_chance(b) for ds, b in base.items()}
-        paired: dict[str, dict] = {}
-        for ds in base:
-            for a, b in PAIRED_TESTS:
-                if (ds, a) in results and (ds, b) in results:
-                    paired.setdefault(ds, {})[f"{a} vs {b}"] = st.paired_last_round(
-                        results[(ds, a)], results[(ds, b)], base[ds])
-            st.add_holm(paired.get(ds, {}))
+        def family(ds: str, pairs) -> dict:
+            """Exact McNemar for each (label, cell, reference) that finished, Holm-adjusted as one family."""
+            tests = {f"{label} vs {ref}": st.paired_last_round(results[(ds, cell)], results[(ds, ref)], base[ds])
+                     for label, cell, ref in pairs if cell != ref and (ds, cell) in results and (ds, ref) in results}
+            st.add_holm(tests)
+            return tests
+
+        paired = {ds: tests for ds in base if (tests := family(ds, [(a, a, b) for a, b in PAIRED_TESTS]))}
         sweep_paired: dict[str, dict] = {}
         for name, by_ds in sweep_cells(cfg).items():
             for ds, named in by_ds.items():
-                tests = {f"{label} vs {ref}": st.paired_last_round(results[(ds, cell)], results[(ds, ref)], base[ds])
-                         for ref in SWEEP_REFERENCES[name] for label, cell in named
-                         if ds in base and cell != ref and (ds, cell) in results and (ds, ref) in results}
-                st.add_holm(tests)  # one family per sweep and dataset
-                if tests:
+                # one family per sweep and dataset
+                pairs = [(label, cell, ref) for ref in SWEEP_REFERENCES[name] for label, cell in named]
+                if ds in base and (tests := family(ds, pairs)):
                     sweep_paired.setdefault(name, {})[ds] = tests
         out = {
             "test_curves": test_curves, "forgetting": forgetting, "m0_test": m0_stats, "paired": paired,
