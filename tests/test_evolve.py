@@ -625,7 +625,10 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path, cli):
         return result.out
 
     invoke("init", "--store", store, "--dataset", "pubmedqa", "--llm", tiny_llm_dir, "--initial-size", 8,
-           "--round-size", 4, "--rounds", 2, "--judge", "reranker:bm25", "--max-prompt-tokens", 300, "--balance")
+           "--round-size", 4, "--rounds", 2, "--judge", "reranker:bm25", "--max-prompt-tokens", 300)
+    s = EvolveStore(store)
+    assert s.config.method.balance  # the collapse guard is a deployed store's default
+    s.close()
     assert "round 0 (sft)" in invoke("step", "--store", store)
     assert "round 1 (cautious)" in invoke("step", "--store", store)
     s = EvolveStore(store)

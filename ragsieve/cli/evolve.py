@@ -40,7 +40,10 @@ def init_cmd(
     rounds: int = typer.Option(4, help="Queued rounds."),
     judge: Optional[list[str]] = typer.Option(None, "--judge", help="Judge spec kind:model (repeatable)."),
     tau: float = typer.Option(0.9, help="CautiousDPO confidence gate."),
-    balance: bool = typer.Option(False, help="CautiousDPO: keep accepted labels in the gold label prior (collapse guard)."),
+    balance: bool = typer.Option(
+        True, "--balance/--no-balance",
+        help="CautiousDPO: keep accepted labels in the gold label prior (collapse guard; on by default, "
+             "see results/evolve_scale: without it BioASQ collapsed to one verdict at every tau)."),
     alpha: float = typer.Option(0.7, help="Share of new pairs in a round's training set (replay)."),
     max_prompt_tokens: int = typer.Option(320, help="Prompt budget; the passage field is cut to fit."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),
