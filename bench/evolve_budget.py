@@ -7,7 +7,7 @@ prices them with per-token costs: evaluation (one forward, no grad) and a traini
     python bench/evolve_budget.py experiments/evolve_scale_stage1.yaml [--eval-ms 1.9] [--train-ms 5.8]
 
 Defaults are the idle-machine figures of /work/shared/NOTES.md (1 thread: ≈ 1.9 ms per
-evaluated token, ≈ 5.8 ms per trained token); ``results/evolve_scale/PLAN.md`` lists what
+evaluated token, ≈ 5.8 ms per trained token); ``results/evolve/PLAN.md`` lists what
 was measured under load. Counts are upper bounds where the data decides (CautiousDPO's
 accepted pairs are taken as 75 % of a round; a round that trains nothing skips its test).
 """

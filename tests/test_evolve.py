@@ -658,8 +658,8 @@ def test_full_experiment_config_validates_and_plans_every_cell():
     from ragsieve.config import build_config, read_mapping
     from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
 
-    spec = read_mapping(REPO / "experiments" / "evolve.yaml")
-    assert spec["experiment"] == "evolve" and spec["out_dir"] == "results/evolve"
+    spec = read_mapping(REPO / "experiments" / "evolve_small.yaml")
+    assert spec["experiment"] == "evolve" and spec["out_dir"] == "results/evolve_small"
     cfg = build_config(EvolveExperimentConfig, spec["params"])
     names = {(c.dataset, c.name) for c in plan_cells(cfg)}
     # 6 datasets x 5 methods, + α 0.5/0.6/0.8/0.9 (0.7 = replay-dpo, 1.0 = dpo), + 2 ablations + balanced
@@ -676,7 +676,7 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     plans, params = {}, {}
     for name in ("evolve_scale_m0", "evolve_scale_stage1", "evolve_scale"):
         spec = read_mapping(REPO / "experiments" / f"{name}.yaml")
-        assert spec["out_dir"] == "results/evolve_scale"
+        assert spec["out_dir"] == "results/evolve"
         cfg = build_config(EvolveExperimentConfig, spec["params"])
         plans[name], params[name] = {(c.dataset, c.name) for c in plan_cells(cfg)}, cfg
         assert cfg.train.dpo_backend == "fast" and cfg.test_size >= 300 and cfg.rounds == 4

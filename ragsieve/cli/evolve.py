@@ -43,7 +43,7 @@ def init_cmd(
     balance: bool = typer.Option(
         True, "--balance/--no-balance",
         help="CautiousDPO: keep accepted labels in the gold label prior (collapse guard; on by default, "
-             "see results/evolve_scale: without it BioASQ collapsed to one verdict at every tau)."),
+             "see results/evolve: without it BioASQ collapsed to one verdict at every tau)."),
     alpha: float = typer.Option(0.7, help="Share of new pairs in a round's training set (replay)."),
     max_prompt_tokens: int = typer.Option(320, help="Prompt budget; the passage field is cut to fit."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),

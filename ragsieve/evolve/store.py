@@ -75,7 +75,7 @@ class EvolveStoreConfig(StrictConfig):
     batch_size: int = 8
     # No feedback: CautiousDPO with replay; a full-feedback round: ReplayDPO on the gold pairs.
     # Balanced acceptance is on: unguarded self-labelling collapsed to one verdict on BioASQ at every tau
-    # in 0.8-0.97 (n = 300); guarded, it ended +8.7 pp over the frozen M0 (results/evolve_scale, p = 0.004).
+    # in 0.8-0.97 (n = 300); guarded, it ended +8.7 pp over the frozen M0 (results/evolve, p = 0.004).
     method: MethodConfig = MethodConfig(kind="cautious-dpo", alpha=0.7, tau=0.9, balance=True)
     feedback_method: MethodConfig = MethodConfig(kind="replay-dpo", alpha=0.7)
     judges: list[JudgeSpec] = []

@@ -1,4 +1,4 @@
-"""`ragsieve run experiments/evolve.yaml`: every method over four rounds on six datasets.
+"""`ragsieve run experiments/evolve_scale.yaml`: every method over four rounds on six datasets.
 
 Per dataset: the SFT set trains M0 once (shared by all methods, kept under
 ``<out_dir>/work/<dataset>/m0``); then each (dataset, method) cell starts from M0 and runs
