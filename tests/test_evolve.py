@@ -701,7 +701,7 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     build_config(EvolveExperimentConfig, mixed["params"])
     # the M0 recipe sweep trains on the scale run's SFT sets: its task settings are stage 0's
     sweep = read_mapping(REPO / "experiments" / "evolve_m0_sweep.yaml")["params"]
-    grid = ("lrs", "max_epochs", "dev_size", "fit_sample", "datasets", "m0_train_overrides")
+    grid = ("lrs", "lrs_by_dataset", "max_epochs", "dev_size", "fit_sample", "datasets", "m0_train_overrides")
     assert {k: v for k, v in sweep.items() if k not in grid} == {k: stage0[k] for k in sweep if k not in grid}
     assert set(sweep["datasets"]) <= set(stage0["datasets"]) and stage0["m0_train"]["lr"] in sweep["lrs"]
 
@@ -931,6 +931,13 @@ def test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done
     assert EvolveM0Sweep().run(cfg, tmp_path, Console(quiet=True))["by_dataset"]["bioasq"]["chosen"] == r["chosen"]
     with pytest.raises(RagsieveError, match="other settings"):
         EvolveM0Sweep().run(build_config(EvolveM0SweepConfig, {**params, "dev_size": 4}), tmp_path, Console(quiet=True))
+    # a dataset's own, smaller grid reuses the finished learning rates; a stray dataset name is an error
+    own = EvolveM0Sweep().run(build_config(EvolveM0SweepConfig, {**params, "lrs_by_dataset": {"bioasq": [1e-2]}}),
+                              tmp_path, Console(quiet=True))["by_dataset"]["bioasq"]
+    assert [(g["lr"], g["epochs"]) for g in own["grid"]] == [(1e-2, 1), (1e-2, 2)]
+    with pytest.raises(RagsieveError, match="not in datasets"):
+        EvolveM0Sweep().run(build_config(EvolveM0SweepConfig, {**params, "lrs_by_dataset": {"anli": [1e-2]}}),
+                            tmp_path, Console(quiet=True))
     # the chosen recipe is a per-dataset override of the scale run: only that dataset's M0 and cells change
     scale = {"datasets": ["bioasq", "fever"], "m0_train": {"lr": 2e-4, "epochs": 2}, "test_size": 6}
     plain = build_config(EvolveExperimentConfig, scale)
