@@ -688,9 +688,13 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 41
     assert ("bioasq", "cautious-dpo@tau=0.8") in plans["evolve_scale_stage1"]
     shared = ("sizes", "size_overrides", "test_size", "forgetting_per_split", "m0", "m0_train", "train", "llm", "seed",
-              "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha", "m0_train_overrides")
+              "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha")
     for key in shared:
         assert len({repr(getattr(c, key)) for c in params.values()}) == 1, key
+    # one M0 recipe per dataset: each config carries the full matrix's overrides for the datasets it runs
+    full = params["evolve_scale"].m0_train_overrides
+    for c in params.values():
+        assert c.m0_train_overrides == {ds: r for ds, r in full.items() if ds in c.datasets}
     assert len({c.downstream.held_out_questions for c in params.values()}) == 1  # the same HotpotQA splits
     # the mixed-M0 twin of stage 0 differs in m0 (and out_dir) only: its test outcomes pair with stage 0's
     mixed = read_mapping(REPO / "experiments" / "evolve_scale_m0_mixed.yaml")
