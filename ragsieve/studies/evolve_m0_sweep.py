@@ -43,7 +43,7 @@ class EvolveM0SweepConfig(EvolveExperimentConfig):
 
     lrs: list[float] = [2e-4, 5e-4, 1e-3]
     # A dataset's own learning rates where an epoch costs too much for the full grid (MultiRC's
-    # 297-token prompts: 16 min per epoch on 2 cores); keep the configured lr in it for the McNemar.
+    # 297-token prompts: ≈ 14 min per epoch on 2 cores); keep the configured lr in it for the McNemar.
     lrs_by_dataset: dict[str, list[float]] = {}
     max_epochs: int = Field(4, ge=1)
     dev_size: int = Field(200, ge=2)
@@ -94,8 +94,8 @@ class EvolveM0Sweep:
             by_dataset[ds] = self._summarise(cfg, ds, dev, runs)
         metrics = {"experiment": "evolve_m0_sweep", "by_dataset": by_dataset,
                    "m0_train_overrides": {ds: r["override"] for ds, r in by_dataset.items() if r["override"]},
-                   "settings": {"lrs": cfg.lrs, "lrs_by_dataset": cfg.lrs_by_dataset, "max_epochs": cfg.max_epochs, "dev_size": cfg.dev_size,
-                                "m0_train": cfg.m0_train.model_dump(), "seed": cfg.seed},
+                   "settings": {"lrs": cfg.lrs, "lrs_by_dataset": cfg.lrs_by_dataset, "max_epochs": cfg.max_epochs,
+                                "dev_size": cfg.dev_size, "m0_train": cfg.m0_train.model_dump(), "seed": cfg.seed},
                    "seconds": round(time.perf_counter() - t0, 1)}
         write_json(out_dir / "metrics.json", metrics)
         self._print(by_dataset, console)
