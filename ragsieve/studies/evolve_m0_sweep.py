@@ -49,6 +49,13 @@ class EvolveM0SweepConfig(EvolveExperimentConfig):
     dev_size: int = Field(200, ge=2)
     fit_sample: int = Field(40, ge=0)  # SFT examples re-scored after each epoch: does M0 fit its own data?
 
+    def check(self) -> None:
+        """The scale run's checks plus the grid's: a per-dataset grid must name a dataset of the run."""
+        super().check()
+        stray = [d for d in self.lrs_by_dataset if d not in self.datasets]
+        if stray:
+            raise RagsieveError(f"lrs_by_dataset {stray} are not in datasets {self.datasets}")
+
 
 class EvolveM0Sweep:
     """The study behind ``experiment: evolve_m0_sweep``.
@@ -68,9 +75,6 @@ class EvolveM0Sweep:
         if cfg.m0 != "per-dataset":
             raise RagsieveError("the M0 sweep chooses a recipe per dataset; set m0: per-dataset")
         cfg.check()
-        stray = sorted(set(cfg.lrs_by_dataset) - set(cfg.datasets))
-        if stray:
-            raise RagsieveError(f"lrs_by_dataset names {stray}, not in datasets {cfg.datasets}")
         if cfg.threads:
             import torch
 
