@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import Field
 from rich.console import Console
@@ -159,9 +159,13 @@ class EvolveExperimentConfig(StrictConfig):
         size = self.sizes_for(dataset)
         return self.balanced if size.balanced is None else size.balanced
 
+    # Settings that name datasets (lists, or dicts keyed by dataset): each must name one of the run's.
+    DATASET_KEYED: ClassVar[tuple[str, ...]] = (
+        "alpha_sweep_datasets", "tau_sweep_datasets", "ablation_datasets", "m0_train_overrides")
+
     def check(self) -> None:
         """One-line errors for settings that would only fail hours into a run."""
-        for name in ("alpha_sweep_datasets", "tau_sweep_datasets", "ablation_datasets"):
+        for name in self.DATASET_KEYED:
             stray = [d for d in getattr(self, name) if d not in self.datasets]
             if stray:
                 raise RagsieveError(f"{name} {stray} are not in datasets {self.datasets}")
@@ -169,9 +173,6 @@ class EvolveExperimentConfig(StrictConfig):
             raise RagsieveError(f"test_size must be 0 (off) or >= 2, got {self.test_size}")
         if self.forgetting_per_split and not self.test_size:
             raise RagsieveError("forgetting_per_split needs the test-set evaluation (test_size > 0)")
-        stray = [d for d in self.m0_train_overrides if d not in self.datasets]
-        if stray:
-            raise RagsieveError(f"m0_train_overrides {stray} are not in datasets {self.datasets}")
         if self.m0_train_overrides and self.m0 == "mixed":
             raise RagsieveError("m0_train_overrides need m0: per-dataset (a mixed M0 has one recipe)")
         for ds in self.m0_train_overrides:

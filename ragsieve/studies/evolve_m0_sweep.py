@@ -27,7 +27,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 from rich.console import Console
@@ -49,12 +49,7 @@ class EvolveM0SweepConfig(EvolveExperimentConfig):
     dev_size: int = Field(200, ge=2)
     fit_sample: int = Field(40, ge=0)  # SFT examples re-scored after each epoch: does M0 fit its own data?
 
-    def check(self) -> None:
-        """The scale run's checks plus the grid's: a per-dataset grid must name a dataset of the run."""
-        super().check()
-        stray = [d for d in self.lrs_by_dataset if d not in self.datasets]
-        if stray:
-            raise RagsieveError(f"lrs_by_dataset {stray} are not in datasets {self.datasets}")
+    DATASET_KEYED: ClassVar[tuple[str, ...]] = (*EvolveExperimentConfig.DATASET_KEYED, "lrs_by_dataset")
 
 
 class EvolveM0Sweep:
