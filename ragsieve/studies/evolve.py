@@ -860,6 +860,7 @@ class EvolveExperiment:
         }
         if cfg.test_size:
             metrics.update(self._scale_metrics(cfg, results, base))
+            metrics["collapse"] = st.collapse_summary(pseudo_labels, metrics["test_curves"], metrics["paired"])
         per_question = {name: r["downstream"]["per_question"] for (ds, name), r in results.items()
                         if "per_question" in r.get("downstream", {})}
         if base_path.exists():

@@ -284,3 +284,50 @@ def pseudo_label_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
             "dropped_for_balance": lab.get("dropped_for_balance"), "model_positive_rate": r.get("positive_rate"),
         })
     return out
+
+
+# A balanced test set called >= 90 % one way: the verdict no longer depends on the input.
+COLLAPSE_SHARE = 0.9
+
+
+def collapse_summary(pseudo_labels: Mapping[str, Mapping[str, list]], test_curves: Mapping[str, Mapping[str, list]],
+                     paired: Mapping[str, Mapping[str, Any]], cell: str = "cautious-dpo") -> dict[str, dict[str, Any]]:
+    """Per dataset, how a CautiousDPO cell's self-training went: where its labels came from, how they
+    leaned, and whether M_R's verdict collapsed to one label on the balanced test set.
+
+    ``lean`` is the share labelled "true" minus the share that is "true" by gold among the accepted
+    (> 0: the labels lean "true"). ``collapsed`` is M_R calling ≥ 90 % (or ≤ 10 %) of the test set "true".
+
+    Example::
+
+        >>> rows = [{"round": 1, "accepted": 10, "accuracy": 0.5, "accepted_true": 9, "gold_true": 5,
+        ...          "self": {"n": 0}, "jury": {"n": 10, "accuracy": 0.5}}]
+        >>> curve = [{"round": 0, "positive_rate": 0.6, "accuracy": 0.55}, {"round": 1, "positive_rate": 1.0, "accuracy": 0.5}]
+        >>> s = collapse_summary({"d": {"cautious-dpo": rows}}, {"d": {"cautious-dpo": curve}}, {})["d"]
+        >>> s["first_round"]["lean"], s["collapsed"], s["collapsed_to"]
+        (0.4, True, 'true')
+    """
+    def round_view(r: Mapping[str, Any]) -> dict[str, Any]:
+        accepted = r.get("accepted") or 0
+        lean = (r["accepted_true"] - r["gold_true"]) / accepted if accepted and r.get("gold_true") is not None else None
+        jury, own = r.get("jury") or {}, r.get("self") or {}
+        return {"round": r["round"], "accepted": accepted, "label_accuracy": r.get("accuracy"),
+                "lean": None if lean is None else round(lean, 3),
+                "self_labelled": own.get("n", 0), "jury_labelled": jury.get("n", 0),
+                "jury_accuracy": jury.get("accuracy"), "self_accuracy": own.get("accuracy")}
+
+    out: dict[str, dict[str, Any]] = {}
+    for ds, by_cell in pseudo_labels.items():
+        rows, curve = by_cell.get(cell), test_curves.get(ds, {}).get(cell)
+        if not rows or not curve:
+            continue
+        share = curve[-1].get("positive_rate")
+        collapsed = share is not None and (share >= COLLAPSE_SHARE or share <= 1 - COLLAPSE_SHARE)
+        vs = paired.get(ds, {}).get(f"{cell} vs sft-only", {})
+        out[ds] = {
+            "cell": cell, "first_round": round_view(rows[0]), "last_round": round_view(rows[-1]),
+            "test_share_true": [c.get("positive_rate") for c in curve],  # M0, M_1 … M_R
+            "collapsed": collapsed, "collapsed_to": ("true" if share >= 0.5 else "false") if collapsed else None,
+            "vs_sft_only": {k: vs.get(k) for k in ("diff", "a_only", "b_only", "p_value", "verdict")} if vs else None,
+        }
+    return out
