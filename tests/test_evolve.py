@@ -968,6 +968,7 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
     metrics = EvolveExperiment().run(cfg, tmp_path, Console(quiet=True))
     info = json.loads((tmp_path / "work" / "_mixed" / "m0.json").read_text())
     assert info["m0"] == "mixed" and info["train"]["examples"] == 12  # both SFT sets, each in its own template
+    assert info["train"]["truncated_passages"] == sum(info["truncated_prompts"].values())  # counted, not a default 0
     assert not (tmp_path / "work" / "pubmedqa" / "m0").exists()
     assert set(metrics["m0_test"]) == {"pubmedqa", "hotpotqa-distractor"}
     assert all(json.loads((tmp_path / "cells" / ds / "_m0.json").read_text())["m0"] == "mixed" for ds in cfg.datasets)

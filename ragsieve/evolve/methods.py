@@ -319,6 +319,7 @@ def evolve_round(
         n_new_pairs=len(outcome.pairs), n_replayed=len(train_set) - len(outcome.pairs),
     )
     if train and method.objective != "none" and train_set:
+        truncated_before = ranker.prompter.truncated
         prompts = ranker.prompts([p.example for p in train_set])
         # M_{t-1}'s verdicts on D_t are exactly the DPO reference for this round's pairs.
         ref = nan_scores(len(train_set))
@@ -332,6 +333,7 @@ def evolve_round(
             ranker.llm, ranker.tokens, method.objective, prompts, [p.label for p in train_set], config,
             ref=ref, save_dir=save_dir,
         )
+        result.truncated_passages = ranker.prompter.truncated - truncated_before
         record.train = result.summary()
     record.seconds = {"eval": round(t_eval, 2), "label": round(t_label, 2), "total": round(time.perf_counter() - t0, 2)}
     return record, outcome.pairs

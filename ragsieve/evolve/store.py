@@ -415,6 +415,7 @@ def _run_next_round(store: EvolveStore) -> StepReport:
             ranker.llm, ranker.tokens, "sft", ranker.prompts([p.example for p in pairs]), [p.label for p in pairs],
             cfg.m0_train.model_copy(update={"seed": cfg.seed}), save_dir=adapter,
         )
+        result.truncated_passages = ranker.prompter.truncated  # a fresh ranker: only these prompts
         record: dict[str, Any] = {"n_new_pairs": len(pairs), "train": result.summary()}
         trained = result.steps > 0
     else:

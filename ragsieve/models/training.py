@@ -34,7 +34,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     positives: int | None = None
     negatives: int | None = None
-    truncated_passages: int = 0
+    truncated_passages: int | None = None  # None: the trainer got rendered prompts and could not count
 
     @property
     def first_loss(self) -> float | None:

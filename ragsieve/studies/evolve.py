@@ -506,6 +506,7 @@ class EvolveExperiment:
             result = train_round(ranker.llm, ranker.tokens, "sft", prompts, [x.label for x in task.initial], config,
                                  save_dir=m0_dir, checkpoint=checkpoint)
             truncated = ranker.prompter.truncated
+        result.truncated_passages = sum(truncated.values()) if isinstance(truncated, dict) else truncated
         info = {"m0": cfg.m0, "fingerprint": fingerprint, "train": result.summary(), "truncated_prompts": truncated}
         write_json(info_path, info)
         return M0(m0_dir, info)
