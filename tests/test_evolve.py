@@ -239,9 +239,9 @@ def test_verdict_dpo_loss_formula_and_doc_example():
     from ragsieve.evolve import verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
     from ragsieve.models import training, verdict
-    from ragsieve.studies import evolve_stats, evolve_tables
+    from ragsieve.studies import evolve_m0_sweep, evolve_stats, evolve_tables
 
-    for module in (verdict_dpo, verdict, training, evolve_stats, evolve_tables):
+    for module in (verdict_dpo, verdict, training, evolve_stats, evolve_tables, evolve_m0_sweep):
         assert doctest.testmod(module).failed == 0
     out = verdict_dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                            torch.tensor([-1.5, -2.0]), beta=0.5)
@@ -708,6 +708,10 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     grid = ("lrs", "lrs_by_dataset", "max_epochs", "dev_size", "fit_sample", "datasets", "m0_train_overrides")
     assert {k: v for k, v in sweep.items() if k not in grid} == {k: stage0[k] for k in sweep if k not in grid}
     assert set(sweep["datasets"]) <= set(stage0["datasets"]) and stage0["m0_train"]["lr"] in sweep["lrs"]
+    # PubMedQA has no dev set: its recipe is the committed sweep's pooled choice (README of the sweep)
+    pooled = json.loads((REPO / "results" / "evolve_m0_sweep" / "metrics.json").read_text())["pooled"]["chosen"]
+    scale = read_mapping(REPO / "experiments" / "evolve_scale.yaml")["params"]
+    assert scale["m0_train_overrides"]["pubmedqa"] == {"lr": pooled["lr"], "epochs": pooled["epochs"]}
 
 
 @requires_data

@@ -91,7 +91,7 @@ class EvolveM0Sweep:
             for lr in lrs:
                 runs[lr] = self._run_lr(cfg, study, task, dev, fit, lr, out_dir, console)
             by_dataset[ds] = self._summarise(cfg, ds, dev, runs)
-        metrics = {"experiment": "evolve_m0_sweep", "by_dataset": by_dataset,
+        metrics = {"experiment": "evolve_m0_sweep", "by_dataset": by_dataset, "pooled": pooled_recipe(by_dataset),
                    "m0_train_overrides": {ds: r["override"] for ds, r in by_dataset.items() if r["override"]},
                    "settings": {"lrs": cfg.lrs, "lrs_by_dataset": cfg.lrs_by_dataset, "max_epochs": cfg.max_epochs,
                                 "dev_size": cfg.dev_size, "m0_train": cfg.m0_train.model_dump(), "seed": cfg.seed},
@@ -213,3 +213,28 @@ class EvolveM0Sweep:
                           f"lr {c['lr']:g} × {c['epochs']}", f"{c['dev_accuracy']:.3f} {c['ci95']}", str(c["auroc"]),
                           f"{p['difference']:+.3f} (p={p['p_value']})" if p else "same")
         console.print(table)
+
+
+def pooled_recipe(by_dataset: dict[str, Any]) -> dict[str, Any] | None:
+    """The recipe with the best mean dev accuracy over the swept datasets, on the grid they share.
+
+    For a dataset too small for a dev set of its own (PubMedQA): the rule is fixed before its M0 is
+    trained, so its test set stays untouched. Ties → fewer epochs, then lower lr (as per dataset).
+
+    Example::
+
+        >>> grid = lambda a, b: {"grid": [{"lr": 1e-3, "epochs": 1, "accuracy": a}, {"lr": 1e-3, "epochs": 2, "accuracy": b}]}
+        >>> pooled_recipe({"x": grid(0.6, 0.7), "y": grid(0.6, 0.5)})["chosen"]
+        {'lr': 0.001, 'epochs': 1, 'mean_dev_accuracy': 0.6}
+    """
+    if not by_dataset:
+        return None
+    per_ds = {ds: {(g["lr"], g["epochs"]): g["accuracy"] for g in r["grid"]} for ds, r in by_dataset.items()}
+    shared = set.intersection(*(set(g) for g in per_ds.values()))
+    if not shared:
+        return None
+    grid = [{"lr": lr, "epochs": e, "mean_dev_accuracy": round(sum(g[(lr, e)] for g in per_ds.values()) / len(per_ds), 4),
+             "per_dataset": {ds: g[(lr, e)] for ds, g in per_ds.items()}} for lr, e in sorted(shared)]
+    best = max(grid, key=lambda g: (g["mean_dev_accuracy"], -g["epochs"], -g["lr"]))
+    return {"datasets": list(per_ds), "grid": grid,
+            "chosen": {"lr": best["lr"], "epochs": best["epochs"], "mean_dev_accuracy": best["mean_dev_accuracy"]}}
