@@ -82,6 +82,32 @@ def _paired_table(by_dataset: Mapping[str, Mapping[str, Any]]) -> list[str]:
                    "verdict", "p (Holm)", "verdict (Holm)", "AUROC diff [95 % CI]"], rows)
 
 
+def _collapse_section(collapse: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One row per dataset from ``metrics.json → collapse`` (:func:`evolve_stats.collapse_summary`)."""
+    if not collapse:
+        return []
+    lines = ["## CautiousDPO across datasets: does self-training collapse the verdict?", "",
+             "Per dataset, the main CautiousDPO cell: round 1's accepted labels (who labelled them, how accurate, "
+             "their lean = share labelled \"true\" − share \"true\" by gold), the last round's, and M_t's share "
+             "called \"true\" on the balanced test set from M0 to M_R. Collapsed: M_R calls ≥ 90 % (or ≤ 10 %) "
+             "of the test set one way.", ""]
+    rows = []
+    for ds, s in collapse.items():
+        first, last, vs = s["first_round"], s["last_round"], s.get("vs_sft_only") or {}
+        rows.append([ds, f"{first['self_labelled']} / {first['jury_labelled']}", _num(first["jury_accuracy"], 2),
+                     _num(first["label_accuracy"], 2), f"{first['lean']:+.2f}" if first["lean"] is not None else "",
+                     f"{last['self_labelled']} / {last['jury_labelled']}", _num(last["label_accuracy"], 2),
+                     f"{last['lean']:+.2f}" if last["lean"] is not None else "",
+                     " → ".join(_num(x, 2) for x in s["test_share_true"]),
+                     " → ".join(_num(x, 3) for x in (s["test_auroc"][0], s["test_auroc"][-1])),
+                     f"yes, to \"{s['collapsed_to']}\"" if s["collapsed"] else "no",
+                     f"{vs['diff']:+.3f}, {vs['a_only']} vs {vs['b_only']}, p {_p(vs['p_value'])}" if vs else ""])
+    lines += _table(["dataset", "round 1: self / jury", "jury accuracy", "label accuracy", "lean",
+                     "last round: self / jury", "label accuracy", "lean", "M_t share \"true\" (M0 → M_R)",
+                     "AUROC (M0 → M_R)", "collapsed", "M_R vs SFT-only (diff, only A / only B, p)"], rows)
+    return lines
+
+
 def markdown_tables(metrics: Mapping[str, Any]) -> str:
     """The study's tables: test curves, paired tests, targets, sweeps, pseudo-labels, forgetting, QA."""
     cells = metrics.get("cells", {})
@@ -151,26 +177,7 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                                  _source(r.get("jury")), _num(r.get("model_positive_rate"), 2)])
         lines += _table(["dataset", "cell", "round", "accepted", "accuracy", "share \"true\"", "gold share \"true\"",
                          "self: n (accuracy)", "jury: n (accuracy)", "M_{t-1} share \"true\""], rows)
-    collapse = metrics.get("collapse", {})
-    if collapse:
-        lines += ["## CautiousDPO across datasets: does self-training collapse the verdict?", "",
-                  "Per dataset, the main CautiousDPO cell: round 1's accepted labels (who labelled them, how accurate, "
-                  "their lean = share labelled \"true\" − share \"true\" by gold), the last round's, and M_t's share "
-                  "called \"true\" on the balanced test set from M0 to M_R. Collapsed: M_R calls ≥ 90 % (or ≤ 10 %) "
-                  "of the test set one way.", ""]
-        rows = []
-        for ds, s in collapse.items():
-            first, last, vs = s["first_round"], s["last_round"], s.get("vs_sft_only") or {}
-            rows.append([ds, f"{first['self_labelled']} / {first['jury_labelled']}", _num(first["jury_accuracy"], 2),
-                         _num(first["label_accuracy"], 2), f"{first['lean']:+.2f}" if first["lean"] is not None else "",
-                         f"{last['self_labelled']} / {last['jury_labelled']}", _num(last["label_accuracy"], 2),
-                         f"{last['lean']:+.2f}" if last["lean"] is not None else "",
-                         " → ".join(_num(x, 2) for x in s["test_share_true"]),
-                         f"yes, to \"{s['collapsed_to']}\"" if s["collapsed"] else "no",
-                         f"{vs['diff']:+.3f}, {vs['a_only']} vs {vs['b_only']}, p {_p(vs['p_value'])}" if vs else ""])
-        lines += _table(["dataset", "round 1: self / jury", "jury accuracy", "label accuracy", "lean",
-                         "last round: self / jury", "label accuracy", "lean", "M_t share \"true\" (M0 → M_R)",
-                         "collapsed", "M_R vs SFT-only (diff, only A / only B, p)"], rows)
+    lines += _collapse_section(metrics.get("collapse", {}))
     forgetting = metrics.get("forgetting", {})
     if forgetting:
         lines += ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", ""]
