@@ -498,6 +498,7 @@ class EvolveExperiment:
             console.print(f"  training the mixed M0 on {len(prompts)} labelled examples of {len(tasks)} datasets")
             result = train_round(llm, IdentityTargets(), "sft", prompts, targets, config, save_dir=m0_dir,
                                  checkpoint=checkpoint)
+            result.truncated_passages = sum(truncated.values())
         else:
             task = tasks[ds]
             console.print(f"  training M0 on {len(task.initial)} labelled examples")
@@ -505,8 +506,7 @@ class EvolveExperiment:
             prompts = ranker.prompts(task.initial)
             result = train_round(ranker.llm, ranker.tokens, "sft", prompts, [x.label for x in task.initial], config,
                                  save_dir=m0_dir, checkpoint=checkpoint)
-            truncated = ranker.prompter.truncated
-        result.truncated_passages = sum(truncated.values()) if isinstance(truncated, dict) else truncated
+            truncated = result.truncated_passages = ranker.prompter.truncated
         info = {"m0": cfg.m0, "fingerprint": fingerprint, "train": result.summary(), "truncated_prompts": truncated}
         write_json(info_path, info)
         return M0(m0_dir, info)

@@ -185,7 +185,7 @@ class EvolveM0Sweep:
                              "auroc": d["auroc"], "auroc_ci95": d["auroc_ci95"], "positive_rate": d["positive_rate"],
                              "fit_sample_accuracy": (r["fit_sample"] or {}).get("accuracy"),
                              "loss_last_epoch": r["loss_last_epoch"], "correct": d["correct"]})
-        best = max(grid, key=lambda g: (g["accuracy"], -g["epochs"], -g["lr"]))
+        best = _best_recipe(grid, "accuracy")
         base = cfg.m0_train_for(ds)
         configured = next((g for g in grid if abs(g["lr"] - base.lr) < 1e-12 and g["epochs"] == base.epochs), None)
         paired = None
@@ -215,11 +215,16 @@ class EvolveM0Sweep:
         console.print(table)
 
 
+def _best_recipe(grid: list[dict[str, Any]], score: str) -> dict[str, Any]:
+    """The grid row with the highest ``score``; ties → fewer epochs, then lower lr (the cheaper recipe)."""
+    return max(grid, key=lambda g: (g[score], -g["epochs"], -g["lr"]))
+
+
 def pooled_recipe(by_dataset: dict[str, Any]) -> dict[str, Any] | None:
     """The recipe with the best mean dev accuracy over the swept datasets, on the grid they share.
 
     For a dataset too small for a dev set of its own (PubMedQA): the rule is fixed before its M0 is
-    trained, so its test set stays untouched. Ties → fewer epochs, then lower lr (as per dataset).
+    trained, so its test set stays untouched. Ties as per dataset (:func:`_best_recipe`).
 
     Example::
 
@@ -235,6 +240,6 @@ def pooled_recipe(by_dataset: dict[str, Any]) -> dict[str, Any] | None:
         return None
     grid = [{"lr": lr, "epochs": e, "mean_dev_accuracy": round(sum(g[(lr, e)] for g in per_ds.values()) / len(per_ds), 4),
              "per_dataset": {ds: g[(lr, e)] for ds, g in per_ds.items()}} for lr, e in sorted(shared)]
-    best = max(grid, key=lambda g: (g["mean_dev_accuracy"], -g["epochs"], -g["lr"]))
+    best = _best_recipe(grid, "mean_dev_accuracy")
     return {"datasets": list(per_ds), "grid": grid,
             "chosen": {"lr": best["lr"], "epochs": best["epochs"], "mean_dev_accuracy": best["mean_dev_accuracy"]}}
