@@ -685,7 +685,10 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     sft_only = {(d, "sft-only") for d in params["evolve_scale"].datasets}
     assert plans["evolve_scale_m0"] <= plans["evolve_scale_stage1"] | sft_only
     assert plans["evolve_scale_stage1"] < plans["evolve_scale"]
-    assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 41
+    assert len(plans["evolve_scale_stage1"]) == 26 and len(plans["evolve_scale"]) == 43
+    # the guard alone (no ablations) on the two datasets whose CautiousDPO collapsed from round 1
+    assert {("anli", "cautious-dpo:balanced"), ("pubmedqa", "cautious-dpo:balanced")} < plans["evolve_scale"]
+    assert ("pubmedqa", "cautious-dpo:no-jury") not in plans["evolve_scale"]
     assert ("bioasq", "cautious-dpo@tau=0.8") in plans["evolve_scale_stage1"]
     shared = ("sizes", "size_overrides", "test_size", "forgetting_per_split", "m0", "m0_train", "train", "llm", "seed",
               "max_prompt_tokens", "hotpot_source", "judges", "alpha", "tau", "cautious_alpha")

@@ -122,6 +122,9 @@ class EvolveExperimentConfig(StrictConfig):
     tau_sweep: list[float] = []  # CautiousDPO gates; tau = `tau` reuses the cautious-dpo cell
     tau_sweep_datasets: list[str] = []
     ablation_datasets: list[str] = []
+    # Datasets that get the collapse guard only (the `cautious-dpo:balanced` cell, not the two ablations):
+    # a cheap check that balanced acceptance stops a collapse seen there.
+    guard_datasets: list[str] = []
     # Scale (issue #16): a fixed balanced test set per dataset scored after M0 and every round
     # (0 = off: the small study's per-round evaluation only).
     test_size: int = 0
@@ -161,7 +164,7 @@ class EvolveExperimentConfig(StrictConfig):
 
     # Settings that name datasets (lists, or dicts keyed by dataset): each must name one of the run's.
     DATASET_KEYED: ClassVar[tuple[str, ...]] = (
-        "alpha_sweep_datasets", "tau_sweep_datasets", "ablation_datasets", "m0_train_overrides")
+        "alpha_sweep_datasets", "tau_sweep_datasets", "ablation_datasets", "guard_datasets", "m0_train_overrides")
 
     def check(self) -> None:
         """One-line errors for settings that would only fail hours into a run."""
@@ -285,12 +288,20 @@ def plan_cells(cfg: EvolveExperimentConfig) -> list[Cell]:
             for tau in cfg.tau_sweep:
                 name = _tau_cell(cfg, tau)
                 cells.setdefault((ds, name), Cell(ds, name, main("cautious-dpo").model_copy(update={"tau": tau})))
-        if ds in cfg.ablation_datasets:
+        variants = _ablation_variants(cfg, ds)
+        if variants:
             cells.setdefault((ds, "cautious-dpo"), Cell(ds, "cautious-dpo", main("cautious-dpo")))
-            for variant, change in ABLATIONS.items():
-                name = f"cautious-dpo:{variant}"
-                cells[(ds, name)] = Cell(ds, name, main("cautious-dpo").model_copy(update=change))
+        for variant in variants:
+            name = f"cautious-dpo:{variant}"
+            cells[(ds, name)] = Cell(ds, name, main("cautious-dpo").model_copy(update=ABLATIONS[variant]))
     return list(cells.values())
+
+
+def _ablation_variants(cfg: EvolveExperimentConfig, dataset: str) -> list[str]:
+    """The CautiousDPO variants run on ``dataset``: all on `ablation_datasets`, the guard on `guard_datasets`."""
+    if dataset in cfg.ablation_datasets:
+        return list(ABLATIONS)
+    return ["balanced"] if dataset in cfg.guard_datasets else []
 
 
 def _tau_cell(cfg: EvolveExperimentConfig, tau: float) -> str:
@@ -311,8 +322,8 @@ def sweep_cells(cfg: EvolveExperimentConfig) -> dict[str, dict[str, list[tuple[s
         "alpha_sweep": {ds: [(f"{a:g}", _alpha_cell(cfg, a)) for a in cfg.alpha_sweep]
                         for ds in cfg.alpha_sweep_datasets},
         "tau_sweep": {ds: [(f"{t:g}", _tau_cell(cfg, t)) for t in cfg.tau_sweep] for ds in cfg.tau_sweep_datasets},
-        "ablation": {ds: [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in ABLATIONS]
-                     for ds in cfg.ablation_datasets},
+        "ablation": {ds: [("cautious-dpo", "cautious-dpo")] + [(v, f"cautious-dpo:{v}") for v in variants]
+                     for ds in cfg.datasets if (variants := _ablation_variants(cfg, ds))},
     }
 
 
