@@ -65,7 +65,8 @@ MAIN_METHODS = ("sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo")
 # DPO against SFT on the same rounds' data, so a claim like "DPO beats M0" carries its own p-value.
 PAIRED_TESTS = (("replay-dpo", "dpo"), ("cautious-dpo", "sft-only"), ("dpo", "sft"), ("sft", "sft-only"),
                 ("dpo", "sft-only"), ("replay-dpo", "sft-only"))
-# CautiousDPO variants: all three on `ablation_datasets` (two ablations and the collapse guard), the guard alone on `guard_datasets`.
+# CautiousDPO variants: all three on `ablation_datasets` (two ablations and the collapse guard),
+# the guard alone on `guard_datasets`.
 ABLATIONS = {"no-gating": {"gating": False}, "no-jury": {"jury": False}, "balanced": {"balance": True}}
 # Each sweep's cells are paired (same test examples, last round) with these reference cells: α < 1
 # with DPO (α = 1, no replay); a τ or a CautiousDPO variant with the main CautiousDPO cell and with
