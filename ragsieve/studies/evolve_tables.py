@@ -24,8 +24,8 @@ def _ci(ci) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
 
 
-def _num(x, digits: int = 3) -> str:
-    return "" if x is None else f"{x:.{digits}f}"
+def _num(x, digits: int = 3, signed: bool = False) -> str:
+    return "" if x is None else f"{x:{'+' if signed else ''}.{digits}f}"
 
 
 def _source(d) -> str:
@@ -95,9 +95,9 @@ def _collapse_section(collapse: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for ds, s in collapse.items():
         first, last, vs = s["first_round"], s["last_round"], s.get("vs_sft_only") or {}
         rows.append([ds, f"{first['self_labelled']} / {first['jury_labelled']}", _num(first["jury_accuracy"], 2),
-                     _num(first["label_accuracy"], 2), f"{first['lean']:+.2f}" if first["lean"] is not None else "",
+                     _num(first["label_accuracy"], 2), _num(first["lean"], 2, signed=True),
                      f"{last['self_labelled']} / {last['jury_labelled']}", _num(last["label_accuracy"], 2),
-                     f"{last['lean']:+.2f}" if last["lean"] is not None else "",
+                     _num(last["lean"], 2, signed=True),
                      " → ".join(_num(x, 2) for x in s["test_share_true"]),
                      " → ".join(_num(x, 3) for x in (s["test_auroc"][0], s["test_auroc"][-1])),
                      f"yes, to \"{s['collapsed_to']}\"" if s["collapsed"] else "no",
