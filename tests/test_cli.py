@@ -282,7 +282,8 @@ def test_index_overwrite_and_option_checks_come_first(tmp_path, cli, monkeypatch
 def test_serve_port_out_of_range_is_one_line(cli):
     for port in ("99999", "-1"):
         r = cli("serve", "--port", port)  # refused before any model loads or a socket is made
-        assert r.code == 2 and r.err.strip() == f"error: --port {port}: a TCP port is 1-65535 (0 = any free port)", r.err
+        assert r.code == 2, r.err
+        assert r.err.strip() == f"error: --port {port}: a TCP port is 1-65535 (0 = any free port)"
 
 
 def test_fit_with_too_few_questions_fails_on_the_split_before_loading_anything(tmp_path, cli):

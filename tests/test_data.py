@@ -337,7 +337,7 @@ def test_stripped_rows_join_their_text_back_by_id_and_refuse_other_text(tmp_path
     (data / "nq").mkdir(parents=True)
     with gzip.open(data / "nq" / "nq-open-oracle.jsonl.gz", "wt") as fh:
         fh.write('{"question": "who wrote hamlet", "answers": ["Shakespeare"], '
-                 '"ctxs": [{"title": "Hamlet", "text": "Hamlet is a tragedy by William Shakespeare.", "isgold": true}]}\n')
+                 '"ctxs": [{"title": "Hamlet", "text": "Hamlet is by William Shakespeare.", "isgold": true}]}\n')
     from ragsieve.data import load_dataset
 
     ds = load_dataset("nq-oracle", data_dir=data)

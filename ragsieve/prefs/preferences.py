@@ -111,7 +111,8 @@ def write_preferences(path: str | Path, records: Iterable[PreferenceRecord], *, 
 _LIST_FIELDS = ("pos", "neg", "pos_scores", "neg_scores")
 
 
-def read_preferences(path: str | Path, skip_bad: bool = False, data_dir: str | Path | None = None) -> list[PreferenceRecord]:
+def read_preferences(path: str | Path, skip_bad: bool = False,
+                     data_dir: str | Path | None = None) -> list[PreferenceRecord]:
     """Read FlagEmbedding-style preference jsonl; a line without usable pos/neg is an error naming it.
 
     Stripped rows (a committed copy, see :func:`write_preferences`) get their text back from

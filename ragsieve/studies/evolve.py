@@ -494,8 +494,8 @@ class EvolveExperiment:
                 raise RagsieveError(f"{m0_dir} was trained under other settings or data; use another out_dir")
             return M0(m0_dir, info)
         if info_path.exists():
-            console.print(f"  [yellow]{m0_dir} is missing (weights are not committed): retraining M0; finished "
-                          "cells are kept only if it scores the test set the same[/]")
+            console.print(f"  [yellow]{m0_dir} is missing (weights are not committed): retraining M0; the finished "
+                          "cells are kept only if it matches the M0 they were scored with[/]")
         config = (cfg.m0_train if cfg.m0 == "mixed" else cfg.m0_train_for(ds)).model_copy(update={"seed": cfg.seed})
         checkpoint = (TrainingCheckpoint(m0_dir.parent / "m0.checkpoint", cfg.checkpoint_steps, tag=fingerprint)
                       if cfg.checkpoint_steps else None)
@@ -571,7 +571,8 @@ class EvolveExperiment:
         if base.get("m0_weights"):
             raise RagsieveError(
                 f"{path} was scored with M0 weights {base['m0_weights']}, not {m0.dir}'s ({m0.weights}): restore "
-                f"that M0 (work/ is git-ignored; artifacts.json has its sha256) or move {path.parent} aside to redo the dataset")
+                f"that M0 (work/ is git-ignored; artifacts.json has its sha256) or move {path.parent} aside to redo "
+                "the dataset")
         ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
         fresh = score_examples(ranker, task.test)
         differ = sum(a != b for a, b in zip(fresh["pred"], base["test"]["pred"]))
