@@ -214,6 +214,10 @@ class RerankAlignExperiment:
             shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
             (tmp / "ragsieve_aligned.json").write_text(json.dumps(card, indent=2))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the model is complete: its checkpoints are not needed
+        from ragsieve.artifacts import record_training_outputs
+
+        for line in record_training_outputs(model_dir.parent, sorted(model_dir.glob("*.safetensors"))):  # git-ignored
+            console.print(f"[dim]{line}[/]")
         return model_dir
 
     def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], rank_keys: dict[str, str],
