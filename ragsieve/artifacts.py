@@ -238,8 +238,10 @@ def _sha256(file: Path) -> str:
 def record_training_outputs(out_dir: str | os.PathLike[str], files: list[str | os.PathLike[str]]) -> list[str]:
     """Record the sha256 of a study's training outputs (weights stay out of git) in ``<out_dir>/artifacts.json``.
 
-    ``files`` are paths under ``out_dir`` (usually its git-ignored ``work/``). Returns one line per
-    file saying whether a rerun rebuilt the recorded file or a different one (the new hash replaces it).
+    ``files`` are files inside ``out_dir`` (usually its git-ignored ``work/``), given like ``out_dir``
+    (e.g. ``out_dir / "probe" / "probe.safetensors"``); they are recorded by their path relative to it.
+    Returns one line per file saying whether a rerun rebuilt the recorded file or a different one (the
+    new hash replaces it).
     """
     out = Path(out_dir)
     record_file = out / TRAINING_OUTPUTS
@@ -247,8 +249,8 @@ def record_training_outputs(out_dir: str | os.PathLike[str], files: list[str | o
     lines = []
     for f in files:
         path = Path(f)
-        rel = (path if path.is_absolute() else out / path).resolve().relative_to(out.resolve()).as_posix()
-        entry = {"sha256": _sha256(out / rel), "bytes": (out / rel).stat().st_size}
+        rel = path.resolve().relative_to(out.resolve()).as_posix()
+        entry = {"sha256": _sha256(path), "bytes": path.stat().st_size}
         before = record.get(rel, {}).get("sha256")
         if before is None:
             lines.append(f"{rel}: sha256 {entry['sha256'][:12]} recorded in {record_file}")

@@ -101,3 +101,20 @@ def test_the_scan_finds_text_it_must_and_passes_what_it_may():
     assert not text_problems({"context_ids": ["On the Knocking at the Gate in Macbeth is a title"]}, "ids")
     assert not text_problems({"answers": {"5a8b": "The Sandy and Beaver Canal in Ohio was longer than it"}}, "cell")
     assert not text_problems({"generation": "Admiral Thomas Fletcher was executed for being a spy in 1776"}, "g")
+
+
+def test_training_outputs_are_recorded_by_sha256_and_a_rebuild_is_checked(tmp_path):
+    import hashlib
+
+    from ragsieve.artifacts import record_training_outputs
+
+    out = tmp_path / "study"
+    weights = out / "work" / "m0" / "adapter_model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"weights")
+    assert "recorded in" in record_training_outputs(out, [weights])[0]
+    record = json.loads((out / "artifacts.json").read_text())
+    assert record == {"work/m0/adapter_model.safetensors": {"sha256": hashlib.sha256(b"weights").hexdigest(), "bytes": 7}}
+    assert "rebuilt the recorded file" in record_training_outputs(out, [weights])[0]
+    weights.write_bytes(b"other weights")
+    assert "differs from the recorded file" in record_training_outputs(out, [weights])[0]

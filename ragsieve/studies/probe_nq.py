@@ -428,7 +428,7 @@ class ProbeExperiment:
         ConfidenceProbe(llm, result.head, probe_cfg).save(out_dir / "probe")  # git-ignored: its sha256 is recorded
         from ragsieve.artifacts import record_training_outputs
 
-        for line in record_training_outputs(out_dir, ["probe/probe.safetensors"]):
+        for line in record_training_outputs(out_dir, [out_dir / "probe" / "probe.safetensors"]):
             console.print(f"[dim]{line}[/]")
         out = {
             **{k: metrics[k] for k in keys},
