@@ -39,6 +39,7 @@ __all__ = [
     "damaged",
     "read_json_artifact",
     "reading_artifact",
+    "record_training_outputs",
     "sqlite_error",
     "state_dict_mismatch",
 ]
@@ -217,3 +218,48 @@ def sqlite_error(file: str | os.PathLike[str], exc: sqlite3.Error, rebuild: str)
     if isinstance(exc, sqlite3.OperationalError) and ("unable to open" in reason or "readonly" in reason):
         return RagsieveError(f"{file}: cannot open ({reason}); check the folder exists and is writable")
     return damaged(file, reason, rebuild)
+
+
+# --------------------------------------------------------------------- training outputs of a study
+
+TRAINING_OUTPUTS = "artifacts.json"
+
+
+def _sha256(file: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with file.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_training_outputs(out_dir: str | os.PathLike[str], files: list[str | os.PathLike[str]]) -> list[str]:
+    """Record the sha256 of a study's training outputs (weights stay out of git) in ``<out_dir>/artifacts.json``.
+
+    ``files`` are files inside ``out_dir`` (usually its git-ignored ``work/``), given like ``out_dir``
+    (e.g. ``out_dir / "probe" / "probe.safetensors"``); they are recorded by their path relative to it.
+    Returns one line per file saying whether a rerun rebuilt the recorded file or a different one (the
+    new hash replaces it).
+    """
+    out = Path(out_dir)
+    record_file = out / TRAINING_OUTPUTS
+    record: dict[str, Any] = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    lines = []
+    for f in files:
+        path = Path(f)
+        rel = path.resolve().relative_to(out.resolve()).as_posix()
+        entry = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        before = record.get(rel, {}).get("sha256")
+        if before is None:
+            lines.append(f"{rel}: sha256 {entry['sha256'][:12]} recorded in {record_file}")
+        elif before == entry["sha256"]:
+            lines.append(f"{rel}: rebuilt the recorded file (sha256 {before[:12]})")
+        else:
+            lines.append(f"{rel}: differs from the recorded file (sha256 {entry['sha256'][:12]}, was {before[:12]})")
+        record[rel] = entry
+    tmp = record_file.with_name(record_file.name + ".tmp")
+    tmp.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+    os.replace(tmp, record_file)
+    return lines

@@ -277,3 +277,21 @@ def test_index_overwrite_and_option_checks_come_first(tmp_path, cli, monkeypatch
     monkeypatch.setenv("RAGSIEVE_LLM_TIMEOUT", "0")
     result = cli("ask", "q", "--no-retrieval", "--llm", "openai:http://127.0.0.1:9/v1#m", "--timeout", "-1")
     assert result.code == 2 and "timeout" in result.err
+
+
+def test_serve_port_out_of_range_is_one_line(cli):
+    for port in ("99999", "-1"):
+        r = cli("serve", "--port", port)  # refused before any model loads or a socket is made
+        assert r.code == 2, r.err
+        assert r.err.strip() == f"error: --port {port}: a TCP port is 1-65535 (0 = any free port)"
+
+
+def test_fit_with_too_few_questions_fails_on_the_split_before_loading_anything(tmp_path, cli):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"q{i}", "question": f"question {i}?", "answers": ["a"]}) + "\n"
+                          for i in range(4)))
+    # neither the index nor the LLM exists: the split sizes are checked first
+    r = cli("fit", "--index", tmp_path / "no-index", "--questions", qa, "--out", tmp_path / "sieve",
+            "--llm", tmp_path / "no-llm")
+    assert r.code == 2 and "too few questions for the" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert not (tmp_path / "sieve").exists()

@@ -327,3 +327,29 @@ def test_anli_shapes() -> None:
     assert sum(p.label for p in ds.pairs) == 334 + 334 + 402
     p = ds.pairs[0]
     assert set(p.fields) == {"premise", "hypothesis"} and p.query == p.fields["hypothesis"]
+
+
+def test_stripped_rows_join_their_text_back_by_id_and_refuse_other_text(tmp_path):
+    """Committed rows keep ids; the text comes back from the dataset, and a different text is refused."""
+    from ragsieve.data.stripped import DIGEST_FIELD, TextField, join_text, strip_text
+
+    data = tmp_path / "data"
+    (data / "nq").mkdir(parents=True)
+    with gzip.open(data / "nq" / "nq-open-oracle.jsonl.gz", "wt") as fh:
+        fh.write('{"question": "who wrote hamlet", "answers": ["Shakespeare"], '
+                 '"ctxs": [{"title": "Hamlet", "text": "Hamlet is by William Shakespeare.", "isgold": true}]}\n')
+    from ragsieve.data import load_dataset
+
+    ds = load_dataset("nq-oracle", data_dir=data)
+    q, p = ds.questions[0], ds.passages[0]
+    fields = (TextField("query", "query_id", "question"), TextField("pos", "pos_ids", "passage"))
+    row = {"dataset": "nq-oracle", "query_id": q.id, "query": q.text, "pos_ids": [p.id], "pos": [p.full_text],
+           "pos_scores": [0.4]}
+    stripped = strip_text([row], fields)[0]
+    assert set(stripped) == {"dataset", "query_id", "pos_ids", "pos_scores", DIGEST_FIELD}
+    assert join_text([stripped], fields, data_dir=data) == [row]
+    assert join_text([row], fields, data_dir=data) == [row]  # rows with their text pass through
+    with pytest.raises(DataError, match="differs from the text the results were made with"):
+        join_text([{**stripped, DIGEST_FIELD: "000000000000"}], fields, data_dir=data, where="prefs.jsonl")
+    with pytest.raises(DataError, match="nq-oracle has no passage 'wiki:gone'"):
+        join_text([{**stripped, "pos_ids": ["wiki:gone"]}], fields, data_dir=data)

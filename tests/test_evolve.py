@@ -825,6 +825,9 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
     record_path = out / "cells" / "pubmedqa" / "_m0.json"
     weights = m0["m0_weights"]
     assert weights and json.loads((out / "cells" / "pubmedqa" / "sft.json").read_text())["m0_weights"] == weights
+    # M0's weights stay out of git (work/ is ignored but for the small records); their sha256 is recorded
+    assert "work/pubmedqa/m0/adapter_model.safetensors" in json.loads((out / "artifacts.json").read_text())
+    assert "m0/" not in (out / "work" / ".gitignore").read_text()
     assert json.loads((out / "work" / "pubmedqa" / "m0_d1.json").read_text())["m0_weights"] == weights
     legacy = {k: v for k, v in m0.items() if k != "m0_weights"}
     record_path.write_text(json.dumps(legacy))

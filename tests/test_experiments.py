@@ -73,6 +73,9 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
     assert qc["probe"]["auroc"] == metrics["auroc_qc"] or metrics["auroc_qc"] is None
     assert (probe_out / "calibration.png").stat().st_size > 0
     assert (probe_out / "probe" / "probe.safetensors").exists()
+    # the probe (a training output, git-ignored) has its sha256 recorded for a rerun to check against
+    recorded = json.loads((probe_out / "artifacts.json").read_text())["probe/probe.safetensors"]
+    assert recorded["bytes"] == (probe_out / "probe" / "probe.safetensors").stat().st_size
     lines = (probe_out / "generations.jsonl").read_text().splitlines()
     assert len(lines) == 24 * 3  # closed + gold + 1 retrieved per question
     # a rerun resumes (nothing is generated twice); comparing with a copy of its own probe gives no difference
@@ -147,6 +150,10 @@ def test_probe_then_cbdr_then_rerank_align_smoke(tmp_path, tiny_llm_dir, tiny_cr
         bounds["gold-first"]["top1"])
     assert set(bounds) <= {"gold-first", "shift-order"} and "upper_bounds" in result["rag"]["hotpotqa"]
     assert (tmp_path / "align" / "model" / "ragsieve_aligned.json").exists()
+    # the committed preference files hold ids and scores; the text-bearing ones stay in the ignored work/
+    committed = [json.loads(x) for x in (tmp_path / "align" / "prefs" / "prefs_test.jsonl").read_text().splitlines()]
+    assert all("query" not in r and "pos" not in r and r["query_id"] for r in committed)
+    assert (tmp_path / "align" / "work" / "prefs" / "prefs_test.jsonl").is_file()
     assert (tmp_path / "align" / "rag_accuracy.png").stat().st_size > 0
     tables = (tmp_path / "align" / "tables.md").read_text()
     assert "### Table 1" in tables and "aligned vs base" in tables and "gold-first" in tables and "nan" not in tables

@@ -87,6 +87,18 @@ def test_build_preference_set_resumes(tmp_path, tiny_llm, tiny_llm_dir, monkeypa
         assert all(min(r.pos_scores) > 0 > max(r.neg_scores) and len(r.pos) <= 2 for r in recs)
     monkeypatch.setattr("ragsieve.models.load_local_llm", lambda *a, **k: pytest.fail("resumed run loaded the LLM"))
     assert build_preference_set(cfg, tmp_path / "prefs") == stats
+    # commit_dir: a copy without the dataset text; a fresh clone (no work folder, no probe) rebuilds from it
+    committed = tmp_path / "committed"
+    assert build_preference_set(cfg, tmp_path / "prefs", commit_dir=committed) == stats
+    rows = [json.loads(line) for split in ("train", "test")
+            for line in (committed / f"prefs_{split}.jsonl").read_text().splitlines()]
+    assert len(rows) == stats["train"]["kept"] + stats["test"]["kept"]
+    assert all("query" not in r and "pos" not in r and "neg" not in r and r["pos_ids"] for r in rows)
+    fresh = cfg.model_copy(update={"probe": str(tmp_path / "no-probe")})
+    assert build_preference_set(fresh, tmp_path / "clone-work", commit_dir=committed) == stats
+    for split in ("train", "test"):
+        assert read_preferences(committed / f"prefs_{split}.jsonl") == \
+            read_preferences(tmp_path / "clone-work" / f"prefs_{split}.jsonl")
 
 
 def test_build_questions_follow_a_probe_split_file(tmp_path):

@@ -32,6 +32,7 @@ def fit_cmd(
     """Fit the knowledge-boundary method to one LLM: probe, gate β, aligned reranker, grader → SIEVE."""
     from ragsieve.config import build_config, read_mapping
     from ragsieve.fit import PHASES, FitConfig, fit_sieve
+    from ragsieve.fit.run import check_fit_questions
     from ragsieve.studies.common import progress_bar
 
     values = read_mapping(config) if config else {}
@@ -39,6 +40,7 @@ def fit_cmd(
                    "max_questions": max_questions, "top_k": top_k, "candidates": candidates})
     values.update({k: v for k, v in (("generator", generator), ("ray", ray)) if v is not None})  # unset: the file's
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads
+    check_fit_questions(cfg)  # too few questions: one line, before the progress bars and any phase
     with progress_bar(err_console) as bar:
         tasks = {name: bar.add_task(name, total=None) for name in PHASES}
 

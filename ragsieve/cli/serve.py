@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 
 from ragsieve.cli.app import app, err_console
+from ragsieve.errors import RagsieveError
 
 
 @app.command("serve")
@@ -49,6 +50,8 @@ def serve_cmd(
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
 ) -> None:
     """Serve Cohere/Jina/TEI-compatible /v1/rerank, /v2/rerank, /rerank and /v1/filter."""
+    if not 0 <= port <= 65535:  # before any model loads (socket.bind would raise OverflowError)
+        raise RagsieveError(f"--port {port}: a TCP port is 1-65535 (0 = any free port)")
     from ragsieve.config import build_config, read_mapping
     from ragsieve.serve import ServeConfig, create_app
     from ragsieve.serve.runner import bind, uvicorn_server

@@ -114,16 +114,7 @@ class Fit:
 
     # -- 1. split ----------------------------------------------------------------------------------
     def phase_split(self) -> None:
-        from ragsieve.data.qa_files import split_questions
-
-        splits = split_questions(self.questions, self.config.split, self.config.seed)
-        small = [name for name, qs in splits.items() if len(qs) < 2]
-        if small:
-            raise RagsieveError(
-                f"{self.config.questions}: too few questions for the {'/'.join(small)} split "
-                f"({len(self.questions)} in all); give more questions"
-            )
-        self.splits = splits
+        splits = self.splits = fit_splits(self.config, self.questions)
         _write_json(self.work / "split.json", {k: [q.id for q in v] for k, v in splits.items()})
         self.progress("split", 1, 1)
 
@@ -538,6 +529,28 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def fit_splits(config: FitConfig, questions: list[Question]) -> dict[str, list[Question]]:
+    """The train / dev / test questions; a split with fewer than 2 is an error naming the file."""
+    from ragsieve.data.qa_files import split_questions
+
+    splits = split_questions(questions, config.split, config.seed)
+    small = [name for name, qs in splits.items() if len(qs) < 2]
+    if small:
+        raise RagsieveError(
+            f"{config.questions}: too few questions for the {'/'.join(small)} split "
+            f"({len(questions)} in all); give more questions"
+        )
+    return splits
+
+
+def check_fit_questions(config: FitConfig) -> None:
+    """The QA file and its split sizes, checked before the index and the LLM load or any phase runs."""
+    from ragsieve.data.qa_files import read_qa_file
+
+    fit_splits(config, read_qa_file(config.questions)[: config.max_questions or None])
+
+
 def fit_sieve(config: FitConfig, progress: Optional[Progress] = None) -> SieveConfig:
     """Run every phase (resuming from ``<out>/work``) and return the written ``sieve.json``."""
+    check_fit_questions(config)
     return Fit(config, progress).run()

@@ -23,6 +23,7 @@ import numpy as np
 
 from ragsieve.config import StrictConfig
 from ragsieve.data.records import Dataset, Question
+from ragsieve.data.stripped import TextField
 from ragsieve.errors import DataError, RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 
@@ -263,21 +264,33 @@ def plot_score_histogram(
 # -- files ---------------------------------------------------------------------------------
 
 
-def write_grading_pairs(path: str | Path, pairs: Sequence[GradingPair]) -> int:
+# what a committed pairs file leaves out: the query and passage texts, joined back by id from `source`
+GRADING_PAIR_TEXT = (TextField("query", "query_id", "question"), TextField("passage", "passage_id", "passage"))
+
+
+def write_grading_pairs(path: str | Path, pairs: Sequence[GradingPair], stripped: bool = False) -> int:
+    """One pair per line; ``stripped``: without the dataset text (ids, labels, scores: a copy fit to commit)."""
     from ragsieve.data import write_jsonl
+    from ragsieve.data.stripped import strip_text
 
-    return write_jsonl(path, (asdict(p) for p in pairs))
+    rows = [asdict(p) for p in pairs]
+    return write_jsonl(path, strip_text(rows, GRADING_PAIR_TEXT) if stripped else rows)
 
 
-def read_grading_pairs(path: str | Path, split: str | None = None) -> list[GradingPair]:
+def read_grading_pairs(path: str | Path, split: str | None = None, data_dir: str | Path | None = None
+                       ) -> list[GradingPair]:
     """Read labelled pairs (``query``, ``passage``, ``label`` per line; more fields optional).
 
-    ``split`` keeps only rows whose ``split`` field equals it.
+    ``split`` keeps only rows whose ``split`` field equals it. Stripped rows get their text back
+    from the dataset named by their ``source`` under ``data_dir`` (default RAGSIEVE_DATA).
     """
     from ragsieve.data import read_jsonl
+    from ragsieve.data.stripped import join_text
 
-    reader = read_jsonl(path)
-    pairs = [GradingPair.from_row(row, f"{path}:{lineno}") for lineno, row in reader.numbered()]
+    numbered = list(read_jsonl(path).numbered())
+    joined = join_text([row for _, row in numbered], GRADING_PAIR_TEXT, dataset_field="source", data_dir=data_dir,
+                       where=str(path))
+    pairs = [GradingPair.from_row(row, f"{path}:{lineno}") for (lineno, _), row in zip(numbered, joined)]
     if split:
         pairs = [p for p in pairs if p.split == split]
     if not pairs:

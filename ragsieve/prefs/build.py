@@ -88,9 +88,14 @@ def state_cache_path(cfg: PreferenceBuildConfig) -> Path:
 
 def build_preference_set(
     cfg: PreferenceBuildConfig, out_dir: str | Path, progress: Callable[[int], None] | None = None,
-    exclude_from_test=frozenset(),
+    exclude_from_test=frozenset(), commit_dir: str | Path | None = None,
 ) -> dict:
     """Write ``shifts.jsonl``, ``prefs_train.jsonl``, ``prefs_test.jsonl``; return counts.
+
+    With ``commit_dir`` (a study's committed ``prefs/``; ``out_dir`` is then its git-ignored work
+    folder) a copy fit to commit is written there too: ``shifts.jsonl`` as is (ids and scores) and
+    the preference files stripped of their dataset text. A fresh clone starts from that copy's
+    shifts, so the preference files are rebuilt from the dataset without a probe pass.
 
     Example::
 
@@ -104,11 +109,13 @@ def build_preference_set(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not (Path(cfg.probe) / "probe_config.json").exists():
-        raise RagsieveError(f"no probe at {cfg.probe}: run experiments/probe_nq.yaml first")
     ds = load_dataset(cfg.dataset, data_dir=cfg.data_dir)
     splits = select_build_questions(cfg, ds.questions, exclude_from_test)
     shifts_path = out_dir / "shifts.jsonl"
+    if commit_dir and not shifts_path.exists() and (Path(commit_dir) / "shifts.jsonl").is_file():
+        import shutil
+
+        shutil.copyfile(Path(commit_dir) / "shifts.jsonl", shifts_path)
     done = {row["question_id"]: QuestionShift(**row) for row in read_jsonl(shifts_path, skip_bad=True)} \
         if shifts_path.exists() else {}
 
@@ -117,6 +124,8 @@ def build_preference_set(
     if progress:
         progress(sum(len(qs) for qs in splits.values()) - len(todo))
     if todo:
+        if not (Path(cfg.probe) / "probe_config.json").exists():
+            raise RagsieveError(f"no probe at {cfg.probe}: run experiments/probe_nq.yaml first")
         probe_config, _ = load_head(cfg.probe)
         llm = load_local_llm(probe_config.llm_spec)
         cache = StateCache(state_cache_path(cfg))
@@ -144,11 +153,21 @@ def build_preference_set(
             if progress:
                 progress(len(chunk))
         cache.close()
-    return write_preference_splits(ds, splits, done, cfg, out_dir)
+    stats = write_preference_splits(ds, splits, done, cfg, out_dir)
+    if commit_dir:
+        import shutil
+
+        Path(commit_dir).mkdir(parents=True, exist_ok=True)
+        if shifts_path.exists():
+            shutil.copyfile(shifts_path, Path(commit_dir) / "shifts.jsonl")
+        write_preference_splits(ds, splits, done, cfg, Path(commit_dir), stripped=True)
+    return stats
 
 
-def write_preference_splits(ds, splits: dict[str, list], shifts: dict[str, QuestionShift], cfg, out_dir: Path) -> dict:
-    """Select pos/neg per question, write both jsonl files, and count what was kept."""
+def write_preference_splits(ds, splits: dict[str, list], shifts: dict[str, QuestionShift], cfg, out_dir: Path,
+                            stripped: bool = False) -> dict:
+    """Select pos/neg per question, write both jsonl files (``stripped``: without the dataset text, see
+    :func:`~ragsieve.prefs.preferences.write_preferences`), and count what was kept."""
     by_id = ds.passage_by_id()
     stats: dict[str, dict] = {}
     for name, questions in splits.items():
@@ -168,7 +187,7 @@ def write_preference_splits(ds, splits: dict[str, list], shifts: dict[str, Quest
             gold_positive += bool(gold & set(rec.pos_ids))
             gold_negative += bool(gold & set(rec.neg_ids))
             records.append(rec)
-        write_preferences(out_dir / f"prefs_{name}.jsonl", records)
+        write_preferences(out_dir / f"prefs_{name}.jsonl", records, dataset=cfg.dataset if stripped else None)
         n = len(questions)
         all_inc = np.concatenate([shifts[q.id].inc for q in questions]) if questions else np.zeros(0)
         stats[name] = {

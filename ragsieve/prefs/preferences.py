@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import numpy as np
 
 from ragsieve.data.records import Passage
+from ragsieve.data.stripped import TextField
 from ragsieve.errors import DataError
 
 if TYPE_CHECKING:
@@ -90,22 +91,40 @@ def select_preferences(
     )
 
 
-def write_preferences(path: str | Path, records: Iterable[PreferenceRecord]) -> int:
-    from ragsieve.data import write_jsonl
+# what a committed preference file leaves out: the question and passage texts, joined back by id
+PREFERENCE_TEXT = (TextField("query", "query_id", "question"), TextField("pos", "pos_ids", "passage"),
+                   TextField("neg", "neg_ids", "passage"))
 
-    return write_jsonl(path, [asdict(r) for r in records])
+
+def write_preferences(path: str | Path, records: Iterable[PreferenceRecord], *, dataset: str | None = None) -> int:
+    """FlagEmbedding-style jsonl; with ``dataset`` (the one the records come from) the rows are written
+    stripped of their text (ids, scores and the dataset name: a copy fit to commit)."""
+    from ragsieve.data import write_jsonl
+    from ragsieve.data.stripped import strip_text
+
+    rows = [asdict(r) for r in records]
+    if dataset:
+        rows = strip_text([{"dataset": dataset, **r} for r in rows], PREFERENCE_TEXT)
+    return write_jsonl(path, rows)
 
 
 _LIST_FIELDS = ("pos", "neg", "pos_scores", "neg_scores")
 
 
-def read_preferences(path: str | Path, skip_bad: bool = False) -> list[PreferenceRecord]:
-    """Read FlagEmbedding-style preference jsonl; a line without usable pos/neg is an error naming it."""
-    from ragsieve.data import read_jsonl
+def read_preferences(path: str | Path, skip_bad: bool = False,
+                     data_dir: str | Path | None = None) -> list[PreferenceRecord]:
+    """Read FlagEmbedding-style preference jsonl; a line without usable pos/neg is an error naming it.
 
-    reader = read_jsonl(path, skip_bad=skip_bad)
+    Stripped rows (a committed copy, see :func:`write_preferences`) get their text back from
+    their dataset under ``data_dir`` (default RAGSIEVE_DATA)."""
+    from ragsieve.data import read_jsonl
+    from ragsieve.data.stripped import join_text
+
+    numbered = list(read_jsonl(path, skip_bad=skip_bad).numbered())
+    joined = join_text([row for _, row in numbered], PREFERENCE_TEXT, data_dir=data_dir, where=str(path))
+    numbered = [(lineno, row) for (lineno, _), row in zip(numbered, joined)]
     out = []
-    for lineno, row in reader.numbered():
+    for lineno, row in numbered:
         problem = _problem(row)
         if problem:
             if skip_bad:

@@ -5,7 +5,8 @@ with the embedded SmolLM2 three ways: closed-book, plain top-k retrieval, and th
 shipped default sieve (``embedded:default``: CBDR gate → rerank 20 candidates → grade →
 generate). Prints accuracy with 95 % intervals, the paired McNemar test of the sieve against
 plain top-k, and one question's stage-by-stage trace (what ``ask --explain`` shows), then
-writes ``metrics.json`` plus every prediction (for auditing) to ``$RAGSIEVE_CACHE/demo``, so a
+writes ``metrics.json`` plus every prediction (for auditing: question and context ids, the answer and
+whether it is right) to ``$RAGSIEVE_CACHE/demo``, so a
 demo run leaves the checkout untouched (``--config`` with ``out_dir: results/demo`` refreshes
 the committed copy).
 """
@@ -98,11 +99,10 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
             m["graded_out_per_question"] = sum(a.graded_out for a in answers) / len(answers)
             traced = next((a for a in answers if a.retrieved and a.candidates), answers[0])
         metrics[mode] = m
-        for q, a in zip(questions, answers):
-            predictions.append(
-                {"mode": mode, "id": q.id, "question": q.text, "answers": list(q.answers), "prediction": a.answer,
-                 "contexts": [p.id for p in a.contexts]}
-            )
+        for q, a, right in zip(questions, answers, outcomes[mode]):
+            # ids, not the dataset's question and answer text (the committed copy stays free of it)
+            predictions.append({"mode": mode, "id": q.id, "prediction": a.answer, "correct": right,
+                                "contexts": [p.id for p in a.contexts]})
     paired = {}
     if "sieve" in outcomes:
         paired["sieve_vs_rag"] = mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{cfg.top_k}"]).to_dict()

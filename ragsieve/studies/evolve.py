@@ -29,8 +29,8 @@ At scale (``test_size`` > 0, issue #16; ``experiments/evolve_scale*.yaml``):
 * ``m0: mixed`` trains one M0 on the SFT sets of all datasets (each in its own template).
 * Cells resume mid-cell: each finished round writes ``cells/<dataset>/<cell>/round-<t>.json``
   (small, committable: metrics, pseudo-labels, the round's pairs) after its adapter is
-  saved to ``work/<dataset>/<cell>/round-<t>`` (git-ignored; M0 under ``work/<dataset>/m0`` is
-  committable, :data:`WORK_GITIGNORE`). A rerun rebuilds M_t from M0
+  saved to ``work/<dataset>/<cell>/round-<t>`` (git-ignored, like M0 under ``work/<dataset>/m0``, whose
+  sha256 is recorded in ``artifacts.json``; :data:`WORK_GITIGNORE`). A rerun rebuilds M_t from M0
   and those adapters and continues at round t + 1; a round whose adapter is missing (a
   fresh clone) is redone, with every round after it.
 * ``tau_sweep`` adds CautiousDPO cells with other confidence gates, like ``alpha_sweep``.
@@ -328,10 +328,10 @@ def sweep_cells(cfg: EvolveExperimentConfig) -> dict[str, dict[str, list[tuple[s
     }
 
 
-# work/ holds adapters. Round adapters (≈ 20 MB each) stay ignored: they are dropped when their cell
-# finishes. M0 (one per dataset) and its verdicts on D_1 are committed: each session starts from a
-# fresh clone, and retraining three M0s would cost ≈ 45 min of every session of a multi-session run.
-WORK_GITIGNORE = "*\n!.gitignore\n!*/\n!*/m0/**\n!*/m0.json\n!*/m0_d1.json\n*.checkpoint/\n"
+# work/ holds adapters, all git-ignored: training outputs are not committed (round adapters, ≈ 20 MB
+# each, are dropped when their cell finishes; M0's sha256 is in artifacts.json). M0's training record
+# and its verdicts on D_1 (small JSON) are committed.
+WORK_GITIGNORE = "*\n!.gitignore\n!*/\n!*/m0.json\n!*/m0_d1.json\n*.checkpoint/\n"
 
 
 class EvolveExperiment:
@@ -493,6 +493,9 @@ class EvolveExperiment:
             if info.get("fingerprint", fingerprint) != fingerprint:
                 raise RagsieveError(f"{m0_dir} was trained under other settings or data; use another out_dir")
             return M0(m0_dir, info)
+        if info_path.exists():
+            console.print(f"  [yellow]{m0_dir} is missing (weights are not committed): retraining M0; the finished "
+                          "cells are kept only if it matches the M0 they were scored with[/]")
         config = (cfg.m0_train if cfg.m0 == "mixed" else cfg.m0_train_for(ds)).model_copy(update={"seed": cfg.seed})
         checkpoint = (TrainingCheckpoint(m0_dir.parent / "m0.checkpoint", cfg.checkpoint_steps, tag=fingerprint)
                       if cfg.checkpoint_steps else None)
@@ -521,6 +524,10 @@ class EvolveExperiment:
             truncated = result.truncated_passages = ranker.prompter.truncated
         info = {"m0": cfg.m0, "fingerprint": fingerprint, "train": result.summary(), "truncated_prompts": truncated}
         write_json(info_path, info)
+        from ragsieve.artifacts import record_training_outputs
+
+        for line in record_training_outputs(work.parent, [m0_dir / "adapter_model.safetensors"]):
+            console.print(f"  [dim]{line}[/]")
         return M0(m0_dir, info)
 
     def _m0_eval(self, cfg, task, m0: "M0", out_dir: Path, console: Console) -> dict:
@@ -564,7 +571,8 @@ class EvolveExperiment:
         if base.get("m0_weights"):
             raise RagsieveError(
                 f"{path} was scored with M0 weights {base['m0_weights']}, not {m0.dir}'s ({m0.weights}): restore "
-                f"that M0 (it is committed under work/) or move {path.parent} aside to redo the dataset")
+                f"that M0 (work/ is git-ignored; artifacts.json has its sha256) or move {path.parent} aside to redo "
+                "the dataset")
         ranker = ranker or self._ranker(cfg, task.dataset, adapters=[m0.dir])
         fresh = score_examples(ranker, task.test)
         differ = sum(a != b for a, b in zip(fresh["pred"], base["test"]["pred"]))

@@ -252,13 +252,13 @@ class GraderExperiment:
             card = json.loads(card_file.read_text())
             if card.get("settings") == settings:
                 console.print(f"[dim]reusing {pairs_file} (same data and teacher settings)[/]")
-                return read_grading_pairs(pairs_file), card["teacher"]
+                return read_grading_pairs(pairs_file, data_dir=cfg.data.data_dir), card["teacher"]
         pairs = build_grading_pairs(cfg.data, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
         teacher = {"teacher": "gold"}
         if cfg.teacher == "judge":
             pairs, teacher = self._judge(cfg, pairs, out_dir, console)
         pairs = assign_splits(pairs, cfg.data.test_fraction, cfg.data.seed)
-        write_grading_pairs(pairs_file, pairs)
+        write_grading_pairs(pairs_file, pairs, stripped=True)  # ids and labels: the text is joined back on reuse
         card_file.write_text(json.dumps({"settings": settings, "teacher": teacher}, indent=1) + "\n")
         return pairs, teacher
 

@@ -425,7 +425,11 @@ class ProbeExperiment:
         probe_cfg.metrics = {k: metrics[k] for k in keys}
         if sweep:
             probe_cfg.metrics["dev_auroc_by_layer"] = {r["layer"]: r["criterion"] for r in sweep["by_layer"]}
-        ConfidenceProbe(llm, result.head, probe_cfg).save(out_dir / "probe")
+        ConfidenceProbe(llm, result.head, probe_cfg).save(out_dir / "probe")  # git-ignored: its sha256 is recorded
+        from ragsieve.artifacts import record_training_outputs
+
+        for line in record_training_outputs(out_dir, [out_dir / "probe" / "probe.safetensors"]):
+            console.print(f"[dim]{line}[/]")
         out = {
             **{k: metrics[k] for k in keys},
             "counts": counts,

@@ -115,13 +115,14 @@ class RerankAlignExperiment:
         with progress_bar(console) as bar:
             n = cfg.prefs.train_questions + cfg.prefs.test_questions
             task = bar.add_task("confidence shifts (21 probe passes / question)", total=n)
-            prefs_stats = build_preference_set(cfg.prefs, out_dir / "prefs", lambda k: bar.advance(task, k),
-                                               exclude_from_test=excluded)
+            # the text-bearing preference files stay in the git-ignored work/; prefs/ gets ids and scores
+            prefs_stats = build_preference_set(cfg.prefs, out_dir / "work" / "prefs", lambda k: bar.advance(task, k),
+                                               exclude_from_test=excluded, commit_dir=out_dir / "prefs")
         timings["prefs"] = time.perf_counter() - t0
         console.print(f"preference set: {json.dumps(prefs_stats)}")
 
         t = time.perf_counter()
-        train_records = read_preferences(out_dir / "prefs" / "prefs_train.jsonl")
+        train_records = read_preferences(out_dir / "work" / "prefs" / "prefs_train.jsonl")
         aligned_dirs = {
             aligned_row(i, seed): self._train_aligned(cfg, out_dir / aligned_folder(i, seed), base_dir, train_records,
                                                       seed, console)
@@ -140,7 +141,7 @@ class RerankAlignExperiment:
         }
         ds = load_dataset(cfg.prefs.dataset, data_dir=cfg.prefs.data_dir)
         test_queries = preference_ranking_queries(
-            read_preferences(out_dir / "prefs" / "prefs_test.jsonl"), out_dir / "prefs" / "shifts.jsonl"
+            read_preferences(out_dir / "work" / "prefs" / "prefs_test.jsonl"), out_dir / "prefs" / "shifts.jsonl"
         )
         rank_keys = ranker_keys(cfg, base_dir, aligned_dirs)
         per_pref = {name: cached_per_query(r, rank_keys[name], test_queries, cfg.table1_ks,
@@ -213,6 +214,10 @@ class RerankAlignExperiment:
             shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
             (tmp / "ragsieve_aligned.json").write_text(json.dumps(card, indent=2))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the model is complete: its checkpoints are not needed
+        from ragsieve.artifacts import record_training_outputs
+
+        for line in record_training_outputs(model_dir.parent, sorted(model_dir.glob("*.safetensors"))):  # git-ignored
+            console.print(f"[dim]{line}[/]")
         return model_dir
 
     def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], rank_keys: dict[str, str],
