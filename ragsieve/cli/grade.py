@@ -129,13 +129,17 @@ def train_cmd(
     lora_alpha: Optional[int] = typer.Option(None, help="LoRA alpha (kind lora)."),
     max_length: int = typer.Option(512, help="Prompt token budget."),
     max_passage_tokens: int = typer.Option(192, help="Passage token budget (longer ones are truncated, counted)."),
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Train a grader on labelled pairs and save it."""
+    from ragsieve.atomic import atomic_directory
+    from ragsieve.checks import output_dir
     from ragsieve.config import build_config
     from ragsieve.registry import grader_class, new_grader
     from ragsieve.grade.lm import LMGrader
     from ragsieve.grade.train import GraderTrainConfig
 
+    output_dir(out, overwrite=overwrite)  # before any pair is read or model loads
     rows = _read_split(pairs, split)
     train_config = build_config(
         GraderTrainConfig,
@@ -149,7 +153,8 @@ def train_cmd(
     grader = new_grader(kind, base, **options)
     if kind != "prompted":  # the baseline is saved as is: nothing to train
         grader.fit([p.query for p in rows], [p.passage for p in rows], [p.label for p in rows], train_config)
-    grader.save(out)
+    with atomic_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
+        grader.save(building)
     trained = grader.config.trained
     summary = {k: trained.get(k) for k in ("steps", "first_loss", "final_loss", "seconds") if k in trained}
     console.print(f"{kind} grader on {len(rows)} pairs → {out} {summary if summary else ''}")
