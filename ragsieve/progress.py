@@ -179,7 +179,7 @@ class LogProgress:
             task.finished = True
             elapsed = now - task.started
             done = task.completed - task.start_done
-            rate = f", {_rate(done / elapsed)}" if elapsed > 0 and done > 0 else ""
+            rate = f", {_rate(done / elapsed)}" if elapsed > 0 and done > 0 and task.total > 1 else ""
             self.note(f"{task.description}: done, {_count(task.completed)}/{_count(task.total)} "
                       f"in {_duration(elapsed)}{rate}")
             return

@@ -139,16 +139,17 @@ def train_cmd(
     from ragsieve.grade.lm import LMGrader
     from ragsieve.grade.train import GraderTrainConfig
 
-    output_dir(out, overwrite=overwrite)  # before any pair is read or model loads
-    rows = _read_split(pairs, split)
     train_config = build_config(
         GraderTrainConfig,
         {"lr": lr, "epochs": epochs, "max_steps": max_steps, "batch_size": batch_size, "loss": loss,
          "sampling": sampling},
         "train options",
     )
+    lm_kind = issubclass(grader_class(kind), LMGrader)  # an unknown kind is refused here
+    output_dir(out, overwrite=overwrite)  # options first, then the output; before any pair is read or model loads
+    rows = _read_split(pairs, split)
     options: dict = {"lora_r": lora_r, "lora_alpha": lora_alpha}
-    if issubclass(grader_class(kind), LMGrader):  # token budgets mean nothing to the cosine / cross-encoder
+    if lm_kind:  # token budgets mean nothing to the cosine / cross-encoder
         options.update(max_length=max_length, max_passage_tokens=max_passage_tokens)
     grader = new_grader(kind, base, **options)
     if kind != "prompted":  # the baseline is saved as is: nothing to train
