@@ -73,3 +73,16 @@ def test_a_resumable_build_continues_in_its_hidden_folder_and_appears_in_one_ren
                 pass
         (work / "new.json").write_text("x")
     assert [p.name for p in target.iterdir()] == ["new.json"]
+
+
+def test_ask_refuses_options_a_sieve_would_silently_replace(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the help on one line per option
+    result = cli("ask", "q", "--sieve", "default", "--no-retrieval", "--llm", "hf:x", "--top-k", "5")
+    assert result.code == 2 and "drop --llm, --top-k (or drop --sieve)" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert "cannot be combined with --llm, --top-k" in cli("ask", "--help").out
+
+
+def test_a_missing_required_option_is_a_usage_error_not_a_traceback(cli):
+    result = cli("grader", "train")
+    assert result.code == 2 and "Missing option '--pairs'" in result.err
