@@ -28,7 +28,11 @@ def _ragsieve(*args, cwd: Path) -> tuple[int, str, str]:
 def test_log_lines_by_share_and_by_time(capsys, monkeypatch):
     from ragsieve.progress import LogProgress, progress_bar
 
+    from rich.console import Console
+    from rich.progress import Progress
+
     assert isinstance(progress_bar(), LogProgress)  # pytest's stderr is no terminal
+    assert isinstance(progress_bar(Console(stderr=True, force_terminal=True)), Progress)  # a terminal: the bar
     with LogProgress(every_fraction=0.25, every_seconds=3600) as bar:
         task = bar.add_task("encoding", total=100)
         for _ in range(100):

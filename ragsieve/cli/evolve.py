@@ -4,7 +4,7 @@ Example::
 
     ragsieve evolve init --store state/fever --dataset fever --judge reranker:bi-encoder
     ragsieve evolve step --store state/fever          # round 0 (M0), then one round per call
-    ragsieve evolve feedback labels.jsonl --store state/fever
+    ragsieve evolve feedback gold.jsonl --store state/fever    # {id, label}: gold labels of queued examples
     ragsieve evolve status --store state/fever
 """
 
