@@ -89,7 +89,9 @@ def _count(value: float) -> str:
 
 
 def _rate(per_second: float) -> str:
-    return f"{per_second:,.0f}/s" if per_second >= 10 else f"{per_second:.1f}/s" if per_second >= 1 else f"{per_second:.2f}/s"
+    if per_second >= 10:
+        return f"{per_second:,.0f}/s"
+    return f"{per_second:.1f}/s" if per_second >= 1 else f"{per_second:.2f}/s"
 
 
 def _duration(seconds: float) -> str:

@@ -62,7 +62,8 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
     assert code == 0, err
     assert "index: reading 1 path(s)" in err and "index: building a dense index over 24 passages" in err
     assert "embedding: started, 24 to do" in err and "embedding: done, 24/24 in " in err
-    assert " ".join(out.split()) == f"indexed 24 passages from 1 path(s) (dense) → {tmp_path / 'dense'}"  # results only
+    # stdout holds the result only
+    assert " ".join(out.split()) == f"indexed 24 passages from 1 path(s) (dense) → {tmp_path / 'dense'}"
 
     index, qa, endpoint = fit_inputs
     config = tmp_path / "fit.yaml"

@@ -33,7 +33,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,14 +63,6 @@ OTHER_TOOLS_SKIP = {
     "make": "the target runs the install, the suite or the benchmarks (checked: it exists)",
     "python": "a benchmark (checked: the script and its flags exist)",
 }
-
-
-@dataclass
-class Command:
-    line: str
-    words: list[str]
-    where: str  # README line number, for messages
-    problems: list[str] = field(default_factory=list)
 
 
 # -- reading the README ----------------------------------------------------------------------------
@@ -266,7 +257,7 @@ def data_available() -> bool:
 # -- the checks -------------------------------------------------------------------------------------
 
 
-def check_shell(readme: str, scratch: Path | None, listing: bool) -> tuple[list[str], list[str], list[str]]:
+def check_shell(readme: str, scratch: Path | None) -> tuple[list[str], list[str], list[str]]:
     """``(failures, ran, skipped)`` for every shell command in fenced blocks and inline ``ragsieve ...`` code."""
     root = click_root()
     failures, ran, skipped = [], [], []
@@ -381,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_run:
             scratch = Path(tmp) / "inputs"
             scratch_inputs(scratch)
-        failures, ran, skipped = check_shell(readme, scratch, args.list)
+        failures, ran, skipped = check_shell(readme, scratch)
     failures += check_imports(readme)
     if args.list:
         print("ran:\n  " + "\n  ".join(ran))

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ragsieve.cli.app import OverwriteOption, app, console, err_console
+from ragsieve.cli.app import app, console, err_console
 from ragsieve.models.specs import DEFAULT_LLM
 
 
