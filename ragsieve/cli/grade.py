@@ -153,7 +153,16 @@ def train_cmd(
         options.update(max_length=max_length, max_passage_tokens=max_passage_tokens)
     grader = new_grader(kind, base, **options)
     if kind != "prompted":  # the baseline is saved as is: nothing to train
-        grader.fit([p.query for p in rows], [p.passage for p in rows], [p.label for p in rows], train_config)
+        from ragsieve.progress import progress_bar
+
+        with progress_bar(err_console) as bar:  # LM graders report their optimiser steps; the others fit at once
+            task = bar.add_task(f"training the {kind} grader", total=None)
+
+            def show(step: int, steps: int, loss: float) -> None:
+                bar.update(task, completed=step, total=steps)
+
+            grader.fit([p.query for p in rows], [p.passage for p in rows], [p.label for p in rows], train_config,
+                       progress=show)
     with atomic_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
         grader.save(building)
     trained = grader.config.trained
