@@ -82,6 +82,7 @@ class _Task:
     last_bucket: int = -1
     finished: bool = False
     announced: bool = False
+    total_when_added: bool = False
 
 
 def _count(value: float) -> str:
@@ -107,7 +108,8 @@ class LogProgress:
     """The part of ``rich.progress.Progress`` ragsieve uses, printing plain lines to stderr.
 
     Lines look like ``encoding: 600/1,200 (50%), 41.2/s, 15s left`` — greppable, one per
-    event, nothing redrawn. A task without a total prints when it starts and when it ends.
+    event, nothing redrawn. A task's first line comes with its first report, not when it is
+    added, so an input error raised before any work is still the only line on stderr.
     """
 
     def __init__(self, every_fraction: float = LOG_EVERY_FRACTION, every_seconds: float | None = None):
@@ -126,11 +128,9 @@ class LogProgress:
         print(text, file=sys.stderr, flush=True)
 
     def add_task(self, description: str, total: float | None = None, completed: float = 0, **_: Any) -> int:
-        self._tasks.append(_Task(description, None if total is None else int(total), completed, start_done=completed))
-        task_id = len(self._tasks) - 1
-        if total is not None:
-            self._announce(self._tasks[task_id])
-        return task_id
+        self._tasks.append(_Task(description, None if total is None else int(total), completed, start_done=completed,
+                                 total_when_added=total is not None))
+        return len(self._tasks) - 1
 
     def advance(self, task_id: int, advance: float = 1) -> None:
         self.update(task_id, advance=advance)
@@ -140,13 +140,14 @@ class LogProgress:
         task = self._tasks[task_id]
         if total is not None:
             task.total = int(total)
+        if not task.announced:
+            if not task.total_when_added and completed is not None:
+                task.start_done = completed  # no total when added: the first report says what a resumed job found
+            self._announce(task, clock_from_add=task.total_when_added)
         if completed is not None:
             task.completed = completed
         if advance is not None:
             task.completed += advance
-        if not task.announced:
-            task.start_done = task.completed  # a resumed job's first report: what it found done
-            self._announce(task)
         self._maybe_line(task)
 
     def start_task(self, task_id: int) -> None:
@@ -155,23 +156,25 @@ class LogProgress:
         if not task.announced:
             self._announce(task)
 
-    def _announce(self, task: _Task) -> None:
+    def _announce(self, task: _Task, clock_from_add: bool = False) -> None:
         task.announced = True
-        task.started = task.last_line = time.monotonic()
-        if task.total is not None and task.completed >= task.total:
-            return  # finished at its first report (a phase that reports only its end): one line, below
+        if not clock_from_add:  # a task added with its total was started then; otherwise it starts now
+            task.started = time.monotonic()
+        task.last_line = time.monotonic()
         if task.total is None:
             self.note(f"{task.description}: started")
-        elif task.completed:
-            self.note(f"{task.description}: started, {_count(task.completed)}/{_count(task.total)} already done")
+        elif task.start_done >= task.total:
+            return  # nothing left to do at its first report: the "done" line says it all
+        elif task.start_done:
+            self.note(f"{task.description}: started, {_count(task.start_done)}/{_count(task.total)} already done")
         else:
             self.note(f"{task.description}: started, {_count(task.total)} to do")
-        task.last_bucket = self._bucket(task)
+        task.last_bucket = self._bucket(task, task.start_done)
 
-    def _bucket(self, task: _Task) -> int:
+    def _bucket(self, task: _Task, done: float) -> int:
         if not task.total or self.every_fraction <= 0:
             return 0
-        return int(task.completed / task.total / self.every_fraction + 1e-9)
+        return int(done / task.total / self.every_fraction + 1e-9)
 
     def _maybe_line(self, task: _Task) -> None:
         if task.finished:
@@ -185,7 +188,7 @@ class LogProgress:
             self.note(f"{task.description}: done, {_count(task.completed)}/{_count(task.total)} "
                       f"in {_duration(elapsed)}{rate}")
             return
-        bucket = self._bucket(task)
+        bucket = self._bucket(task, task.completed)
         if bucket > task.last_bucket or now - task.last_line >= self.every_seconds:
             task.last_bucket, task.last_line = bucket, now
             self.note(f"{task.description}: {self._status(task, now)}")

@@ -60,7 +60,7 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
     code, out, err = _ragsieve("index", "--passages", corpus, "--out", tmp_path / "dense", "--kind", "dense",
                                cwd=tmp_path)
     assert code == 0, err
-    assert "index: reading 1 path(s)" in err and "index: building a dense index over 24 passages" in err
+    assert err.startswith("index: building a dense index over 24 passages\n")
     assert "embedding: started, 24 to do" in err and "embedding: done, 24/24 in " in err
     # stdout holds the result only
     assert " ".join(out.split()) == f"indexed 24 passages from 1 path(s) (dense) → {tmp_path / 'dense'}"
@@ -78,7 +78,7 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
                                cwd=tmp_path)
     assert code == 0, err
     lines = err.splitlines()
-    assert lines[0].startswith("fit: loading the questions, the index and ")
+    assert lines[0].startswith("fit: questions, index and ") and " loaded in " in lines[0]
     for phase in ("retrieve", "label", "probe", "gate", "prefs", "rerank", "evaluate"):  # each phase starts ...
         assert f"fit {phase}: started" in lines, (phase, err)
     for phase in ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "grade", "evaluate"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -48,8 +49,14 @@ def fit_cmd(
         with progress_bar(err_console) as bar:
             tasks = {name: bar.add_task(f"fit {name}", total=None) for name in PHASES}
             finished: set[str] = set()
+            started: list[str] = []
+            t0 = time.perf_counter()
 
             def progress(phase: str, done: int, total: int) -> None:
+                if not started:  # said once loading worked, so a bad input stays the only line on stderr
+                    started.append(phase)
+                    bar.note(f"fit: questions, index and {cfg.llm} loaded in {time.perf_counter() - t0:.0f}s; "
+                             f"phases: {', '.join(PHASES)}")
                 # phases run in order: one that reports has ended every earlier one (some report only their end,
                 # a skipped one nothing), and one that is done starts the next (so a log shows when it began)
                 for earlier in PHASES[: PHASES.index(phase)]:
@@ -63,7 +70,6 @@ def fit_cmd(
                     if later:
                         bar.start_task(tasks[later[0]])
 
-            bar.note(f"fit: loading the questions, the index and {cfg.llm}; then {', '.join(PHASES)}")
             sieve = fit_sieve(cfg.model_copy(update={"out": str(work)}), progress)
     test = sieve.metrics.get("test", {})
     for name, m in test.items():
