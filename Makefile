@@ -48,7 +48,7 @@ bench: install
 # The README against the code: its cheap shell commands run, every flag it shows exists in that
 # command's --help, every `from ragsieve...` import in its code blocks imports (tools/check_docs.py).
 check-docs: install
-	$(PY) tools/check_docs.py
+	$(PY) tools/check_docs.py --list
 
 clean-venv:
 	rm -rf $(VENV)
