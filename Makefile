@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean-venv
+.PHONY: install demo test bench check-docs clean-venv
 
 install: $(STAMP)
 
@@ -34,12 +34,21 @@ test: install
 	$(PY) -m pytest -q
 
 # Speed and memory targets: each script writes bench/results/<name>.json (one run each).
+# bench/fit.py times a whole fit (~35-50 min on 2 cores) in a fresh folder, so no phase is resumed.
+# Not here: bench/evolve_budget.py estimates the CPU hours of an evolve config from its sizes
+# (`python bench/evolve_budget.py CONFIG`); it measures nothing and writes no result.
 bench: install
 	$(PY) bench/retrieval.py
 	$(PY) bench/confidence.py
 	$(PY) bench/rerank.py
 	$(PY) bench/grader.py
 	$(PY) bench/serve.py
+	$(PY) bench/fit.py --out "$$(mktemp -d)/fit"
+
+# The README against the code: its cheap shell commands run, every flag it shows exists in that
+# command's --help, every `from ragsieve...` import in its code blocks imports (tools/check_docs.py).
+check-docs: install
+	$(PY) tools/check_docs.py --list
 
 clean-venv:
 	rm -rf $(VENV)

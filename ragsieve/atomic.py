@@ -9,15 +9,26 @@ gigabytes behind forever. Modes follow the user's umask (``tempfile.mkdtemp`` wo
 make the folder 0700 and ``mkstemp`` files 0600, unreadable to the rest of a shared
 deployment).
 
+A resumable build (``fit``, ``prefs build``) works in :func:`resumable_directory` instead:
+its hidden sibling ``.NAME.partial`` has a fixed name and survives a kill, so running the
+same command again continues it; it too is renamed into place only when finished.
+
+The rule every command that writes a folder follows: an existing (finished) output is
+refused unless the user asked to ``--overwrite`` it, and the new one appears in one rename.
+
 Example::
 
     with atomic_directory("indexes/nq", overwrite=True) as tmp:
         write_everything_into(tmp)
     # indexes/nq now holds exactly what was written, or the old content if this failed
+
+    with resumable_directory("sieves/mine") as work:    # .mine.partial, kept if this is killed
+        fit_into(work)                                  # skips what an earlier run finished
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import re
@@ -32,7 +43,8 @@ from pathlib import Path
 
 from ragsieve.errors import RagsieveError
 
-__all__ = ["atomic_directory", "atomic_file", "remove_stale_siblings", "current_umask"]
+__all__ = ["atomic_directory", "atomic_file", "current_umask", "partial_path", "remove_stale_siblings",
+           "resumable_directory"]
 
 #: leftovers of the temp-dir code this module replaced (no pid in the name): removed once
 #: they are this old, since no build runs that long
@@ -153,6 +165,47 @@ def atomic_directory(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def partial_path(target: str | os.PathLike[str]) -> Path:
+    """The work folder of a resumable build of ``target``: ``.NAME.partial`` beside it."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.partial")
+
+
+@contextmanager
+def resumable_directory(
+    target: str | os.PathLike[str], *, overwrite: bool = False, exists_hint: str = "pass --overwrite"
+) -> Iterator[Path]:
+    """Yield the work folder of a resumable build; on success it replaces ``target`` in one rename.
+
+    The work folder (:func:`partial_path`) is created if missing and kept when the build
+    fails or is killed, so the same build run again continues from what it holds. A
+    finished ``target`` is refused unless ``overwrite``. One build per target at a time: a
+    second one is refused while the first holds the lock (``.NAME.partial.lock``).
+    """
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise RagsieveError(f"{target} already exists; {exists_hint}")
+    work = partial_path(target)
+    lock_path = work.with_name(work.name + ".lock")
+    with _writable(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_siblings(target)
+        lock = open(lock_path, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise RagsieveError(f"{target} is being built by another process (lock {lock_path})") from None
+    try:
+        with _writable(target):
+            work.mkdir(mode=0o777, exist_ok=True)
+        yield work
+        _move_into_place(work, target, overwrite)
+    finally:
+        _remove(lock_path)  # while still holding it: a waiting build then locks a fresh file
+        lock.close()
 
 
 def _move_into_place(tmp: Path, target: Path, overwrite: bool) -> None:

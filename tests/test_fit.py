@@ -86,10 +86,16 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert written["grader"] == "grader" and sieve.grader is not None  # threshold calibrated on dev
     assert len(sieve.filter("what do you know about comets?", _corpus()[:6]).verdicts) == 3
 
-    # A rerun finds every phase's output and redoes nothing expensive.
-    again = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
-                "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
+    # A finished sieve is not fitted over without --overwrite; a killed fit (its work still in the hidden
+    # .sieve.partial) is resumed by the same command, which finds every phase's output and redoes nothing expensive.
+    args = ("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out, "--config", config,
+            "--gate", "budget=0.5", "--generator", endpoint)
+    again = cli(*args)
+    assert again.code == 2 and "already exists; use --overwrite" in again.err
+    out.rename(tmp_path / ".sieve.partial")
+    again = cli(*args)
     assert again.code == 0 and json.loads((out / "sieve.json").read_text())["beta"] == written["beta"]
+    assert not (tmp_path / ".sieve.partial").exists()
 
 
 def test_fit_refuses_endpoints_and_bad_policies_before_loading(tmp_path, cli):

@@ -39,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # click usage errors carry their own exit codes
         import click
 
-        if isinstance(exc, click.ClickException):
+        # typer >= 0.20 raises from its own copy of click (typer._click), whose classes are not click's
+        usage_error = isinstance(exc, click.ClickException) or type(exc).__module__.startswith("typer._click")
+        if usage_error and callable(getattr(exc, "show", None)):
             exc.show()
-            return exc.exit_code
+            return int(getattr(exc, "exit_code", 2))
         raise
     return 0
 

@@ -61,7 +61,7 @@ def stream_rows(
     Returns one row per item, in input order.
     """
     from ragsieve.data.resumable import ResumableJsonl
-    from ragsieve.studies.common import progress_bar
+    from ragsieve.progress import progress_bar
 
     store = ResumableJsonl(out, key="index", overwrite=overwrite) if out else None
     indexed = list(enumerate(items))

@@ -16,6 +16,7 @@ from ragsieve.pipeline.config import DEFAULT_PROBE
 
 @app.command("ask")
 def ask_cmd(
+    ctx: typer.Context,
     question: str = typer.Argument(..., help="The question."),
     index: Optional[Path] = typer.Option(None, "--index", "-i", help="Index directory; needed unless --no-retrieval."),
     top_k: int = typer.Option(3, "--top-k", "-k", help="Passages fed to the LLM."),
@@ -33,7 +34,9 @@ def ask_cmd(
         None, "--grader", help="A saved grader folder or embedded:<name>: drop passages it grades irrelevant."
     ),
     sieve: Optional[Path] = typer.Option(
-        None, "--sieve", help="A fitted sieve folder (`ragsieve fit`): its gate, reranker and grader."
+        None, "--sieve", help="A fitted sieve folder (`ragsieve fit`) or default: its LLM, gate (probe, β), "
+        "reranker, grader, top-k, candidates and answer length, so it cannot be combined with --llm, --top-k, "
+        "--candidates, --probe, --max-new-tokens, --cbdr, --reranker or --grader."
     ),
     explain: bool = typer.Option(False, "--explain", help="Print each stage's decision before the answer."),
     as_json: bool = typer.Option(False, "--json", help="Print the answer and every stage's decision as one JSON object."),
@@ -46,6 +49,8 @@ def ask_cmd(
 
     if not question.strip():
         raise RagsieveError("empty question")
+    if sieve is not None:
+        _refuse_what_the_sieve_sets(ctx)
     if not no_retrieval and index is None:
         raise RagsieveError("give --index DIR (build one with `ragsieve index`) or use --no-retrieval")
     # Every option is checked here, before a model loads.
@@ -76,3 +81,17 @@ def ask_cmd(
     if answer.truncated_contexts:
         err_console.print(f"[yellow]{answer.truncated_contexts} passage(s) truncated to fit the prompt[/]")
     console.print(answer.answer)
+
+
+#: what a sieve sets itself (``PipelineConfig.expanded``): given with --sieve, one of them would be silently replaced
+SIEVE_SETS = {"llm": "--llm", "top_k": "--top-k", "candidates": "--candidates", "probe": "--probe",
+              "max_new_tokens": "--max-new-tokens", "cbdr": "--cbdr", "reranker": "--reranker", "grader": "--grader"}
+
+
+def _refuse_what_the_sieve_sets(ctx: typer.Context) -> None:
+    # by name: typer ships its own copy of click, whose ParameterSource is not click's
+    given = [flag for name, flag in SIEVE_SETS.items()
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        raise RagsieveError(f"--sieve sets its own LLM, gate, reranker, grader, top-k, candidates and answer length; "
+                            f"drop {', '.join(given)} (or drop --sieve)")

@@ -58,17 +58,24 @@ def index_cmd(
         raise RagsieveError(f"unknown index kind '{kind}'; known: bm25, dense, hybrid")
     chunking = build_config(ChunkConfig, {"chunk_tokens": chunk_tokens, "overlap_tokens": overlap_tokens,
                                           "tokenizer": encoder}, source="options")
+    def phase(text: str) -> None:
+        # one plain line per phase on stderr, once the inputs are read (an error stays the only line);
+        # encoding adds its own progress lines
+        err_console.print(f"index: {text}", markup=False, highlight=False)
+
     if add:
         if not passages:
             raise RagsieveError("--add appends --passages to an index: give the files to add")
         existing_dir(out, "index")
         items = read_corpus(passages, chunking)
-        add_to_index(out, items)
+        phase(f"adding {len(items)} passages to {out}")
+        add_to_index(out, items, show_progress=True)
         console.print(f"added {len(items)} passages → {out}")
         return
     output_dir(out, overwrite=overwrite)  # refused before anything is read or encoded
     if passages:
         items = read_corpus(passages, chunking)
+        phase(f"building a {kind} index over {len(items)} passages")
         build_index(items, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
         console.print(f"indexed {len(items)} passages from {len(passages)} path(s) ({kind}) → {out}")
         return
@@ -77,6 +84,7 @@ def index_cmd(
         raise RagsieveError(f"dataset '{dataset}' has no passage pool to index")
     if ds.skipped_lines:
         err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
+    phase(f"building a {kind} index over {len(ds.passages)} passages of {dataset}")
     build_index(ds.passages, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
     console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {out}")
 

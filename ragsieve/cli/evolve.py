@@ -4,7 +4,7 @@ Example::
 
     ragsieve evolve init --store state/fever --dataset fever --judge reranker:bi-encoder
     ragsieve evolve step --store state/fever          # round 0 (M0), then one round per call
-    ragsieve evolve feedback labels.jsonl --store state/fever
+    ragsieve evolve feedback gold.jsonl --store state/fever    # {id, label}: gold labels of queued examples
     ragsieve evolve status --store state/fever
 """
 
@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ragsieve.cli.app import app, console, err_console
+from ragsieve.cli.app import OverwriteOption, app, console, err_console
 from ragsieve.models.specs import DEFAULT_LLM
 
 evolve_app = typer.Typer(help="Evolving LLM reranker: a deployment store advanced round by round.", no_args_is_help=True)
@@ -48,8 +48,10 @@ def init_cmd(
     max_prompt_tokens: int = typer.Option(320, help="Prompt budget; the passage field is cut to fit."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Benchmark data folder."),
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Create a store from a benchmark: SFT set + queued rounds (gold kept for the log only)."""
+    from ragsieve.atomic import atomic_directory
     from ragsieve.checks import non_negative_int, output_dir, positive_int, unit_interval
     from ragsieve.config import build_config, read_mapping
 
@@ -59,7 +61,7 @@ def init_cmd(
     non_negative_int(rounds, "--rounds")
     unit_interval(tau, "--tau")
     unit_interval(alpha, "--alpha")
-    output_dir(store)
+    output_dir(store, overwrite=overwrite)
     from ragsieve.evolve.methods import MethodConfig
     from ragsieve.evolve.store import EvolveStoreConfig, init_store_from_dataset
 
@@ -72,10 +74,11 @@ def init_cmd(
     if config is not None:
         data.update(read_mapping(config))
     cfg = build_config(EvolveStoreConfig, data, source=str(config or "evolve init"))
-    init_store_from_dataset(
-        store, dataset, cfg, initial_size=initial_size, round_size=round_size, rounds=rounds,
-        data_dir=str(data_dir) if data_dir else None,
-    )
+    with atomic_directory(store, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
+        init_store_from_dataset(
+            building, dataset, cfg, initial_size=initial_size, round_size=round_size, rounds=rounds,
+            data_dir=str(data_dir) if data_dir else None,
+        )
     console.print(f"initialised {store}: {dataset}, SFT set {initial_size}, {rounds} rounds of {round_size}")
 
 
@@ -88,7 +91,7 @@ def step_cmd(
     from ragsieve.evolve.live import promote_feedback
     from ragsieve.evolve.store import run_step
     from ragsieve.progress import reporting
-    from ragsieve.studies.common import progress_bar
+    from ragsieve.progress import progress_bar
 
     # live feedback (/v1/feedback, `feedback add`) since the last round becomes a full-feedback round
     promoted = promote_feedback(store)

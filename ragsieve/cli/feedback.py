@@ -2,7 +2,7 @@
 
 Example::
 
-    ragsieve feedback add labels.jsonl --store state/fever   # {query, document, label} or {query, chosen, rejected}
+    ragsieve feedback add feedback.jsonl --store state/fever   # {query, document, label} or {query, chosen, rejected}
     ragsieve evolve step --store state/fever                 # trains it as a full-feedback round
 """
 

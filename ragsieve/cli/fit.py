@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +16,8 @@ from ragsieve.models.specs import DEFAULT_LLM
 def fit_cmd(
     index: Path = typer.Option(..., "--index", "-i", help="Index of your corpus (`ragsieve index --passages ...`)."),
     questions: Path = typer.Option(..., "--questions", "-q", help="QA .jsonl: {question, answers: [...], id?}."),
-    out: Path = typer.Option(..., "--out", "-o", help="The sieve folder to write (a rerun resumes it)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The sieve folder to write; it is built in .OUT.partial, which "
+                             "the same command resumes after a kill, and renamed to OUT when finished."),
     llm: str = typer.Option(DEFAULT_LLM, help="A local HF causal LM (the probe reads its hidden states)."),
     generator: Optional[str] = typer.Option(
         None, help="openai:<url>#<model> serving the same LLM: answers the labelling prompts (the probe stays local)."
@@ -28,26 +30,49 @@ def fit_cmd(
         None, "--ray", help="Run Conf(Q+C) and the generations on Ray Data: 'local' or a cluster address."
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of FitConfig fields (options win)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Fit again over a finished sieve in --out."),
 ) -> None:
     """Fit the knowledge-boundary method to one LLM: probe, gate β, aligned reranker, grader → SIEVE."""
+    from ragsieve.atomic import resumable_directory
+    from ragsieve.checks import output_dir
     from ragsieve.config import build_config, read_mapping
     from ragsieve.fit import PHASES, FitConfig, fit_sieve
     from ragsieve.fit.run import check_fit_questions
-    from ragsieve.studies.common import progress_bar
+    from ragsieve.progress import progress_bar
 
     values = read_mapping(config) if config else {}
     values.update({"index": str(index), "questions": str(questions), "out": str(out), "llm": llm, "gate": gate,
                    "max_questions": max_questions, "top_k": top_k, "candidates": candidates})
     values.update({k: v for k, v in (("generator", generator), ("ray", ray)) if v is not None})  # unset: the file's
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads
-    check_fit_questions(cfg)  # too few questions: one line, before the progress bars and any phase
-    with progress_bar(err_console) as bar:
-        tasks = {name: bar.add_task(name, total=None) for name in PHASES}
+    check_fit_questions(cfg)  # too few questions: one line, before the output folder and any phase
+    output_dir(out, overwrite=overwrite)
+    with resumable_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to fit it again") as work:
+        with progress_bar(err_console) as bar:
+            tasks = {name: bar.add_task(f"fit {name}", total=None) for name in PHASES}
+            finished: set[str] = set()
+            started: list[str] = []
+            t0 = time.perf_counter()
 
-        def progress(phase: str, done: int, total: int) -> None:
-            bar.update(tasks[phase], completed=done, total=total)
+            def progress(phase: str, done: int, total: int) -> None:
+                if not started:  # said once loading worked, so a bad input stays the only line on stderr
+                    started.append(phase)
+                    bar.note(f"fit: questions, index and {cfg.llm} loaded in {time.perf_counter() - t0:.0f}s; "
+                             f"phases: {', '.join(PHASES)}")
+                # phases run in order: one that reports has ended every earlier one (some report only their end,
+                # a skipped one nothing), and one that is done starts the next (so a log shows when it began)
+                for earlier in PHASES[: PHASES.index(phase)]:
+                    if earlier not in finished:
+                        finished.add(earlier)
+                        bar.update(tasks[earlier], completed=1, total=1)
+                bar.update(tasks[phase], completed=done, total=total)
+                if done >= total and phase not in finished:
+                    finished.add(phase)
+                    later = PHASES[PHASES.index(phase) + 1 :]
+                    if later:
+                        bar.start_task(tasks[later[0]])
 
-        sieve = fit_sieve(cfg, progress)
+            sieve = fit_sieve(cfg.model_copy(update={"out": str(work)}), progress)
     test = sieve.metrics.get("test", {})
     for name, m in test.items():
         lo, hi = m["ci95"]

@@ -129,27 +129,42 @@ def train_cmd(
     lora_alpha: Optional[int] = typer.Option(None, help="LoRA alpha (kind lora)."),
     max_length: int = typer.Option(512, help="Prompt token budget."),
     max_passage_tokens: int = typer.Option(192, help="Passage token budget (longer ones are truncated, counted)."),
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Train a grader on labelled pairs and save it."""
+    from ragsieve.atomic import atomic_directory
+    from ragsieve.checks import output_dir
     from ragsieve.config import build_config
     from ragsieve.registry import grader_class, new_grader
     from ragsieve.grade.lm import LMGrader
     from ragsieve.grade.train import GraderTrainConfig
 
-    rows = _read_split(pairs, split)
     train_config = build_config(
         GraderTrainConfig,
         {"lr": lr, "epochs": epochs, "max_steps": max_steps, "batch_size": batch_size, "loss": loss,
          "sampling": sampling},
         "train options",
     )
+    lm_kind = issubclass(grader_class(kind), LMGrader)  # an unknown kind is refused here
+    output_dir(out, overwrite=overwrite)  # options first, then the output; before any pair is read or model loads
+    rows = _read_split(pairs, split)
     options: dict = {"lora_r": lora_r, "lora_alpha": lora_alpha}
-    if issubclass(grader_class(kind), LMGrader):  # token budgets mean nothing to the cosine / cross-encoder
+    if lm_kind:  # token budgets mean nothing to the cosine / cross-encoder
         options.update(max_length=max_length, max_passage_tokens=max_passage_tokens)
     grader = new_grader(kind, base, **options)
     if kind != "prompted":  # the baseline is saved as is: nothing to train
-        grader.fit([p.query for p in rows], [p.passage for p in rows], [p.label for p in rows], train_config)
-    grader.save(out)
+        from ragsieve.progress import progress_bar
+
+        with progress_bar(err_console) as bar:  # LM graders report their optimiser steps; the others fit at once
+            task = bar.add_task(f"training the {kind} grader", total=None)
+
+            def show(step: int, steps: int, loss: float) -> None:
+                bar.update(task, completed=step, total=steps)
+
+            grader.fit([p.query for p in rows], [p.passage for p in rows], [p.label for p in rows], train_config,
+                       progress=show)
+    with atomic_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
+        grader.save(building)
     trained = grader.config.trained
     summary = {k: trained.get(k) for k in ("steps", "first_loss", "final_loss", "seconds") if k in trained}
     console.print(f"{kind} grader on {len(rows)} pairs → {out} {summary if summary else ''}")

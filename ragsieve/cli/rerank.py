@@ -22,25 +22,31 @@ app.add_typer(prefs_app, name="prefs")
 
 @prefs_app.command("build")
 def prefs_build_cmd(
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for shifts.jsonl, prefs_train.jsonl, prefs_test.jsonl."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for shifts.jsonl, prefs_train.jsonl, prefs_test.jsonl; "
+                             "built in .OUT.partial, which the same command resumes after a kill."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of PreferenceBuildConfig fields."),
     probe: Optional[Path] = typer.Option(None, "--probe", help="Probe folder or embedded:<name> (default embedded:smollm2-nq)."),
     train_questions: Optional[int] = typer.Option(None, help="Questions for the train preferences."),
     test_questions: Optional[int] = typer.Option(None, help="Held-out questions for the test preferences."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Build again over a finished --out folder."),
 ) -> None:
     """Score the top-20 retrieved passages per question with the probe and write FlagEmbedding jsonl."""
+    from ragsieve.atomic import resumable_directory
+    from ragsieve.checks import output_dir
     from ragsieve.config import build_config, read_mapping
     from ragsieve.prefs.build import PreferenceBuildConfig, build_preference_set
-    from ragsieve.studies.common import progress_bar
+    from ragsieve.progress import progress_bar
 
     values = read_mapping(config) if config else {}
     overrides = {"probe": str(probe) if probe else None, "train_questions": train_questions,
                  "test_questions": test_questions}
     values.update({k: v for k, v in overrides.items() if v is not None})
     cfg = build_config(PreferenceBuildConfig, values, source=str(config or "options"))
-    with progress_bar(err_console) as bar:
-        task = bar.add_task("confidence shifts", total=cfg.train_questions + cfg.test_questions)
-        stats = build_preference_set(cfg, out, lambda k: bar.advance(task, k))
+    output_dir(out, overwrite=overwrite)
+    with resumable_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to build it again") as work:
+        with progress_bar(err_console) as bar:
+            task = bar.add_task("confidence shifts", total=cfg.train_questions + cfg.test_questions)
+            stats = build_preference_set(cfg, work, lambda k: bar.advance(task, k))
     print(json.dumps(stats, indent=2))
 
 
@@ -116,26 +122,29 @@ def rerank_train_cmd(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of CrossEncoderTrainConfig fields."),
     distill_weight: Optional[float] = typer.Option(
         None, "--distill-weight", help="Forgetting guard: weight of KL(start model || trained model) over each "
-        "group's scores [default: 1 from a trained cross-encoder, 0 from an encoder (a new head)]."),
+        "group's scores \\[default: 1 from a trained cross-encoder, 0 from an encoder (a new head)]."),
     replay: Optional[Path] = typer.Option(None, "--replay", help="Gold relevance groups (FlagEmbedding jsonl) "
                                           "to replay; with --replay-ratio."),
     replay_ratio: Optional[float] = typer.Option(None, "--replay-ratio", help="Share of training rows drawn "
-                                                 "from --replay, in [0, 1) [default: 0]."),
+                                                 "from --replay, in [0, 1) \\[default: 0]."),
     lora_r: Optional[int] = typer.Option(None, "--lora-r", help="Train LoRA adapters of this rank and merge them "
-                                         "into the saved weights [default: 0 = full fine-tune]."),
+                                         "into the saved weights \\[default: 0 = full fine-tune]."),
     relevance_dev: Optional[Path] = typer.Option(None, "--relevance-dev", help="Gold groups (jsonl) for early "
                                                  "stopping on nDCG@10; with --eval-steps."),
     eval_steps: Optional[int] = typer.Option(None, "--eval-steps", help="Evaluate on --relevance-dev every N steps, "
-                                             "keep the best [default: 0 = off]."),
+                                             "keep the best \\[default: 0 = off]."),
     cosine_mix: Optional[bool] = typer.Option(
         None, "--cosine-mix/--no-cosine-mix", help="Keep the start reranker's MiniLM cosine mix (embedded:base "
-        "scores logit + w · 20 · cosine) in the saved folder [default: on]."),
+        "scores logit + w · 20 · cosine) in the saved folder \\[default: on]."),
     checkpoint_steps: Optional[int] = typer.Option(
         None, "--checkpoint-steps", help="Save the training state every N steps in OUT.checkpoints; the same "
-        "command resumes from it after a kill [default: 0 = off]."),
+        "command resumes from it after a kill \\[default: 0 = off]."),
     skip_bad: bool = SkipBadOption,
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Fine-tune a cross-encoder with InfoNCE (1 positive vs a group of negatives), with forgetting guards."""
+    from ragsieve.atomic import atomic_directory
+    from ragsieve.checks import output_dir
     from ragsieve.config import build_config, read_mapping
     from ragsieve.prefs.preferences import read_preferences
     from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
@@ -162,16 +171,18 @@ def rerank_train_cmd(
         raise RagsieveError(f"--replay-ratio {cfg.replay_ratio} needs --replay FILE (gold groups to replay)")
     if cfg.eval_steps > 0 and relevance_dev is None:
         raise RagsieveError(f"--eval-steps {cfg.eval_steps} needs --relevance-dev FILE (gold groups)")
+    output_dir(out, overwrite=overwrite)
     records = read_preferences(prefs, skip_bad=skip_bad)
     gold = read_preferences(replay, skip_bad=skip_bad) if replay is not None and cfg.replay_ratio > 0 else None
     dev = read_preferences(relevance_dev, skip_bad=skip_bad) if relevance_dev is not None and cfg.eval_steps else None
     checkpoints = out.with_name(out.name + ".checkpoints") if cfg.checkpoint_steps else None
-    path = train_cross_encoder(records, cfg, out, replay=gold, relevance_dev=dev, checkpoint_dir=checkpoints)
+    with atomic_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
+        train_cross_encoder(records, cfg, building, replay=gold, relevance_dev=dev, checkpoint_dir=checkpoints)
     if checkpoints is not None:
         import shutil
 
         shutil.rmtree(checkpoints, ignore_errors=True)  # the model is saved: its checkpoints are not needed
-    console.print(f"trained on {sum(len(r.pos) for r in records)} groups from {len(records)} queries → {path}")
+    console.print(f"trained on {sum(len(r.pos) for r in records)} groups from {len(records)} queries → {out}")
 
 
 @rerank_app.command("eval")

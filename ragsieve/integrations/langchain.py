@@ -10,7 +10,7 @@ Example::
 
     compressor = RagsieveCompressor(ranker="http://127.0.0.1:8080", top_n=3)   # or ranker="embedded:base"
     compressor.compress_documents([Document(page_content="Shakespeare wrote Hamlet")], "who wrote hamlet")
-    # with a retriever: ContextualCompressionRetriever(base_compressor=compressor, base_retriever=retriever)
+    # any LangChain code that takes a BaseDocumentCompressor can use it
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.models.embedded import get_embedded
 from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
 from ragsieve.paths import cache_dir
+from ragsieve.progress import report
 
 if TYPE_CHECKING:
     import numpy as np
@@ -218,6 +219,7 @@ class LocalLLM:
                 for row, i in enumerate(idx):
                     by_index[i] = self.tokenizer.decode(new[row], skip_special_tokens=True).strip()
                     self.stats.new_tokens += int((new[row] != self.tokenizer.pad_token_id).sum())
+                report("generate", lo + len(idx), len(order))
         finally:
             for handle in handles:
                 handle.remove()

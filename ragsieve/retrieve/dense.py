@@ -66,7 +66,7 @@ def embed_texts(
     show_progress: bool = True,
     description: str = "embedding",
 ) -> np.ndarray:
-    """Encode ``texts`` to L2-normalised float32 vectors ``(len(texts), dim)``, with a rich progress bar.
+    """Encode ``texts`` to L2-normalised float32 vectors ``(len(texts), dim)``, with progress on stderr.
 
     Texts are encoded longest-first in batches of ``batch_size`` (less padding per batch),
     and returned in input order.
@@ -96,16 +96,9 @@ def embed_texts(
             advance(len(idx))
 
     if show_progress and n:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from ragsieve.progress import progress_bar
 
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, transient=False) as progress:
+        with progress_bar() as progress:  # stderr: a bar on a terminal, plain lines in a log
             task = progress.add_task(description, total=n)
             encode_all(lambda m: progress.advance(task, m))
     else:

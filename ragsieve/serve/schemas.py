@@ -26,7 +26,7 @@ Document = Union[str, DocumentIn]
 
 
 class RerankRequest(_Request):
-    """Cohere v1/v2 and Jina rerank body. ``model`` is accepted and echoed, never used to pick a model."""
+    """Cohere v1/v2 and Jina rerank body. ``model`` is accepted and ignored (the response names the served model)."""
 
     query: str = Field(..., min_length=1)
     documents: list[Document]

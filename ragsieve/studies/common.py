@@ -1,6 +1,7 @@
-"""What every study shares: progress bars, result tables, atomic JSON and the CBDR plot.
+"""What every study shares: result tables, atomic JSON and the CBDR plot (and the progress bar).
 
-Library code reports progress through callbacks; only studies and the CLI draw bars.
+Library code reports progress through callbacks; only studies and the CLI draw bars, with
+:func:`ragsieve.progress.progress_bar` (re-exported here for the studies that import it from here).
 """
 
 from __future__ import annotations
@@ -9,19 +10,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from ragsieve.progress import progress_bar  # noqa: F401 - the studies' progress bar, one home
 
 if TYPE_CHECKING:
     from ragsieve.rerank.base import BaseRanker
-
-
-def progress_bar(console: Console) -> Progress:
-    """The one progress-bar layout: description, bar, n/N, time left."""
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
-    )
 
 
 def baseline_rankers(encoder: str | None = None) -> dict[str, "BaseRanker"]:

@@ -51,6 +51,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     from ragsieve.eval.stats import mcnemar_exact
     from ragsieve.paths import cache_dir
     from ragsieve.pipeline import PipelineConfig, RAGPipeline
+    from ragsieve.progress import progress_bar, reporting
     from ragsieve.retrieve.cached import build_or_load_index
 
     console = console or Console()
@@ -84,7 +85,15 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     traced = None
     for mode, (runner, use_retrieval) in modes.items():
         start = time.perf_counter()
-        answers = runner.answer_many(texts, retrieve=use_retrieval)
+        with progress_bar() as bar:  # stderr: generation batches as they finish
+            task = bar.add_task(f"demo {mode}: answering", total=len(texts))
+
+            def show(name: str, done: int, total: int) -> None:
+                if name == "generate":  # the LLM's batches (a gate or reranker may report its own work too)
+                    bar.update(task, completed=done, total=total)
+
+            with reporting(show):
+                answers = runner.answer_many(texts, retrieve=use_retrieval)
         seconds = time.perf_counter() - start
         m = qa_metrics([a.answer for a in answers], golds)
         outcomes[mode] = [int(contains_answer(a.answer, g)) for a, g in zip(answers, golds)]
