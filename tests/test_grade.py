@@ -399,6 +399,10 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
     assert (out / "cosine_histogram.png").stat().st_size > 0
     assert (out / "models" / "C" / "grader.safetensors").exists()
     assert json.loads((out / "metrics.json").read_text())["configs"]["C"] == metrics["configs"]["C"]
+    assert json.loads((out / "test_pairs.json").read_text())["labels"] == [p["label"] for p in (
+        json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()) if p["split"] == "test"]
+    # the report-only mode rebuilds the same metrics from the stored scores and test_pairs.json alone
+    assert GraderExperiment().report(cfg, out, console)["configs"] == metrics["configs"]
 
     # A rerun trains nothing: every config's result was stored when it finished ...
     def no_training(*args, **kwargs):

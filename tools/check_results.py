@@ -3,11 +3,12 @@
 Each row of the Results table (and the paragraph above it) is declared in ``tools/results_sources.yaml``:
 the JSON files and the parts of them (``file.json:key.key``, ``*`` for every key at a level) that back
 the row, and the few numbers that are stated rather than measured (a target, a design size), each
-with the reason. The numbers a verdict rests on are also pinned to their one JSON value (a regex whose
-groups are the numbers, and the value of each), so they cannot match a neighbour by accident. A number in the row must equal, at the precision it is written with, a value in
-those parts (as written, or ×100 for a percentage or percentage points, sign ignored when the text
-says "below"/"trails"); otherwise the check fails and names the row and the number. A new number
-without a source fails too, so the table cannot drift from the runs.
+with the reason. A number in the row must equal, at the precision it is written with, a value in
+those parts (as written, or ×100 for a percentage or percentage points; the sign is not compared, as
+"trails by 6.6 pp" reads a negative difference); otherwise the check fails and names the row and the
+number. A new number without a source fails too, so the table cannot drift from the runs. The
+numbers a verdict rests on are also pinned to their one JSON value (a regex whose groups are the
+numbers, and the value of each), so they cannot match a neighbour by accident.
 
 Run from the repository root: ``python tools/check_results.py`` (exit 1 on a mismatch).
 """

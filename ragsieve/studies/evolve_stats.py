@@ -390,6 +390,7 @@ def collapse_summary(pseudo_labels: Mapping[str, Mapping[str, list]], test_curve
             "test_share_true": [c.get("positive_rate") for c in curve],  # M0, M_1 … M_R
             "test_auroc": [c.get("auroc") for c in curve],
             "collapsed": collapsed, "collapsed_to": ("true" if share >= 0.5 else "false") if collapsed else None,
-            "vs_sft_only": {k: vs.get(k) for k in ("diff", "a_only", "b_only", "p_value", "test", "verdict")} if vs else None,
+            "vs_sft_only": {k: vs.get(k) for k in ("diff", "a_only", "b_only", "p_value", "test", "verdict")}
+            if vs else None,
         }
     return out

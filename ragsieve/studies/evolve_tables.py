@@ -48,6 +48,11 @@ def _p(p, test: str | None = None) -> str:
     return f"{p:.2g}" if p >= 1e-4 else "< 1e-4"
 
 
+def _diff_p(ds: str, s: Mapping[str, Any]) -> str:
+    """``bioasq -0.127 [-0.177, -0.077] (p < 0.001)``: a paired difference of the targets table."""
+    return f"{ds} {s['diff']:+.3f} {_ci(s.get('diff_ci95'), signed=True)} (p {_p(s['p_value'], s.get('test'))})"
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return [*markdown_rows(header, rows), ""]  # a blank line before what follows
 
@@ -82,7 +87,8 @@ def _paired_table(by_dataset: Mapping[str, Mapping[str, Any]]) -> list[str]:
             auc = r.get("auroc") or {}
             rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}",
                          f"{r['diff']:+.3f} {_ci(r.get('diff_ci95'), signed=True)}".rstrip(),
-                         f"{r['a_only']} vs {r['b_only']}", _TESTS.get(r.get("test"), "McNemar"), _p(r["p_value"], r.get("test")),
+                         f"{r['a_only']} vs {r['b_only']}", _TESTS.get(r.get("test"), "McNemar"),
+                         _p(r["p_value"], r.get("test")),
                          r["verdict"],
                          _p(r["p_holm"], r.get("test")) if "p_holm" in r else "", r.get("verdict_holm", ""),
                          f"{auc['diff']:+.3f} [{auc['low']:+.3f}, {auc['high']:+.3f}], p {_p(auc['p_value'])}"
@@ -110,7 +116,8 @@ def _collapse_section(collapse: Mapping[str, Mapping[str, Any]]) -> list[str]:
                      " → ".join(_num(x, 2) for x in s["test_share_true"]),
                      " → ".join(_num(x, 3) for x in (s["test_auroc"][0], s["test_auroc"][-1])),
                      f"yes, to \"{s['collapsed_to']}\"" if s["collapsed"] else "no",
-                     f"{vs['diff']:+.3f}, {vs['a_only']} vs {vs['b_only']}, p {_p(vs['p_value'], vs.get('test'))}" if vs else ""])
+                     f"{vs['diff']:+.3f}, {vs['a_only']} vs {vs['b_only']}, p {_p(vs['p_value'], vs.get('test'))}"
+                     if vs else ""])
     lines += _table(["dataset", "round 1: self / jury", "jury accuracy", "label accuracy", "lean",
                      "last round: self / jury", "label accuracy", "lean", "M_t share \"true\" (M0 → M_R)",
                      "AUROC (M0 → M_R)", "collapsed", "M_R vs SFT-only (diff, only A / only B, p)"], rows)
@@ -165,13 +172,11 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
              f"{m['hits']} of {len(m['per_dataset'])} (needs {m['needed']})", shown(m["per_dataset"]),
              m.get("verdict", "")],
             ["ReplayDPO ≥ DPO, last round",
-             ", ".join(f"{ds} {s['diff']:+.3f} {_ci(s.get('diff_ci95'), signed=True)} (p {_p(s['p_value'], s.get('test'))})"
-                       for ds, s in r["per_dataset"].items()),
+             ", ".join(_diff_p(ds, s) for ds, s in r["per_dataset"].items()),
              f"{sum(s['met'] for s in r['per_dataset'].values())} of {len(r['per_dataset'])} (needs all)",
              shown(r["per_dataset"]), r.get("verdict", "") if r["per_dataset"] else "not run yet"],
             ["CautiousDPO > SFT-only, last round",
-             ", ".join(f"{ds} {s['diff']:+.3f} {_ci(s.get('diff_ci95'), signed=True)} (p {_p(s['p_value'], s.get('test'))})"
-                       for ds, s in c["per_dataset"].items()),
+             ", ".join(_diff_p(ds, s) for ds, s in c["per_dataset"].items()),
              f"{c['wins']} of {len(c['per_dataset'])} (needs {c['needed']}; {c['significant_wins']} with p < 0.05)",
              shown(c["per_dataset"]), c.get("verdict", "") if c["per_dataset"] else "not run yet"],
         ])

@@ -302,9 +302,9 @@ class GraderExperiment:
             test = _Split.from_record(_test_record(out_dir / "pairs.jsonl", data_key))
             _write_json(out_dir / TEST_PAIRS, test.record(data_key))
         if test.rebuilt_data_key:
-            console.print(f"[yellow]{out_dir / 'pairs.jsonl'} was rebuilt since the run (data key {test.rebuilt_data_key}, "
-                          f"the run's {data_key}): its test split is used only if every stored precision, recall "
-                          "and F1 recomputes from it[/]")
+            console.print(f"[yellow]{out_dir / 'pairs.jsonl'} was rebuilt since the run (data key "
+                          f"{test.rebuilt_data_key}, the run's {data_key}): its test split is used only if every "
+                          "stored precision, recall and F1 recomputes from it[/]")
         runner = _Runner(cfg, out_dir, console, None, test, data_key)
         names = [*(["cosine"] if cfg.cosine_baseline else []), *(["cross-encoder"] if cfg.cross_encoder else []),
                  *(j.name for j in jobs)]
