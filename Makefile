@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench check-docs clean-venv
+.PHONY: install demo test check-docs check-results bench clean-venv
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# Every number in README.md's Results section, re-derived from the committed JSON (tools/results_sources.yaml).
+check-results: install
+	$(PY) tools/check_results.py
 
 # Speed and memory targets: each script writes bench/results/<name>.json (one run each).
 # bench/fit.py times a whole fit (~35-50 min on 2 cores) in a fresh folder, so no phase is resumed.

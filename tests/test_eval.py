@@ -341,3 +341,47 @@ def test_rank_auroc_equals_sklearn_with_ties_and_refuses_one_class():
         assert rank_auroc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
     with pytest.raises(ValueError, match="both classes"):
         rank_auroc(np.array([1, 1]), np.array([0.2, 0.3]))
+
+
+def test_cluster_bootstrap_resamples_whole_queries_and_widens_the_interval():
+    """5 examples per query that agree within the query: by example the interval is too narrow."""
+    from ragsieve.eval.stats import bootstrap_ci, bootstrap_metric, bootstrap_rows, paired_bootstrap
+
+    rng = np.random.default_rng(3)
+    per_query = rng.integers(0, 2, 40)
+    values, groups = np.repeat(per_query, 5).astype(float), np.repeat(np.arange(40), 5)
+    _, lo_ex, hi_ex = bootstrap_ci(values)
+    est, lo_q, hi_q = bootstrap_ci(values, groups=groups)
+    assert est == pytest.approx(values.mean()) and hi_q - lo_q > 1.8 * (hi_ex - lo_ex)
+    # every resample holds whole queries: 5 rows of each query drawn, in one block
+    for rows in bootstrap_rows(len(values), groups, 20, np.random.default_rng(0)):
+        assert len(rows) == 200 and all(np.bincount(groups[rows], minlength=40) % 5 == 0)
+    # the fast path of the mean equals the general one on the same draws
+    slow = bootstrap_ci(values, statistic=lambda v: float(np.mean(v)), groups=groups)
+    assert slow == pytest.approx((est, lo_q, hi_q))
+    assert bootstrap_metric(lambda v: float(np.mean(v)), values, groups=groups, n_boot=2000) == pytest.approx(
+        (est, lo_q, hi_q))
+    other = np.repeat(rng.integers(0, 2, 40), 5).astype(float)
+    fast, general = paired_bootstrap(values, other, groups=groups), paired_bootstrap(
+        values, other, statistic=lambda v: float(np.mean(v)), groups=groups)
+    assert (fast.low, fast.high, fast.p_value) == pytest.approx((general.low, general.high, general.p_value))
+    with pytest.raises(DataError, match="one query id per example"):
+        bootstrap_ci(values, groups=groups[:-1])
+
+
+def test_target_verdicts_follow_the_interval():
+    from ragsieve.eval.stats import MET, MET_AT_POINT, MISSED, family_verdict, proportion_interval, target_verdict
+
+    assert target_verdict(0.667, 0.612, 0.718, 0.60) == MET
+    assert target_verdict(0.643, 0.590, 0.693, 0.60) == MET_AT_POINT  # straddles
+    assert target_verdict(0.48, 0.42, 0.54, 0.60) == MISSED
+    assert target_verdict(0.58, 0.55, 0.65, 0.60) == MISSED  # the point estimate misses
+    assert target_verdict(-0.014, -0.048, 0.018, -0.01) == MISSED  # forgetting: at least -0.01
+    assert target_verdict(0.20, 0.15, 0.25, 0.30, higher_is_better=False) == MET  # e.g. an error rate ≤ 0.30
+    assert family_verdict([MET, MET_AT_POINT, MET_AT_POINT, MET_AT_POINT, MISSED, MISSED], needed=4) == MET_AT_POINT
+    assert family_verdict([MET] * 4 + [MISSED] * 2, needed=4) == MET
+    assert family_verdict([MET_AT_POINT, MISSED]) == MISSED
+    # independent examples: Wilson; repeated queries: the bootstrap over queries (wider)
+    correct = [1] * 60 + [0] * 40
+    wilson, by_query = proportion_interval(correct), proportion_interval(correct, groups=np.arange(100) // 10)
+    assert wilson[0] == by_query[0] == 0.6 and by_query[2] - by_query[1] > wilson[2] - wilson[1]

@@ -439,6 +439,22 @@ def test_two_m0s_are_paired_on_the_test_examples_both_scored():
     assert paired_m0(a, {**b, "test_ids": ["p", "q", "r", "s"]}) is None
 
 
+def test_test_sets_with_repeated_queries_are_tested_by_query():
+    """HotpotQA's 300 test sentences come from 61 questions: intervals and paired tests resample questions."""
+    from ragsieve.studies.evolve_stats import m0_vs_chance, paired_outcomes
+
+    queries = [f"q{i // 5}" for i in range(100)]
+    a, b = [1] * 70 + [0] * 30, [1] * 60 + [0] * 40
+    by_query, single = paired_outcomes(a, b, queries), paired_outcomes(a, b, [f"x{i}" for i in range(100)])
+    assert by_query["test"] == "paired bootstrap over queries" and by_query["queries"] == 20
+    assert single["test"] == "exact McNemar" and single["p_value"] == by_query["p_mcnemar"]
+    assert by_query["diff"] == single["diff"] == 0.1
+    m0 = {"test_ids": [str(i) for i in range(100)], "test_query_ids": queries, "test": {"correct": "1" * 65 + "0" * 35}}
+    s = m0_vs_chance(m0)
+    assert s["queries"] == 20 and s["test"].startswith("bootstrap") and s["ci95"][0] < 0.6
+    assert s["target_met"] and not s["target_met_with_ci"] and s["verdict"] == "met at the point estimate, not shown"
+
+
 # --------------------------------------------------------------------------- methods
 
 

@@ -399,6 +399,10 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
     assert (out / "cosine_histogram.png").stat().st_size > 0
     assert (out / "models" / "C" / "grader.safetensors").exists()
     assert json.loads((out / "metrics.json").read_text())["configs"]["C"] == metrics["configs"]["C"]
+    assert json.loads((out / "test_pairs.json").read_text())["labels"] == [p["label"] for p in (
+        json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()) if p["split"] == "test"]
+    # the report-only mode rebuilds the same metrics from the stored scores and test_pairs.json alone
+    assert GraderExperiment().report(cfg, out, console)["configs"] == metrics["configs"]
 
     # A rerun trains nothing: every config's result was stored when it finished ...
     def no_training(*args, **kwargs):
@@ -599,3 +603,49 @@ def test_cross_encoder_threshold_is_refused_on_other_weights(tmp_path, tiny_cros
         load_grader(tmp_path / "grader")
     for shipped in ("embedded:default",):
         assert load_grader(shipped).config.trained["ranker_weights"] == _cross_encoder_weights("embedded:base")
+
+
+def test_report_recomputes_intervals_by_query_from_stored_scores(tmp_path):
+    """`run --report-only` on a grader study: intervals over whole queries from configs/ and test_pairs.json,
+    nothing trained or scored; stored scores that do not fit the test split are refused."""
+    from rich.console import Console
+
+    from ragsieve.config import build_config
+    from ragsieve.studies.grader import RATES, GraderExperiment, GraderExperimentConfig
+
+    cfg = build_config(GraderExperimentConfig, {
+        "configs": {}, "loss_comparison": [], "sampling_comparison": [], "lora_grid": None, "cross_encoder": None,
+        "save_models": [], "target_config": "cosine", "target_precision": 0.6, "target_recall": 0.5, "bootstrap": 300})
+    rng = np.random.default_rng(0)
+    queries = [f"q{i // 5}" for i in range(200)]  # 40 queries × 5 pairs; a query's pairs agree
+    labels = np.repeat(rng.integers(0, 2, 40), 5)
+    scores = np.clip(labels * 0.5 + rng.normal(0.25, 0.2, 200), 0, 1)
+    predicted = (scores >= 0.5).astype(int)
+    point = {k: rate(labels, predicted) for k, rate in RATES.items()}
+    out = tmp_path / "grader"
+    (out / "configs").mkdir(parents=True)
+    (out / "configs" / "cosine.json").write_text(json.dumps({
+        "settings": {}, "metrics": {**point, "accuracy": float(np.mean(predicted == labels)), "threshold": 0.5,
+                                    "precision_ci95": [0, 1]},
+        "test_scores": scores.tolist()}))
+    (out / "test_pairs.json").write_text(json.dumps({
+        "data_key": "k", "ids": [f"{q}|p{i}" for i, q in enumerate(queries)], "query_ids": queries,
+        "labels": labels.tolist(), "empty_passages": []}))
+    (out / "metrics.json").write_text(json.dumps({"data": {"data_key": "k"}, "seconds": 12.0}))
+
+    metrics = GraderExperiment().report(cfg, out, Console(quiet=True))
+    cosine = metrics["configs"]["cosine"]
+    low, high = cosine["precision_ci95"]
+    assert low < cosine["precision"] < high and metrics["seconds"] == 12.0  # the run's other fields kept
+    assert metrics["target"]["verdict"] in ("met", "met at the point estimate, not shown", "missed")
+    assert json.loads((out / "configs" / "cosine.json").read_text())["metrics"]["precision_ci95"] == [low, high]
+    # the same pairs resampled one by one: a narrower interval than by query
+    from ragsieve.eval.stats import bootstrap_metric
+
+    _, pair_low, pair_high = bootstrap_metric(RATES["precision"], labels, predicted, n_boot=300)
+    assert high - low > pair_high - pair_low
+    # labels that are not the run's: a stored point estimate no longer recomputes
+    flipped = {**json.loads((out / "test_pairs.json").read_text()), "labels": (1 - labels).tolist()}
+    (out / "test_pairs.json").write_text(json.dumps(flipped))
+    with pytest.raises(RagsieveError, match="differ from the run's"):
+        GraderExperiment().report(cfg, out, Console(quiet=True))

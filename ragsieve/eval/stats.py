@@ -4,10 +4,19 @@ Every metric ragsieve reports carries n and a 95 % interval; every claim that on
 beats another on the same examples carries a paired test. A difference whose interval
 covers 0 (or whose p ≥ 0.05) is reported as "no measurable difference", never as a win.
 
+Every bootstrap here resamples the unit that was sampled. Where several examples share a query
+(5 retrieved pairs per query, 300 test sentences from 61 questions), pass ``groups=`` (the query
+id of each example): whole queries are then resampled together (a cluster bootstrap), since a
+query's examples are not independent and resampling them one by one makes the interval too narrow.
+
 * :func:`bootstrap_ci` — percentile bootstrap interval of any per-example metric (MRR, nDCG, F1, ...);
+* :func:`bootstrap_metric` — the same for a metric of several aligned arrays (AUROC, precision, ...);
 * :func:`paired_bootstrap` — the difference of two methods on the same examples, its interval and p;
+* :func:`proportion_interval` — an accuracy's interval: Wilson for independent examples, else by query;
 * :func:`mcnemar_exact` — the exact McNemar test for two classifiers' right/wrong on the same examples;
-* :func:`verdict` — the words a README uses for a difference;
+* :func:`verdict` — the words a README uses for a paired difference ("no measurable difference" for p ≥ 0.05);
+* :func:`target_verdict` / :func:`family_verdict` — the words a README uses for a target: "met" only when
+  the 95 % interval clears it, "met at the point estimate, not shown" when it straddles, else "missed";
 * :func:`holm` — Holm's step-down adjustment of a family of p-values (several tests on one test set);
 * :func:`auroc_interval` / :func:`auroc_difference` — AUROC and a paired AUROC difference, bootstrapped
   over whole groups (questions), since a question's examples are not independent.
@@ -43,26 +52,75 @@ def _as_matrix(values: Sequence[float] | np.ndarray) -> np.ndarray:
     return arr
 
 
+def _check_groups(groups: Sequence[Any] | np.ndarray, n: int) -> np.ndarray:
+    g = np.asarray(groups)
+    if g.ndim != 1 or len(g) != n:
+        raise DataError(f"groups must give one query id per example: {len(g)} for {n} examples")
+    return g
+
+
+def bootstrap_rows(n: int, groups: Sequence[Any] | np.ndarray | None, n_boot: int,
+                   rng: np.random.Generator) -> list[np.ndarray]:
+    """The row indices of ``n_boot`` bootstrap resamples of ``n`` examples: examples drawn one by one
+    (``groups=None``), or whole groups (queries) drawn with replacement, each bringing all its rows.
+
+    Every bootstrap in this module draws through here, so each one resamples the same unit.
+
+    Example::
+
+        >>> rows = bootstrap_rows(4, ["q1", "q1", "q2", "q3"], 2, np.random.default_rng(0))
+        >>> all(set(r[:2].tolist()) <= {0, 1, 2, 3} for r in rows)
+        True
+    """
+    if groups is None:
+        return list(rng.integers(0, n, size=(n_boot, n)))
+    members = _group_rows(_check_groups(groups, n))
+    picks = rng.integers(0, len(members), size=(n_boot, len(members)))
+    return [np.concatenate([members[k] for k in pick]) for pick in picks]
+
+
+def _bootstrap_means(columns: Sequence[np.ndarray], groups: Sequence[Any] | np.ndarray, n_boot: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """The mean of each column over the resamples :func:`bootstrap_rows` draws (the same draws), from
+    per-group sums: the fast path of the cluster bootstrap of a mean."""
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1]
+    counts = np.bincount(codes).astype(np.float64)
+    picks = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+    sizes = counts[picks].sum(axis=1)
+    return [np.bincount(codes, weights=c)[picks].sum(axis=1) / sizes for c in columns]
+
+
 def bootstrap_ci(
     values: Sequence[float] | np.ndarray,
     statistic: MetricFn = np.mean,
     *,
+    groups: Sequence[Any] | np.ndarray | None = None,
     n_boot: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """``(estimate, low, high)``: the statistic of per-example ``values`` and its percentile bootstrap interval.
+    """``(estimate, low, high)``: the statistic of per-example ``values`` and its percentile bootstrap interval
+    (resampling whole ``groups``, e.g. the query of each example, when given).
 
     Example::
 
         >>> est, lo, hi = bootstrap_ci([1.0, 0.5, 0.0, 1.0, 0.333], n_boot=500)
         >>> round(est, 3), lo < est < hi
         (0.567, True)
+        >>> by_query = bootstrap_ci([1, 1, 1, 0, 0, 0], groups=["a", "a", "a", "b", "b", "b"], n_boot=500)
+        >>> sorted({by_query[1], by_query[2]})  # a resample holds query a or b whole, or both
+        [0.0, 1.0]
     """
     x = _as_matrix(values)
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
-    stats = np.array([statistic(x[row]) for row in idx]) if statistic is not np.mean else x[idx].mean(axis=1)
+    if groups is None:
+        idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+        stats = np.array([statistic(x[row]) for row in idx]) if statistic is not np.mean else x[idx].mean(axis=1)
+    elif statistic is np.mean:
+        _check_groups(groups, len(x))
+        (stats,) = _bootstrap_means([x], groups, n_boot, rng)
+    else:
+        stats = np.array([statistic(x[row]) for row in bootstrap_rows(len(x), groups, n_boot, rng)])
     alpha = (1 - confidence) / 2
     return float(statistic(x)), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
 
@@ -92,11 +150,13 @@ def paired_bootstrap(
     b: Sequence[float] | np.ndarray,
     statistic: MetricFn = np.mean,
     *,
+    groups: Sequence[Any] | np.ndarray | None = None,
     n_boot: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> PairedDifference:
-    """Paired bootstrap of ``statistic(a) - statistic(b)`` over examples resampled together.
+    """Paired bootstrap of ``statistic(a) - statistic(b)`` over examples resampled together
+    (whole ``groups``, e.g. queries, when given).
 
     ``p_value`` is the two-sided share of resampled differences on the other side of 0
     (doubled, capped at 1): the usual paired bootstrap test for IR metrics.
@@ -105,11 +165,18 @@ def paired_bootstrap(
     if len(x) != len(y):
         raise DataError(f"paired values need the same examples: {len(x)} vs {len(y)}")
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
-    if statistic is np.mean:
-        diffs = x[idx].mean(axis=1) - y[idx].mean(axis=1)
+    if groups is None:
+        idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+        if statistic is np.mean:
+            diffs = x[idx].mean(axis=1) - y[idx].mean(axis=1)
+        else:
+            diffs = np.array([statistic(x[row]) - statistic(y[row]) for row in idx])
+    elif statistic is np.mean:
+        _check_groups(groups, len(x))
+        mean_x, mean_y = _bootstrap_means([x, y], groups, n_boot, rng)
+        diffs = mean_x - mean_y
     else:
-        diffs = np.array([statistic(x[row]) - statistic(y[row]) for row in idx])
+        diffs = np.array([statistic(x[row]) - statistic(y[row]) for row in bootstrap_rows(len(x), groups, n_boot, rng)])
     observed = float(statistic(x) - statistic(y))
     alpha = (1 - confidence) / 2
     if observed > 0:
@@ -161,12 +228,75 @@ def mcnemar_exact(correct_a: Sequence[int] | np.ndarray, correct_b: Sequence[int
     return McNemarResult(len(a), int(a.sum()), int(b.sum()), a_only, b_only, p)
 
 
+NO_DIFFERENCE = "no measurable difference"
+MET = "met"
+MET_AT_POINT = "met at the point estimate, not shown"
+MISSED = "missed"
+
+
 def verdict(p_value: float, diff: float, low: float | None = None, high: float | None = None,
             alpha: float = 0.05) -> str:
-    """"A better" / "B better" only when the test says so; otherwise "no measurable difference"."""
+    """The paired verdict: "A better" / "B better" only when the test says so (p < 0.05 and an interval
+    clear of 0); otherwise "no measurable difference"."""
     if p_value >= alpha or (low is not None and high is not None and low <= 0 <= high) or diff == 0:
-        return "no measurable difference"
+        return NO_DIFFERENCE
     return "A better" if diff > 0 else "B better"
+
+
+def target_verdict(estimate: float, low: float | None, high: float | None, target: float,
+                   higher_is_better: bool = True) -> str:
+    """The verdict on a target (``estimate >= target``, or ``<=`` with ``higher_is_better=False``):
+
+    * "met" only when the whole 95 % interval clears the target;
+    * "met at the point estimate, not shown" when the estimate meets it but the interval straddles it;
+    * "missed" when the estimate misses it (an interval wholly on the wrong side included).
+
+    Example::
+
+        >>> target_verdict(0.643, 0.58, 0.70, 0.60), target_verdict(0.667, 0.61, 0.72, 0.60)
+        ('met at the point estimate, not shown', 'met')
+        >>> target_verdict(-0.014, -0.048, 0.018, -0.01)
+        'missed'
+    """
+    sign = 1.0 if higher_is_better else -1.0
+    if sign * (estimate - target) < 0:
+        return MISSED
+    bound = low if higher_is_better else high
+    return MET if bound is not None and sign * (bound - target) >= 0 else MET_AT_POINT
+
+
+def family_verdict(verdicts: Sequence[str], needed: int | None = None) -> str:
+    """A target over several datasets ("on 4 of 6", or all of them when ``needed`` is None): "met" when at
+    least ``needed`` are met, "met at the point estimate, not shown" when enough are met at least at the
+    point estimate, else "missed".
+
+    >>> family_verdict(["met", "met", "met at the point estimate, not shown", "missed"], needed=3)
+    'met at the point estimate, not shown'
+    """
+    needed = len(verdicts) if needed is None else needed
+    if not verdicts or sum(v == MET for v in verdicts) >= needed:
+        return MET if verdicts else MISSED
+    return MET_AT_POINT if sum(v in (MET, MET_AT_POINT) for v in verdicts) >= needed else MISSED
+
+
+def proportion_interval(correct: Sequence[int] | np.ndarray, groups: Sequence[Any] | np.ndarray | None = None,
+                        *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``(accuracy, low, high)`` of right/wrong outcomes: the Wilson interval when every example is its own
+    query (``groups`` None or all distinct), else the bootstrap over whole queries.
+
+    Example::
+
+        >>> acc, lo, hi = proportion_interval([1, 1, 0, 0, 1, 1], groups=["a", "a", "b", "b", "c", "c"])
+        >>> round(acc, 3), round(lo, 3), round(hi, 3)
+        (0.667, 0.0, 1.0)
+    """
+    from ragsieve.eval.classification import accuracy_interval
+
+    x = _as_matrix(correct)
+    if groups is None or len(set(np.asarray(groups).tolist())) == len(x):
+        low, high = accuracy_interval(int(x.sum()), len(x))
+        return float(x.mean()), low, high
+    return bootstrap_ci(x, groups=groups, n_boot=n_boot, seed=seed)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -186,11 +316,13 @@ def holm(p_values: Sequence[float]) -> list[float]:
 def bootstrap_metric(
     metric: Callable[..., float],
     *arrays: Sequence[Any] | np.ndarray,
+    groups: Sequence[Any] | np.ndarray | None = None,
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """``(estimate, low, high)`` of a metric over several aligned arrays resampled together (AUROC, F1, ...).
+    """``(estimate, low, high)`` of a metric over several aligned arrays resampled together (AUROC, F1, ...);
+    with ``groups`` (the query of each row), whole queries are resampled.
 
     Resamples where the metric is undefined (e.g. one class only) are skipped.
 
@@ -205,7 +337,7 @@ def bootstrap_metric(
         raise DataError("bootstrap_metric needs non-empty arrays of one length")
     rng = np.random.default_rng(seed)
     stats = []
-    for row in rng.integers(0, n, size=(n_boot, n)):
+    for row in bootstrap_rows(n, groups, n_boot, rng):
         try:
             value = float(metric(*(a[row] for a in data)))
         except ValueError:  # undefined on this resample
@@ -267,15 +399,7 @@ def auroc_interval(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, n
     out["auroc"] = float(rank_auroc(labels, scores))
     if n_boot <= 0:
         return out
-    members = _group_rows(groups)
-
-    def metric(sample: np.ndarray) -> float:
-        rows = np.concatenate([members[g] for g in sample])
-        if labels[rows].min() == labels[rows].max():
-            raise ValueError("one class only")  # undefined: bootstrap_metric skips the resample
-        return rank_auroc(labels[rows], scores[rows])
-
-    _, low, high = bootstrap_metric(metric, np.arange(len(members)), n_boot=n_boot, seed=seed)
+    _, low, high = bootstrap_metric(rank_auroc, labels, scores, groups=groups, n_boot=n_boot, seed=seed)
     if np.isfinite(low) and np.isfinite(high):  # nan when no resample had both classes: leave None
         out["low"], out["high"] = low, high
     return out
@@ -303,11 +427,8 @@ def auroc_difference(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndar
     out["diff"] = out["a"] - out["b"]
     if n_boot <= 0:
         return out
-    members = _group_rows(groups)
-    rng = np.random.default_rng(seed)
     diffs = []
-    for sample in rng.integers(0, len(members), size=(n_boot, len(members))):
-        rows = np.concatenate([members[k] for k in sample])
+    for rows in bootstrap_rows(len(labels), groups, n_boot, np.random.default_rng(seed)):
         if labels[rows].min() == labels[rows].max():
             continue  # undefined on a one-class resample
         diffs.append(rank_auroc(labels[rows], a[rows]) - rank_auroc(labels[rows], b[rows]))

@@ -947,8 +947,8 @@ class EvolveExperiment:
         for ds, tests in metrics.get("paired", {}).items():
             for name, r in tests.items():
                 if r:
-                    console.print(f"  {ds}: {name}: {r['a']:.3f} vs {r['b']:.3f}, McNemar {r['a_only']}/{r['b_only']} "
-                                  f"p={r['p_value']:.3g} ({r['verdict']})")
+                    console.print(f"  {ds}: {name}: {r['a']:.3f} vs {r['b']:.3f}, {r['a_only']}/{r['b_only']} right "
+                                  f"alone, {r.get('test', 'exact McNemar')} p={r['p_value']:.3g} ({r['verdict']})")
 
 
 QA_METRICS = ("em", "f1", "containment")

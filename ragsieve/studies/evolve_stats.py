@@ -4,13 +4,19 @@ Every cell stores, per round t = 0..R (t = 0 is M0, shared), M_t's right/wrong o
 test examples (``test.correct``, a 0/1 string aligned with the cell's ``test_ids``). That
 makes every comparison paired:
 
-* :func:`test_curve` — accuracy of M_t on the test set by round, with Wilson intervals;
-* :func:`m0_vs_chance` — M0's accuracy, its interval and the binomial p-value against 50 %, and its
-  threshold-free AUROC (:func:`m0_auroc`, bootstrapped over whole queries);
-* :func:`paired_last_round` — exact McNemar of two cells' M_R on the same test examples (and
-  :func:`paired_auroc`, the paired bootstrap of their AUROC difference);
+Some test sets hold several examples per query (HotpotQA: 300 sentences of 61 questions; BioASQ,
+MultiRC), and a query's examples are not independent. Every interval and test here therefore
+resamples whole queries (``test_query_ids``) where queries repeat (:func:`ragsieve.eval.stats.proportion_interval`,
+``paired_bootstrap(groups=...)``), and keeps the Wilson interval / exact tests where each example is its own query:
+
+* :func:`test_curve` — accuracy of M_t on the test set by round, with its 95 % interval;
+* :func:`m0_vs_chance` — M0's accuracy, its interval and the p-value against 50 %, the +10 pp target's
+  verdict, and its threshold-free AUROC (:func:`m0_auroc`, bootstrapped over whole queries);
+* :func:`paired_last_round` — two cells' M_R on the same test examples: exact McNemar, or the paired
+  bootstrap over queries where queries repeat (and :func:`paired_auroc`, the paired bootstrap of
+  their AUROC difference);
 * :func:`paired_m0` — the same for two runs' M0s (per-dataset vs mixed);
-* :func:`scale_targets` — the issue's three targets, each with its p-values.
+* :func:`scale_targets` — the issue's three targets, each with its p-values and verdict.
 
 Example::
 
@@ -35,16 +41,24 @@ def correct_vector(entry: Mapping[str, Any]) -> list[int]:
     return [int(c) for c in entry["correct"]]
 
 
-def wilson(correct: int, n: int) -> list[float] | None:
-    from ragsieve.eval.classification import accuracy_interval
+def clustered(query_ids: list[str] | None) -> bool:
+    """Whether some query holds several test examples (then intervals and tests resample queries)."""
+    return bool(query_ids) and len(set(query_ids)) < len(query_ids)
 
-    return [round(x, 4) for x in accuracy_interval(correct, n)] if n else None
 
+def score_summary(correct: list[int], predictions: list[int] | None = None,
+                  query_ids: list[str] | None = None) -> dict[str, Any]:
+    """n, accuracy, 95 % interval (and the share predicted "true") of right/wrong outcomes: Wilson, or the
+    bootstrap over whole queries when ``query_ids`` repeat (then ``queries`` says how many)."""
+    from ragsieve.eval.stats import proportion_interval
 
-def score_summary(correct: list[int], predictions: list[int] | None = None) -> dict[str, Any]:
-    """n, accuracy, Wilson 95 % interval (and the share predicted "true") of right/wrong outcomes."""
     n, k = len(correct), sum(correct)
-    out: dict[str, Any] = {"n": n, "accuracy": round(k / n, 4) if n else None, "ci95": wilson(k, n)}
+    out: dict[str, Any] = {"n": n, "accuracy": round(k / n, 4) if n else None, "ci95": None}
+    if n:
+        _, low, high = proportion_interval(correct, query_ids if clustered(query_ids) else None)
+        out["ci95"] = [round(low, 4), round(high, 4)]
+    if clustered(query_ids):
+        out["queries"] = len(set(query_ids))
     if predictions is not None and n:
         out["positive_rate"] = round(sum(predictions) / n, 4)
     return out
@@ -102,48 +116,75 @@ def round_tests(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[tuple[in
 
 
 def test_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """M_t's test accuracy for t = 0 (M0) .. R, each with its interval."""
+    """M_t's test accuracy for t = 0 (M0) .. R, each with its interval (by query where queries repeat)."""
     out = []
     for t, entry in round_tests(cell, m0):
         c = correct_vector(entry)
         preds = [int(p) for p in entry["pred"]] if "pred" in entry else None
-        out.append({"round": int(t), **score_summary(c, preds), "auroc": entry.get("auroc")})
+        out.append({"round": int(t), **score_summary(c, preds, m0.get("test_query_ids")), "auroc": entry.get("auroc")})
     return out
 
 
 def m0_vs_chance(m0: Mapping[str, Any]) -> dict[str, Any]:
-    """M0 against a coin (balanced test): accuracy, interval, one-sided binomial p, the +10 pp target."""
+    """M0 against a coin (balanced test): accuracy, interval, one-sided p (exact binomial, or the bootstrap
+    over queries where queries repeat) and the +10 pp target's verdict (met only when the interval clears it)."""
     from scipy.stats import binomtest
 
+    from ragsieve.eval.stats import paired_bootstrap, target_verdict
+
     c = correct_vector(m0["test"])
+    queries = m0.get("test_query_ids")
     n, k = len(c), sum(c)
-    p = float(binomtest(k, n, CHANCE, alternative="greater").pvalue)
     acc = k / n
+    if clustered(queries):
+        vs_coin = paired_bootstrap(c, [CHANCE] * n, groups=queries)  # two-sided; halved on the observed side
+        p = vs_coin.p_value / 2 if vs_coin.diff > 0 else 1 - vs_coin.p_value / 2
+        test = "bootstrap over queries (one-sided)"
+    else:
+        p = float(binomtest(k, n, CHANCE, alternative="greater").pvalue)
+        test = "exact binomial (one-sided)"
+    summary = score_summary(c, query_ids=queries)
     return {
-        **score_summary(c), "above_chance_pp": round(100 * (acc - CHANCE), 1), "p_value_vs_chance": p,
+        **summary, "above_chance_pp": round(100 * (acc - CHANCE), 1), "p_value_vs_chance": p, "test": test,
         "target_met": acc >= CHANCE + M0_MARGIN,
         # the stricter reading: the whole interval clears chance + 10 pp
-        "target_met_with_ci": wilson(k, n)[0] >= CHANCE + M0_MARGIN,
+        "target_met_with_ci": summary["ci95"][0] >= CHANCE + M0_MARGIN,
+        "verdict": target_verdict(acc, *summary["ci95"], CHANCE + M0_MARGIN),
         # threshold-free: a reranker ranks by the margin, so this is what M0 has learned to rank
         "auroc": m0_auroc(m0),
     }
 
 
-def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Exact McNemar of A's and B's last-round models on the same test examples."""
-    from ragsieve.eval.stats import mcnemar_exact
+def paired_outcomes(va: list[int], vb: list[int], query_ids: list[str] | None) -> dict[str, Any]:
+    """A's and B's right/wrong on the same examples: the difference with its 95 % interval, who alone was
+    right, and the paired test: exact McNemar where each example is its own query, else the paired
+    bootstrap over whole queries (McNemar takes the examples as independent)."""
+    from ragsieve.eval.stats import mcnemar_exact, paired_bootstrap, verdict
 
+    groups = query_ids if clustered(query_ids) else None
+    exact = mcnemar_exact(va, vb)
+    boot = paired_bootstrap(va, vb, groups=groups)
+    p = boot.p_value if groups is not None else exact.p_value
+    out = {"n": exact.n, "diff": round(exact.diff, 4), "diff_ci95": [round(boot.low, 4), round(boot.high, 4)],
+           "a_only": exact.a_only, "b_only": exact.b_only, "p_value": p,
+           "test": "paired bootstrap over queries" if groups is not None else "exact McNemar",
+           "verdict": verdict(p, exact.diff)}
+    if groups is not None:
+        out.update(queries=len(set(query_ids)), p_mcnemar=exact.p_value)
+    return out
+
+
+def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A's and B's last-round models on the same test examples (:func:`paired_outcomes`)."""
     if a.get("test_ids") != b.get("test_ids") or not a.get("test_ids"):
         return None  # not the same examples: no paired test
     (last, ta), (_, tb) = round_tests(a, m0)[-1], round_tests(b, m0)[-1]
     va, vb = correct_vector(ta), correct_vector(tb)
-    ca, cb = score_summary(va), score_summary(vb)
-    result = mcnemar_exact(va, vb)
-    out = {
-        "round": last, "n": result.n, "a": ca["accuracy"], "b": cb["accuracy"], "a_ci95": ca["ci95"],
-        "b_ci95": cb["ci95"], "diff": round(result.diff, 4), "a_only": result.a_only, "b_only": result.b_only,
-        "p_value": result.p_value, "verdict": result.verdict,
-    }
+    queries = m0.get("test_query_ids")
+    ca, cb = score_summary(va, query_ids=queries), score_summary(vb, query_ids=queries)
+    test = paired_outcomes(va, vb, queries)
+    out = {"round": last, "n": test.pop("n"), "a": ca["accuracy"], "b": cb["accuracy"], "a_ci95": ca["ci95"],
+           "b_ci95": cb["ci95"], **test}
     auroc = paired_auroc(ta, tb, m0.get("test_query_ids") or a["test_ids"])
     if auroc:
         out["auroc"] = auroc
@@ -151,7 +192,8 @@ def paired_last_round(a: Mapping[str, Any], b: Mapping[str, Any], m0: Mapping[st
 
 
 def add_holm(tests: dict[str, dict | None]) -> None:
-    """Holm-adjust a dataset's paired accuracy tests in place (``p_holm``, ``verdict_holm``).
+    """Holm-adjust a dataset's paired accuracy tests in place (``p_holm``, ``verdict_holm``), with
+    :func:`ragsieve.eval.stats.holm`.
 
     The issue's two comparisons are stated in advance; the rest are read together, so a single
     p < 0.05 among several tests on one test set is not taken as a win on its own.
@@ -204,18 +246,15 @@ def paired_m0(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | No
     ...           {"m0": "per-dataset", "test_ids": ["a", "b"], "test": {"correct": "01"}})["a_only"]
     1
     """
-    from ragsieve.eval.stats import mcnemar_exact
-
     in_b = set(b.get("test_ids") or [])
     shared = [x for x in a.get("test_ids") or [] if x in in_b]
     if not shared:
         return None  # not the same examples: no paired test
     ta, tb = _test_rows(a, shared), _test_rows(b, shared)
     ca, cb = correct_vector(ta), correct_vector(tb)
-    result = mcnemar_exact(ca, cb)
-    out = {"a": a.get("m0"), "b": b.get("m0"), "n": result.n, "a_test": score_summary(ca),
-           "b_test": score_summary(cb), "diff": round(result.diff, 4), "a_only": result.a_only,
-           "b_only": result.b_only, "p_value": result.p_value, "verdict": result.verdict}
+    queries = ta["query_ids"]
+    out = {"a": a.get("m0"), "b": b.get("m0"), "a_test": score_summary(ca, query_ids=queries),
+           "b_test": score_summary(cb, query_ids=queries), **paired_outcomes(ca, cb, queries)}
     if len(shared) < max(len(a["test_ids"]), len(in_b)):
         out.update(a_only_examples=len(a["test_ids"]) - len(shared), b_only_examples=len(in_b) - len(shared))
     auroc = paired_auroc(ta, tb, ta["query_ids"])  # the ranking view
@@ -231,38 +270,60 @@ def scale_targets(m0_stats: Mapping[str, Any], paired: Mapping[str, Any]) -> dic
     * ReplayDPO >= DPO on the last round on every dataset run;
     * CautiousDPO > SFT-only on >= 4 of 6 (or >= 2 of 3): two thirds of those run.
 
-    "met" follows the point estimates as the issue words them; ``significant`` says which
-    of those differences also pass the exact McNemar test (p < 0.05).
+    ``met`` follows the point estimates as the issue words them; ``verdict`` is the one vocabulary of
+    :func:`ragsieve.eval.stats.target_verdict`: "met" only when the 95 % intervals clear the target
+    on enough datasets, "met at the point estimate, not shown" when they straddle it, else "missed".
+    ``significant`` says which differences also pass the paired test (p < 0.05).
     """
+    from ragsieve.eval.stats import family_verdict, target_verdict
+
     def two_thirds(n: int) -> int:
         return math.ceil(2 * n / 3)
 
+    def diff_verdict(r: Mapping[str, Any], strict: bool) -> str:
+        low, high = r.get("diff_ci95") or (None, None)
+        v = target_verdict(r["diff"], low, high, 0.0)
+        # "better than" (strict): a difference of exactly 0 misses, and an interval touching 0 does not show it
+        if strict and (r["diff"] <= 0 or (v == "met" and low <= 0)):
+            return "missed" if r["diff"] <= 0 else "met at the point estimate, not shown"
+        return v
+
     m0_hits = {ds: s["target_met"] for ds, s in m0_stats.items()}
+    m0_verdicts = {ds: s.get("verdict") or target_verdict(s["accuracy"], *s["ci95"], CHANCE + M0_MARGIN)
+                   for ds, s in m0_stats.items()}
     replay = {ds: p["replay-dpo vs dpo"] for ds, p in paired.items() if p.get("replay-dpo vs dpo")}
     cautious = {ds: p["cautious-dpo vs sft-only"] for ds, p in paired.items() if p.get("cautious-dpo vs sft-only")}
     wins = {ds: r["diff"] > 0 for ds, r in cautious.items()}
+    replay_verdicts = {ds: diff_verdict(r, strict=False) for ds, r in replay.items()}
+    cautious_verdicts = {ds: diff_verdict(r, strict=True) for ds, r in cautious.items()}
     return {
         "m0_above_chance_plus_10pp": {
-            "per_dataset": {ds: {k: s[k] for k in ("accuracy", "ci95", "p_value_vs_chance", "target_met")}
-                            for ds, s in m0_stats.items()},
+            "per_dataset": {ds: {**{k: s[k] for k in ("accuracy", "ci95", "p_value_vs_chance", "target_met")},
+                                 "verdict": m0_verdicts[ds]} for ds, s in m0_stats.items()},
             "hits": sum(m0_hits.values()), "needed": two_thirds(len(m0_hits)),
             "met": bool(m0_hits) and sum(m0_hits.values()) >= two_thirds(len(m0_hits)),
+            "shown": sum(v == "met" for v in m0_verdicts.values()),
+            "verdict": family_verdict(list(m0_verdicts.values()), two_thirds(len(m0_hits))),
         },
         "replay_ge_dpo_last_round": {
-            "per_dataset": {ds: {**_brief(r), "met": r["diff"] >= 0} for ds, r in replay.items()},
+            "per_dataset": {ds: {**_brief(r), "met": r["diff"] >= 0, "verdict": replay_verdicts[ds]}
+                            for ds, r in replay.items()},
             "met": bool(replay) and all(r["diff"] >= 0 for r in replay.values()),
+            "verdict": family_verdict(list(replay_verdicts.values())),
         },
         "cautious_gt_sft_only": {
-            "per_dataset": {ds: {**_brief(r), "met": wins[ds]} for ds, r in cautious.items()},
+            "per_dataset": {ds: {**_brief(r), "met": wins[ds], "verdict": cautious_verdicts[ds]}
+                            for ds, r in cautious.items()},
             "wins": sum(wins.values()), "needed": two_thirds(len(wins)),
             "significant_wins": sum(1 for r in cautious.values() if r["diff"] > 0 and r["p_value"] < 0.05),
             "met": bool(wins) and sum(wins.values()) >= two_thirds(len(wins)),
+            "verdict": family_verdict(list(cautious_verdicts.values()), two_thirds(len(wins))),
         },
     }
 
 
 def _brief(r: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: r[k] for k in ("a", "b", "diff", "a_only", "b_only", "p_value", "verdict")}
+    return {k: r.get(k) for k in ("a", "b", "diff", "diff_ci95", "a_only", "b_only", "p_value", "test", "verdict")}
 
 
 def forgetting_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -329,6 +390,7 @@ def collapse_summary(pseudo_labels: Mapping[str, Mapping[str, list]], test_curve
             "test_share_true": [c.get("positive_rate") for c in curve],  # M0, M_1 … M_R
             "test_auroc": [c.get("auroc") for c in curve],
             "collapsed": collapsed, "collapsed_to": ("true" if share >= 0.5 else "false") if collapsed else None,
-            "vs_sft_only": {k: vs.get(k) for k in ("diff", "a_only", "b_only", "p_value", "verdict")} if vs else None,
+            "vs_sft_only": {k: vs.get(k) for k in ("diff", "a_only", "b_only", "p_value", "test", "verdict")}
+            if vs else None,
         }
     return out

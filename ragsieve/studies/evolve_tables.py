@@ -20,8 +20,12 @@ from typing import Any
 from ragsieve.studies.common import markdown_rows
 
 
-def _ci(ci) -> str:
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+def _ci(ci, signed: bool = False) -> str:
+    return f"[{_num(ci[0], signed=signed)}, {_num(ci[1], signed=signed)}]" if ci else ""
+
+
+# metrics.json's name of a paired test → the table's
+_TESTS = {"exact McNemar": "McNemar", "paired bootstrap over queries": "bootstrap by query"}
 
 
 def _num(x, digits: int = 3, signed: bool = False) -> str:
@@ -35,10 +39,18 @@ def _source(d) -> str:
     return f"{d['n']} ({d['accuracy']:.2f})" if d.get("accuracy") is not None else str(d["n"])
 
 
-def _p(p) -> str:
+def _p(p, test: str | None = None) -> str:
+    """A p-value as the table shows it; a bootstrap p of 0 is below its resolution (1 in 2,000 resamples)."""
     if p is None:
         return ""
+    if test and "bootstrap" in test and p < 1e-3:
+        return "< 0.001"
     return f"{p:.2g}" if p >= 1e-4 else "< 1e-4"
+
+
+def _diff_p(ds: str, s: Mapping[str, Any]) -> str:
+    """``bioasq -0.127 [-0.177, -0.077] (p < 0.001)``: a paired difference of the targets table."""
+    return f"{ds} {s['diff']:+.3f} {_ci(s.get('diff_ci95'), signed=True)} (p {_p(s['p_value'], s.get('test'))})"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -73,12 +85,15 @@ def _paired_table(by_dataset: Mapping[str, Mapping[str, Any]]) -> list[str]:
             if not r:
                 continue
             auc = r.get("auroc") or {}
-            rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}", f"{r['diff']:+.3f}",
-                         f"{r['a_only']} vs {r['b_only']}", _p(r["p_value"]), r["verdict"],
-                         _p(r["p_holm"]) if "p_holm" in r else "", r.get("verdict_holm", ""),
+            rows.append([ds, name, r["n"], f"{r['a']:.3f} vs {r['b']:.3f}",
+                         f"{r['diff']:+.3f} {_ci(r.get('diff_ci95'), signed=True)}".rstrip(),
+                         f"{r['a_only']} vs {r['b_only']}", _TESTS.get(r.get("test"), "McNemar"),
+                         _p(r["p_value"], r.get("test")),
+                         r["verdict"],
+                         _p(r["p_holm"], r.get("test")) if "p_holm" in r else "", r.get("verdict_holm", ""),
                          f"{auc['diff']:+.3f} [{auc['low']:+.3f}, {auc['high']:+.3f}], p {_p(auc['p_value'])}"
                          if auc else ""])
-    return _table(["dataset", "A vs B", "n", "accuracy", "diff", "only A / only B right", "p (McNemar)",
+    return _table(["dataset", "A vs B", "n", "accuracy", "diff [95 % CI]", "only A / only B right", "test", "p",
                    "verdict", "p (Holm)", "verdict (Holm)", "AUROC diff [95 % CI]"], rows)
 
 
@@ -101,7 +116,8 @@ def _collapse_section(collapse: Mapping[str, Mapping[str, Any]]) -> list[str]:
                      " → ".join(_num(x, 2) for x in s["test_share_true"]),
                      " → ".join(_num(x, 3) for x in (s["test_auroc"][0], s["test_auroc"][-1])),
                      f"yes, to \"{s['collapsed_to']}\"" if s["collapsed"] else "no",
-                     f"{vs['diff']:+.3f}, {vs['a_only']} vs {vs['b_only']}, p {_p(vs['p_value'])}" if vs else ""])
+                     f"{vs['diff']:+.3f}, {vs['a_only']} vs {vs['b_only']}, p {_p(vs['p_value'], vs.get('test'))}"
+                     if vs else ""])
     lines += _table(["dataset", "round 1: self / jury", "jury accuracy", "label accuracy", "lean",
                      "last round: self / jury", "label accuracy", "lean", "M_t share \"true\" (M0 → M_R)",
                      "AUROC (M0 → M_R)", "collapsed", "M_R vs SFT-only (diff, only A / only B, p)"], rows)
@@ -113,15 +129,21 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     cells = metrics.get("cells", {})
     lines = [f"# Evolving reranker at scale: tables generated from metrics.json "
              f"({cells.get('finished', '?')} of {cells.get('planned', '?')} cells finished)", "",
-             "Accuracy on each dataset's fixed test set (n per row in metrics.json → test_curves), Wilson 95 % "
-             "intervals; AUROC ranks by the verdict margin. Paired: exact McNemar on the same test examples "
-             "(right only with A / only with B) and a paired bootstrap over queries for AUROC.", ""]
+             "Accuracy on each dataset's fixed test set (n per row in metrics.json → test_curves) with 95 % "
+             "intervals: Wilson where every test example is its own query (FEVER, ANLI, PubMedQA), else a "
+             "bootstrap over whole queries (BioASQ 150, HotpotQA 61, MultiRC 75 queries for 300 examples), since "
+             "a query's examples are not independent. AUROC ranks by the verdict margin. Paired, on the same test "
+             "examples: exact McNemar (right only with A / only with B) where every example is its own query, "
+             "else the paired bootstrap over queries; AUROC differences by the paired bootstrap over queries. "
+             "Verdicts on a target: \"met\" only when the 95 % interval clears it, \"met at the point estimate, "
+             "not shown\" when it straddles it, else \"missed\".", ""]
     m0 = metrics.get("m0_test", {})
     if m0:
         lines += ["## M0 on the test set", ""]
-        lines += _table(["dataset", "n", "accuracy [95 % CI]", "vs chance", "p (binomial)", "AUROC [95 % CI]"], [
-            [ds, s["n"], f"{s['accuracy']:.3f} {_ci(s['ci95'])}", f"{s['above_chance_pp']:+.1f} pp",
-             _p(s["p_value_vs_chance"]),
+        lines += _table(["dataset", "n", "queries", "accuracy [95 % CI]", "vs chance", "p vs chance",
+                         "≥ chance + 10 pp", "AUROC [95 % CI]"], [
+            [ds, s["n"], s.get("queries", s["n"]), f"{s['accuracy']:.3f} {_ci(s['ci95'])}",
+             f"{s['above_chance_pp']:+.1f} pp", _p(s["p_value_vs_chance"], s.get("test")), s.get("verdict", ""),
              f"{s['auroc']['auroc']:.3f} {_ci(s['auroc']['ci95'])}" if s.get("auroc") else ""]
             for ds, s in m0.items()])
     lines += ["## Test accuracy after each round", ""]
@@ -130,7 +152,7 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     paired = metrics.get("paired", {})
     if paired:
         lines += ["## Paired comparisons on the last round", "",
-                  "Holm: the McNemar p adjusted over the dataset's paired tests (the issue states two of them in "
+                  "Holm: the p adjusted over the dataset's paired tests (the issue states two of them in "
                   "advance, ReplayDPO vs DPO and CautiousDPO vs SFT-only; read the others through the Holm column).",
                   "", *_paired_table(paired)]
     targets = metrics.get("scale_targets")
@@ -139,16 +161,24 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
         m = targets["m0_above_chance_plus_10pp"]
         r = targets["replay_ge_dpo_last_round"]
         c = targets["cautious_gt_sft_only"]
-        lines += _table(["target", "per dataset", "met"], [
-            ["M0 ≥ chance + 10 pp", ", ".join(f"{ds} {s['accuracy']:.3f}" for ds, s in m["per_dataset"].items()),
-             f"{m['hits']} of {len(m['per_dataset'])} (needs {m['needed']}): {m['met']}"],
+        def shown(per_dataset: Mapping[str, Any]) -> str:
+            met = sum(s.get("verdict") == "met" for s in per_dataset.values())
+            point = sum(s.get("verdict") == "met at the point estimate, not shown" for s in per_dataset.values())
+            return f"{met} met, {point} at the point estimate only"
+
+        lines += _table(["target", "per dataset", "on the point estimate", "by the 95 % intervals", "verdict"], [
+            ["M0 ≥ chance + 10 pp",
+             ", ".join(f"{ds} {s['accuracy']:.3f} {_ci(s['ci95'])}" for ds, s in m["per_dataset"].items()),
+             f"{m['hits']} of {len(m['per_dataset'])} (needs {m['needed']})", shown(m["per_dataset"]),
+             m.get("verdict", "")],
             ["ReplayDPO ≥ DPO, last round",
-             ", ".join(f"{ds} {s['diff']:+.3f} (p {_p(s['p_value'])})" for ds, s in r["per_dataset"].items()),
-             r["met"] if r["per_dataset"] else "not run yet"],
+             ", ".join(_diff_p(ds, s) for ds, s in r["per_dataset"].items()),
+             f"{sum(s['met'] for s in r['per_dataset'].values())} of {len(r['per_dataset'])} (needs all)",
+             shown(r["per_dataset"]), r.get("verdict", "") if r["per_dataset"] else "not run yet"],
             ["CautiousDPO > SFT-only, last round",
-             ", ".join(f"{ds} {s['diff']:+.3f} (p {_p(s['p_value'])})" for ds, s in c["per_dataset"].items()),
-             f"{c['wins']} of {len(c['per_dataset'])} (needs {c['needed']}; {c['significant_wins']} with p < 0.05): "
-             f"{c['met']}" if c["per_dataset"] else "not run yet"],
+             ", ".join(_diff_p(ds, s) for ds, s in c["per_dataset"].items()),
+             f"{c['wins']} of {len(c['per_dataset'])} (needs {c['needed']}; {c['significant_wins']} with p < 0.05)",
+             shown(c["per_dataset"]), c.get("verdict", "") if c["per_dataset"] else "not run yet"],
         ])
     sweep_paired = metrics.get("sweep_paired", {})
     for key, title in SWEEP_TITLES.items():

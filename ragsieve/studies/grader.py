@@ -11,6 +11,11 @@ The full run is long, so it is resumable per configuration: each one's metrics a
 written to ``configs/<name>.json`` the moment it finishes and a rerun skips every
 configuration whose settings and data are unchanged. The backbone's final states,
 which the prompted baseline and config B both read, are computed once and cached.
+
+Every query contributes its top 5 pairs, and a query's pairs are not independent: the 95 %
+intervals resample whole test queries (a cluster bootstrap). ``test_pairs.json`` keeps the test
+split's ids, query ids and labels (no text), so ``ragsieve run --report-only`` rebuilds
+``metrics.json`` from the stored test scores without the pairs' text, a model or any training.
 """
 
 from __future__ import annotations
@@ -165,13 +170,58 @@ def plan_jobs(cfg: GraderExperimentConfig) -> list[Job]:
 
 
 class _Split:
-    """The pairs of one split as parallel lists."""
+    """The pairs of one split as parallel lists (ids, query ids and labels only for a report: no text)."""
 
     def __init__(self, pairs: list[GradingPair]):
-        self.pairs = pairs
+        self.ids = [p.id for p in pairs]
+        self.query_ids = [p.query_id for p in pairs]
         self.queries = [p.query for p in pairs]
         self.passages = [p.passage for p in pairs]
         self.labels = np.array([p.label for p in pairs], dtype=np.int64)
+        self.empty = np.array([not p.passage.strip() for p in pairs], dtype=bool)  # never relevant
+        self.rebuilt_data_key: str | None = None  # set when the ids come from pairs rebuilt after the run
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def record(self, data_key: str) -> dict:
+        """What ``test_pairs.json`` keeps: enough to recompute every test metric and interval from stored scores."""
+        out = {"data_key": data_key, "ids": self.ids, "query_ids": self.query_ids,
+               "labels": self.labels.tolist(), "empty_passages": np.flatnonzero(self.empty).tolist()}
+        return out | ({"rebuilt_data_key": self.rebuilt_data_key} if self.rebuilt_data_key else {})
+
+    @classmethod
+    def from_record(cls, record: dict) -> "_Split":
+        split = cls([])
+        split.ids, split.query_ids = list(record["ids"]), list(record["query_ids"])
+        split.labels = np.asarray(record["labels"], dtype=np.int64)
+        split.empty = np.zeros(len(split.labels), dtype=bool)
+        split.empty[record["empty_passages"]] = True
+        split.rebuilt_data_key = record.get("rebuilt_data_key")
+        return split
+
+
+TEST_PAIRS = "test_pairs.json"
+
+
+def _rate(numerator: str, denominator: str) -> Callable[[np.ndarray, np.ndarray], float]:
+    """Precision (tp / predicted) or recall (tp / relevant) of 0/1 arrays, 0 when undefined (as
+    scikit-learn's ``zero_division=0``): numpy, for the bootstrap's thousands of resamples."""
+    def rate(y: np.ndarray, p: np.ndarray) -> float:
+        tp = float(np.sum((y == 1) & (p == 1)))
+        total = float(np.sum((p if denominator == "predicted" else y) == 1))
+        return tp / total if total else 0.0
+    rate.__name__ = numerator
+    return rate
+
+
+def _f1(y: np.ndarray, p: np.ndarray) -> float:
+    tp = float(np.sum((y == 1) & (p == 1)))
+    total = float(np.sum(y == 1) + np.sum(p == 1))
+    return 2 * tp / total if total else 0.0
+
+
+RATES = {"precision": _rate("precision", "predicted"), "recall": _rate("recall", "relevant"), "f1": _f1}
 
 
 class GraderExperiment:
@@ -185,7 +235,7 @@ class GraderExperiment:
         pairs, teacher = self._pairs(cfg, out_dir, console)
         train = _Split([p for p in pairs if p.split == "train"])
         test = _Split([p for p in pairs if p.split == "test"])
-        if len(set(train.labels.tolist())) < 2 or len(test.pairs) == 0:
+        if len(set(train.labels.tolist())) < 2 or len(test) == 0:
             raise RagsieveError("the grading data needs both labels in train and a non-empty test split; add queries")
         data_key = hashlib.sha1(
             json.dumps([(p.id, p.label, p.split) for p in pairs]).encode()
@@ -199,8 +249,9 @@ class GraderExperiment:
         )
         console.print(
             f"{len(pairs)} pairs from {skew['queries']} queries, {skew['positive_rate']:.1%} relevant; "
-            f"train {len(train.pairs)} / test {len(test.pairs)}"
+            f"train {len(train)} / test {len(test)}"
         )
+        _write_json(out_dir / TEST_PAIRS, test.record(data_key))
 
         runner = _Runner(cfg, out_dir, console, train, test, data_key)
         results: dict[str, dict] = {}
@@ -213,31 +264,63 @@ class GraderExperiment:
 
         selection = runner.select(results, jobs) if cfg.select_precision is not None else None
         out = {
-            "configs": results,
-            "selection": selection,
-            "loss_comparison": _comparison(jobs, results, "loss", cfg.loss_comparison, cfg.losses),
-            "sampling_comparison": _comparison(jobs, results, "sampling", cfg.sampling_comparison, cfg.samplings),
-            "lora_grid": [
-                {"rank": j.lora_r, "alpha": j.lora_alpha, **_headline(results[j.name])}
-                for j in jobs if j.name.startswith("lora_r")
-            ],
+            **_summary(cfg, jobs, results, selection),
             "label_skew": skew,
             "teacher": teacher,
-            "target": _target(cfg, results, selection),
             "data": {
                 "sources": cfg.data.sources, "queries_per_source": cfg.data.queries_per_source,
-                "top_k": cfg.data.top_k, "retriever": cfg.data.retriever, "train_pairs": len(train.pairs),
-                "test_pairs": len(test.pairs), "data_key": data_key,
+                "top_k": cfg.data.top_k, "retriever": cfg.data.retriever, "train_pairs": len(train),
+                "test_pairs": len(test), "test_queries": len(set(test.query_ids)), "data_key": data_key,
             },
             "seconds": time.perf_counter() - t0,
             "config": cfg.model_dump(),
         }
-        (out_dir / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
+        _write_json(out_dir / "metrics.json", out)
         _print_table(console, results, test)
         if selection:
             console.print(f"default grader at precision >= {cfg.select_precision}: [bold]{selection['best_shippable']}[/]"
                           f" ({selection['versus_runner_up']})")
         console.print(f"wrote {out_dir / 'metrics.json'} in {out['seconds']:.0f}s")
+        return out
+
+    def report(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console) -> dict:
+        """metrics.json again from what the run stored: each config's test scores and thresholds
+        (``configs/<name>.json``) and the test split (``test_pairs.json``); trains and scores nothing.
+
+        Recomputes every interval and the paired comparisons (by query), checks that each stored point
+        estimate comes out the same (else the stored scores belong to other pairs), and keeps the rest of
+        metrics.json (data, timings, config) as the run wrote it. Nothing is shipped.
+        """
+        jobs = plan_jobs(cfg)
+        if not (out_dir / "metrics.json").is_file():
+            raise RagsieveError(f"{out_dir / 'metrics.json'} does not exist: run the study first")
+        previous = json.loads((out_dir / "metrics.json").read_text())
+        data_key = previous["data"]["data_key"]
+        if (out_dir / TEST_PAIRS).is_file():
+            test = _Split.from_record(json.loads((out_dir / TEST_PAIRS).read_text()))
+        else:  # a run from before test_pairs.json: its test split from pairs.jsonl, which the run wrote
+            test = _Split.from_record(_test_record(out_dir / "pairs.jsonl", data_key))
+            _write_json(out_dir / TEST_PAIRS, test.record(data_key))
+        if test.rebuilt_data_key:
+            console.print(f"[yellow]{out_dir / 'pairs.jsonl'} was rebuilt since the run (data key "
+                          f"{test.rebuilt_data_key}, the run's {data_key}): its test split is used only if every "
+                          "stored precision, recall and F1 recomputes from it[/]")
+        runner = _Runner(cfg, out_dir, console, None, test, data_key)
+        names = [*(["cosine"] if cfg.cosine_baseline else []), *(["cross-encoder"] if cfg.cross_encoder else []),
+                 *(j.name for j in jobs)]
+        results = {name: runner.rescore(name) for name in names if runner._result_file(name).is_file()}
+        missing = [j for j in jobs if j.name not in results]
+        if missing:
+            raise RagsieveError(f"no stored result for {', '.join(j.name for j in missing)} in {out_dir / 'configs'}; "
+                                "run the study to finish them")
+        selection = runner.select(results, jobs, ship=False) if cfg.select_precision is not None else None
+        if selection and (previous.get("selection") or {}).get("shipped_to"):
+            selection["shipped_to"] = previous["selection"]["shipped_to"]
+        out = {**previous, **_summary(cfg, jobs, results, selection)}
+        out["data"]["test_queries"] = len(set(test.query_ids))
+        _write_json(out_dir / "metrics.json", out)
+        _print_table(console, results, test)
+        console.print(f"wrote {out_dir / 'metrics.json'} from {len(results)} stored configs")
         return out
 
     def _pairs(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console) -> tuple[list[GradingPair], dict]:
@@ -294,12 +377,12 @@ class GraderExperiment:
 class _Runner:
     """Runs jobs against one dataset, with the per-config result files and the state cache."""
 
-    def __init__(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console, train: _Split, test: _Split,
-                 data_key: str):
+    def __init__(self, cfg: GraderExperimentConfig, out_dir: Path, console: Console, train: _Split | None,
+                 test: _Split, data_key: str):
         self.cfg, self.out_dir, self.console = cfg, out_dir, console
         self.train, self.test, self.data_key = train, test, data_key
         self._states: tuple[np.ndarray, np.ndarray] | None = None
-        self._empty_test = np.array([not p.strip() for p in test.passages], dtype=bool)
+        self._empty_test = test.empty
         self.test_scores: dict[str, np.ndarray] = {}  # name → test scores (paired comparisons)
         self.kind_runners: dict[str, Callable[[Job], tuple[np.ndarray, dict]]] = {
             "prompted": self._prompted,
@@ -329,19 +412,49 @@ class _Runner:
         return stored["metrics"]
 
     def _point(self, scores: np.ndarray, threshold: float) -> dict:
-        """Test precision / recall / F1 at ``threshold``, each with a bootstrap 95 % interval (pairs resampled)."""
-        from sklearn.metrics import f1_score, precision_score, recall_score
-
+        """Test precision / recall / F1 at ``threshold``, each with a bootstrap 95 % interval that resamples
+        whole test queries (a query's 5 pairs together)."""
         from ragsieve.eval.classification import classification_metrics
-        from ragsieve.eval.stats import bootstrap_metric
 
         predicted = self._predict(scores, threshold)
         metrics = classification_metrics(self.test.labels, predicted, scores)
         metrics["threshold"] = float(threshold)
-        for key, fn in (("precision", precision_score), ("recall", recall_score), ("f1", f1_score)):
-            _, lo, hi = bootstrap_metric(lambda y, p, fn=fn: fn(y, p, zero_division=0), self.test.labels, predicted,
+        metrics.update(self._intervals(predicted))
+        return metrics
+
+    def _intervals(self, predicted: np.ndarray) -> dict:
+        from ragsieve.eval.stats import bootstrap_metric
+
+        out = {}
+        for key, rate in RATES.items():
+            _, lo, hi = bootstrap_metric(rate, self.test.labels, predicted, groups=self.test.query_ids,
                                          n_boot=self.cfg.bootstrap)
-            metrics[f"{key}_ci95"] = [lo, hi]
+            out[f"{key}_ci95"] = [lo, hi]
+        return out
+
+    def rescore(self, name: str) -> dict:
+        """A stored config's metrics with its intervals recomputed from its stored test scores (the report);
+        its point estimates must come out as stored."""
+        file = self._result_file(name)
+        stored = json.loads(file.read_text())
+        if "test_scores" not in stored:
+            raise RagsieveError(f"{file} keeps no test scores (a run from before they were stored): its intervals "
+                                "cannot be recomputed; run the study again")
+        scores = np.asarray(stored["test_scores"], dtype=np.float64)
+        if len(scores) != len(self.test):
+            raise RagsieveError(f"{file}: {len(scores)} test scores for {len(self.test)} test pairs; "
+                                "the stored results belong to other pairs")
+        metrics = stored["metrics"]
+        points = [metrics] + ([metrics["operating_point"]] if "operating_point" in metrics else [])
+        for point in points:
+            predicted = self._predict(scores, point["threshold"])
+            for key, rate in RATES.items():
+                if abs(rate(self.test.labels, predicted) - point[key]) > 1e-9:
+                    raise RagsieveError(f"{file}: {key} recomputes to {rate(self.test.labels, predicted):.4f}, "
+                                        f"stored {point[key]:.4f}; the test pairs differ from the run's")
+            point.update(self._intervals(predicted))
+        self.test_scores[name] = scores
+        _write_json(file, stored)
         return metrics
 
     def _predict(self, scores: np.ndarray, threshold: float) -> np.ndarray:
@@ -369,10 +482,8 @@ class _Runner:
         )
         file = self._result_file(name)
         file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(".tmp")
-        stored = {"settings": settings, "metrics": metrics, "test_scores": [round(float(x), 6) for x in scores]}
-        tmp.write_text(json.dumps(stored, indent=2) + "\n")
-        tmp.replace(file)  # atomic: a crash never leaves a half-written result to be trusted
+        _write_json(file, {"settings": settings, "metrics": metrics,
+                           "test_scores": [round(float(x), 6) for x in scores]})
         self.console.print(
             f"[bold]{name}[/]: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in METRIC_KEYS)
             + (f", AUROC {metrics['auroc']:.3f}" if metrics.get("auroc") is not None else "")
@@ -419,11 +530,9 @@ class _Runner:
         }
         return self._finish(kind, settings, scores, threshold, extra, (train_scores, self.train.labels))
 
-    def select(self, results: dict[str, dict], jobs: list[Job]) -> dict:
+    def select(self, results: dict[str, dict], jobs: list[Job], ship: bool = True) -> dict:
         """The best grader at the operating point (precision floor met first, then F1), the paired
-        bootstrap of its F1 against the runner-up, and the best one that can ship (shipped if asked)."""
-        from sklearn.metrics import f1_score
-
+        bootstrap (by query) of its F1 against the runner-up, and the best one that can ship (shipped if asked)."""
         from ragsieve.eval.stats import bootstrap_metric, verdict
 
         kinds = {j.name: j.kind for j in jobs}
@@ -440,9 +549,10 @@ class _Runner:
             return self._predict(self.test_scores[name], results[name]["operating_point"]["threshold"])
 
         def versus(a: str, b: str) -> dict:
-            diff = lambda y, pa, pb: f1_score(y, pa, zero_division=0) - f1_score(y, pb, zero_division=0)  # noqa: E731
-            est, lo, hi = bootstrap_metric(diff, self.test.labels, predicted(a), predicted(b), n_boot=self.cfg.bootstrap)
-            # paired bootstrap (the same resampled pairs for both): the interval alone decides
+            diff = lambda y, pa, pb: _f1(y, pa) - _f1(y, pb)  # noqa: E731
+            est, lo, hi = bootstrap_metric(diff, self.test.labels, predicted(a), predicted(b),
+                                           groups=self.test.query_ids, n_boot=self.cfg.bootstrap)
+            # paired bootstrap (the same resampled queries for both): the interval alone decides
             return {"a": a, "b": b, "f1_diff": est, "ci95": [lo, hi], "verdict": verdict(0.0, est, lo, hi)}
 
         shippable = [n for n in ranked if n in ("cosine", "cross-encoder") or kinds.get(n) in ("head", "prompted", "lora")]
@@ -456,7 +566,7 @@ class _Runner:
         }
         if shippable and shippable[0] != ranked[0]:
             out["best_shippable_vs_best"] = versus(shippable[0], ranked[0])
-        if shippable and self.cfg.ship_to:
+        if shippable and self.cfg.ship_to and ship:
             out["shipped_to"] = str(self.ship(shippable[0], results[shippable[0]]))
         return out
 
@@ -476,7 +586,7 @@ class _Runner:
             **grader.config.trained, "chosen_by": "experiments/grader_scale.yaml",
             "operating_point": {k: op[k] for k in ("precision", "recall", "f1", "precision_ci95", "recall_ci95",
                                                      "f1_ci95")},
-            "precision_floor": self.cfg.select_precision, "test_pairs": len(self.test.pairs),
+            "precision_floor": self.cfg.select_precision, "test_pairs": len(self.test),
         }})
         target = Path(self.cfg.ship_to)
         # the study chose it on the same test pairs as every other grader: it replaces the shipped one
@@ -514,7 +624,7 @@ class _Runner:
             return self._states
         grader = self._new(Job("states", "head", self.cfg.train))
         start = time.perf_counter()
-        with self.console.status(f"final states of {len(self.train.pairs) + len(self.test.pairs)} pairs (once)"):
+        with self.console.status(f"final states of {len(self.train) + len(self.test)} pairs (once)"):
             states = (
                 grader.final_states(self.train.queries, self.train.passages),
                 grader.final_states(self.test.queries, self.test.passages),
@@ -562,7 +672,7 @@ class _Runner:
         train_scores = None
         if self.cfg.select_precision is not None:  # a fixed sample of train pairs, the same for every config
             rng = np.random.default_rng(0)
-            idx = [i for i in rng.permutation(len(self.train.pairs)) if self.train.passages[i].strip()]
+            idx = [i for i in rng.permutation(len(self.train)) if self.train.passages[i].strip()]
             idx = idx[: self.cfg.threshold_pairs]
             train_scores = (grader.score_pairs([self.train.queries[i] for i in idx],
                                                [self.train.passages[i] for i in idx]), self.train.labels[idx])
@@ -597,19 +707,68 @@ def _target(cfg: GraderExperimentConfig, results: dict[str, dict], selection: di
     m = results.get(name)
     if m is None:
         return None
+    from ragsieve.eval.stats import family_verdict, target_verdict
+
     if selection and "operating_point" in m:
         m = m["operating_point"]
+    verdicts = {key: target_verdict(m[key], *(m.get(f"{key}_ci95") or (None, None)), target)
+                for key, target in (("precision", cfg.target_precision), ("recall", cfg.target_recall))}
     return {
         "config": name, "precision": m["precision"], "recall": m["recall"],
+        "precision_ci95": m.get("precision_ci95"), "recall_ci95": m.get("recall_ci95"),
         "precision_target": cfg.target_precision, "recall_target": cfg.target_recall,
         "met": m["precision"] >= cfg.target_precision and m["recall"] >= cfg.target_recall,
         "precision_gap": max(0.0, cfg.target_precision - m["precision"]),
         "recall_gap": max(0.0, cfg.target_recall - m["recall"]),
+        # met only when both intervals clear their targets (ragsieve.eval.stats.target_verdict)
+        "precision_verdict": verdicts["precision"], "recall_verdict": verdicts["recall"],
+        "verdict": family_verdict(list(verdicts.values())),
     }
 
 
+def _summary(cfg: GraderExperimentConfig, jobs: list[Job], results: dict[str, dict], selection: dict | None) -> dict:
+    """The part of metrics.json that follows from the configs' results (a run's and a report's alike)."""
+    return {
+        "configs": results,
+        "selection": selection,
+        "loss_comparison": _comparison(jobs, results, "loss", cfg.loss_comparison, cfg.losses),
+        "sampling_comparison": _comparison(jobs, results, "sampling", cfg.sampling_comparison, cfg.samplings),
+        "lora_grid": [
+            {"rank": j.lora_r, "alpha": j.lora_alpha, **_headline(results[j.name])}
+            for j in jobs if j.name.startswith("lora_r")
+        ],
+        "target": _target(cfg, results, selection),
+        "intervals": "95 % percentile bootstrap over whole test queries (each query's pairs resampled together)",
+    }
+
+
+def _test_record(pairs_file: Path, data_key: str) -> dict:
+    """The test split of a run's ``pairs.jsonl`` as :meth:`_Split.record` keeps it (ids, query ids, labels),
+    checked against the run's data key; read field by field, so a file without the text serves as well."""
+    if not pairs_file.is_file():
+        raise RagsieveError(f"neither {pairs_file.parent / TEST_PAIRS} nor {pairs_file} exists: "
+                            "run the study to rebuild the pairs")
+    rows = [json.loads(line) for line in pairs_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    key = hashlib.sha1(json.dumps([(r["id"], r["label"], r["split"]) for r in rows]).encode()).hexdigest()[:16]
+    test = [r for r in rows if r["split"] == "test"]
+    record = {"data_key": data_key, "ids": [r["id"] for r in test], "query_ids": [r["query_id"] for r in test],
+              "labels": [int(r["label"]) for r in test],
+              "empty_passages": [i for i, r in enumerate(test) if "passage" in r and not r["passage"].strip()]}
+    if key != data_key:
+        # pairs rebuilt since the run (retrieval ties can reorder a train query's pairs): usable only if its
+        # test split is the run's, which rescore checks on every stored point estimate
+        record["rebuilt_data_key"] = key
+    return record
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)  # atomic: a crash never leaves a half-written result to be trusted
+
+
 def _print_table(console: Console, results: dict[str, dict], test: _Split) -> None:
-    table = Table(title=f"graders on {len(test.pairs)} held-out pairs ({test.labels.mean():.1%} relevant)")
+    table = Table(title=f"graders on {len(test)} held-out pairs ({test.labels.mean():.1%} relevant)")
     for col in ("config", "accuracy", "precision", "recall", "F1", "AUROC", "seconds"):
         table.add_column(col, justify="right" if col != "config" else "left")
     for name, m in results.items():
