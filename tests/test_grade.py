@@ -260,13 +260,14 @@ def test_threshold_baselines_cosine_and_cross_encoder(tmp_path):
     with pytest.raises(RagsieveError, match="needs a base model"):
         new_grader("cross-encoder")
 
-    from ragsieve.grade.stage import grade_filter
+    from ragsieve.pipeline.stages import SieveStages
 
     passages = [Passage("a", "Hamlet was written by William Shakespeare"), Passage("b", "the lazy dog")]
-    stage = grade_filter(cosine, "who wrote hamlet", passages)
-    assert [p.id for p in stage.kept] == ["a"] and stage.dropped == 1 and not stage.all_dropped
-    assert grade_filter(cosine, "who wrote hamlet", passages[1:]).all_dropped
-    assert not grade_filter(cosine, "who wrote hamlet", []).all_dropped  # nothing retrieved ≠ all dropped
+    grading = SieveStages(grader=cosine)  # the grader as the sieve's only stage
+    stage = grading.apply("who wrote hamlet", passages)
+    assert [p.id for p in stage.kept] == ["a"] and stage.graded_out == 1 and not stage.all_dropped
+    assert grading.apply("who wrote hamlet", passages[1:]).all_dropped
+    assert not grading.apply("who wrote hamlet", []).all_dropped  # nothing retrieved ≠ all dropped
 
 
 # -- LLM judge against a real HTTP server on loopback --------------------------------------------

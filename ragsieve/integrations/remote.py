@@ -13,13 +13,16 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.rerank.base import BaseRanker, as_passages
+
+if TYPE_CHECKING:
+    from ragsieve.pipeline.stages import SieveStages
 
 
 class RemoteRanker(BaseRanker):
@@ -69,12 +72,40 @@ def resolve_ranker(ranker: Any, api_key: str | None = None) -> BaseRanker:
     raise RagsieveError(f"expected a ranker, a reranker spec or a service URL, got {type(ranker).__name__}")
 
 
-def select(
-    ranker: BaseRanker, query: str, texts: Sequence[str], top_n: int | None, threshold: float | None
-) -> list[tuple[int, float]]:
-    """(index, score) of the documents to keep: best first, at or above ``threshold``, at most ``top_n``."""
+def adapter_stages(
+    ranker: Any = None, *, sieve: Any = None, top_n: int | None = None, threshold: float | None = None,
+    api_key: str | None = None,
+) -> "SieveStages":
+    """The one sieve an adapter applies.
+
+    With ``sieve`` (a fitted sieve folder, ``embedded:<name>`` or a loaded :class:`Sieve`), its
+    reranker, top_k and grader; ``top_n`` / ``threshold``, when given, override its cut and threshold.
+    Otherwise ``ranker`` (see :func:`resolve_ranker`) cut to ``top_n`` (None: no cut), thresholded on
+    its own scores when ``threshold`` is given.
+    """
+    from ragsieve.pipeline.stages import SieveStages
+
+    if sieve is not None:
+        from ragsieve.pipeline.sieve import Sieve
+
+        loaded = sieve if isinstance(sieve, Sieve) else Sieve.load(sieve)
+        return loaded.stages.override(top_k=top_n, threshold=threshold)
+    return SieveStages(resolve_ranker(ranker, api_key), top_k=top_n, threshold=threshold)
+
+
+def pydantic_adapter_stages(adapter: Any) -> "SieveStages":
+    """:func:`adapter_stages` for a pydantic adapter (fields ``ranker``, ``sieve``, ``top_n``, ``threshold``,
+    ``api_key``): with a sieve, only the fields the user set override it."""
+    given = adapter.model_fields_set if adapter.sieve is not None else {"top_n", "threshold"}
+    return adapter_stages(
+        adapter.ranker, sieve=adapter.sieve, api_key=adapter.api_key,
+        top_n=adapter.top_n if "top_n" in given else None,
+        threshold=adapter.threshold if "threshold" in given else None,
+    )
+
+
+def keep(stages: "SieveStages", query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
+    """(index, reranker score) of the documents the sieve keeps, best first."""
     if not texts:
         return []
-    ranked = ranker.rank(query, list(texts)).results
-    kept = [(r.index, r.score) for r in ranked if threshold is None or r.score >= threshold]
-    return kept[:top_n] if top_n else kept
+    return [(r.index, r.score) for r, _ in stages.apply(query, list(texts)).kept_results]

@@ -25,6 +25,8 @@ from fastapi import Body, FastAPI, Request
 
 from ragsieve.errors import RagsieveError
 from ragsieve.evolve.live import FeedbackItem
+from ragsieve.pipeline.stages import SieveStages
+from ragsieve.rerank.base import as_passages, ranked_from_scores
 from ragsieve.serve.chunks import plan_chunks
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError, install_error_handlers, request_id
@@ -41,7 +43,7 @@ from ragsieve.serve.schemas import (
     FeedbackResponse,
     FilterRequest,
     FilterResponse,
-    FilterResult,
+    FilteredDocument,
     Health,
     Meta,
     ModelCard,
@@ -219,7 +221,7 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
         response_model_exclude_none=True,
         responses=ERRORS,
         tags=["filter"],
-        summary="Rerank, then keep the documents graded relevant",
+        summary="The sieve: rerank, keep the top_n (default: the sieve's top_k), keep those graded relevant",
     )
     async def filter_docs(request: Request, body: FilterRequest = Body(...)):
         query, docs = core.check(body.query, _texts(body.documents))
@@ -228,25 +230,25 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
         if threshold is None:
             raise ServeError(400, "no grader configured (start with --grader, or pass 'threshold')")
         meta = Meta(request_id=request_id(request))
-        if served.grade_batcher is not None:
-            scores, grades = await asyncio.gather(
-                core.scores(query, docs, meta), served.grade_batcher.score([(query, d) for d in docs])
-            )
-            grades = finite(grades)
-        else:  # the ranker is its own grader: its scores against its threshold
-            scores = await core.scores(query, docs, meta)
-            grades = scores
-        order = np.argsort(-scores, kind="stable")
-        kept = [int(i) for i in order if docs[i].strip() and grades[i] >= threshold][: body.top_n or len(docs)]
+        # the one sieve (rerank → top_k → grade → keep); the request's top_n and threshold override the sieve's
+        stages = SieveStages.from_config(config, served.ranker, served.grader).override(
+            top_k=body.top_n, threshold=threshold
+        )
+        scores = await core.scores(query, docs, meta)
+        result = stages.cut(ranked_from_scores(query, as_passages(docs), scores))
+        if served.grade_batcher is not None:  # the grader's scores, batched with other requests'
+            result = stages.decide(result, finite(await served.grade_batcher.score(stages.grade_pairs(result))))
+        else:  # the ranker is its own grader: its scores against the threshold
+            result = stages.grade(result)
         results = [
-            FilterResult(
-                index=i,
-                relevance_score=float(scores[i]),
+            FilteredDocument(
+                index=r.index,
+                relevance_score=r.score,
                 relevant=True,
-                grade_score=float(grades[i]),
-                document={"text": docs[i]} if body.return_documents else None,
+                grade_score=verdict.score,
+                document={"text": docs[r.index]} if body.return_documents else None,
             )
-            for i in kept
+            for r, verdict in result.kept_results
         ]
         return FilterResponse(
             id=str(uuid.uuid4()),
@@ -254,7 +256,7 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
             grader=served.grader_name or name,
             threshold=float(threshold),
             results=results,
-            dropped=sum(1 for i in range(len(docs)) if not (docs[i].strip() and grades[i] >= threshold)),
+            dropped=len(docs) - len(results),
             meta=meta,
         )
 

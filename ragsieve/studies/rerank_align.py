@@ -220,7 +220,6 @@ class RerankAlignExperiment:
         """Table 2 (RAG accuracy per reranker) and Table 3 (CBDR + aligned reranker)."""
         from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import sweep_cbdr
-        from ragsieve.grade.stage import grade_filter
         from ragsieve.models import load_local_llm
         from ragsieve.prefs.build import state_cache_path
         from ragsieve.probe.cache import StateCache
@@ -274,7 +273,7 @@ class RerankAlignExperiment:
                     ranked = [by_id[pid] for pid in ids]
                     firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
                     if rname == "aligned+grader":  # one verdict per passage serves every top-k
-                        relevant = [r.relevant for r in grade_filter(grader, q.text, ranked[: max(rc.top_ks)]).results]
+                        relevant = [r.relevant for r in grader.grade(q.text, ranked[: max(rc.top_ks)])]
                     for k in rc.top_ks:
                         slots.append((rname, k, len(requests)))
                         top = ranked[:k]
