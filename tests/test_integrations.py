@@ -84,7 +84,22 @@ def test_haystack_component_in_a_pipeline(source, expected):
 
 def test_remote_ranker_reports_server_errors_in_one_line(server):
     from ragsieve.errors import RagsieveError
-    from ragsieve.integrations.remote import RemoteRanker
+    from ragsieve.rerank.remote import RemoteRanker
 
     with pytest.raises(RagsieveError, match="answered 401"):
         RemoteRanker(server.url, api_key="wrong").rank(QUERY, DOCS)
+
+
+def test_the_one_resolver_reads_urls_specs_and_rankers(server, expected):
+    """Every scheme resolves in ragsieve.registry: a URL is a RemoteRanker that scores as the server does."""
+    from ragsieve.registry import RERANKERS, load_reranker, parse_reranker_spec
+    from ragsieve.rerank.remote import RemoteRanker
+
+    remote = load_reranker(server.url, api_key="k")
+    assert isinstance(remote, RemoteRanker) and RERANKERS["http"] is RemoteRanker
+    ranked = remote.rank(QUERY, DOCS).results
+    assert [r.index for r in ranked] == [i for i, _ in expected]
+    assert [r.score for r in ranked] == pytest.approx([s for _, s in expected], abs=1e-6)
+    assert load_reranker(remote) is remote
+    assert parse_reranker_spec("evolve:state/x") == ("evolve", "state/x")
+    assert parse_reranker_spec("hf:org/model") == ("hf", "org/model") and parse_reranker_spec("bm25") == ("bm25", None)

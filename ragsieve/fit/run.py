@@ -311,7 +311,7 @@ class Fit:
 
     # -- 7. rerank --------------------------------------------------------------------------------
     def phase_rerank(self) -> None:
-        from ragsieve.rerank.shipped import reranker_folder
+        from ragsieve.registry import reranker_folder
         from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
 
         target = self.out / "reranker"

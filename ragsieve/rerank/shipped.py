@@ -46,24 +46,6 @@ def base_reranker_dir() -> Path:
     return ASSET_DIR
 
 
-def reranker_folder(spec: str, what: str = "init") -> str:
-    """A cross-encoder folder fine-tuning can start from: a folder, ``cross-encoder:<folder>`` or ``embedded:base``.
-
-    ``what`` names the option in the error (``align.init``, ``--init``, ...).
-
-    Example::
-
-        reranker_folder("embedded:base")       # '.../ragsieve/assets/base-reranker'
-    """
-    if Path(spec).is_dir():
-        return spec
-    if spec.startswith("cross-encoder:") and Path(spec.partition(":")[2]).is_dir():
-        return spec.partition(":")[2]
-    if spec == "embedded:base":
-        return str(base_reranker_dir())
-    raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or embedded:base")
-
-
 def read_card(folder: str | Path = ASSET_DIR) -> dict:
     path = Path(folder) / CARD
     if not path.exists():
@@ -191,6 +173,24 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
     from ragsieve.rerank.neural import CrossEncoderRanker
 
     return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size, backend=backend or "torch")
+
+
+#: the rerankers ``embedded:<name>`` names (shipped in the package)
+EMBEDDED_RERANKERS = ("base",)
+
+
+def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
+    """``load_reranker("embedded:base")``: the base cross-encoder shipped in the package (never trains).
+
+    Keyword arguments (``backend``, ``threads``, ``batch_size``) go to :func:`load_shipped_reranker`.
+
+    Example::
+
+        load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
+    """
+    if name not in EMBEDDED_RERANKERS:
+        raise ModelNotAvailable(f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}")
+    return load_shipped_reranker(**kwargs)
 
 
 def inherited_card(start: str | Path, max_length: int) -> dict | None:

@@ -100,7 +100,7 @@ class RerankAlignExperiment:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         if cfg.init:
-            from ragsieve.rerank.shipped import reranker_folder
+            from ragsieve.registry import reranker_folder
 
             base_dir = Path(reranker_folder(cfg.init, "init"))
         else:

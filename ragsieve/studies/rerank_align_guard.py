@@ -148,7 +148,7 @@ class RerankAlignGuardStudy:
     def run(self, cfg: RerankAlignGuardConfig, out_dir: Path, console: Console) -> dict:
         from ragsieve.prefs.preferences import read_preferences
         from ragsieve.rerank.forgetting import measure_forgetting, scoring_key, weights_key
-        from ragsieve.rerank.shipped import reranker_folder
+        from ragsieve.registry import reranker_folder
         from ragsieve.studies.common import write_json
         from ragsieve.studies.rerank_align import compare_preferences, preference_ranking_queries
 
