@@ -161,7 +161,7 @@ def _build(cls: type[Grader], config: GraderConfig) -> Grader:
 
 def _cross_encoder_weights(spec: str) -> str | None:
     """Key of the cross-encoder weights (and cosine mix) ``spec`` names; None when it is not a local cross-encoder."""
-    from ragsieve.rerank.forgetting import scoring_key
+    from ragsieve.rerank.shipped import scoring_key
 
     try:
         folder = Path(reranker_folder(spec, "base"))

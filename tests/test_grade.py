@@ -548,7 +548,7 @@ def test_experiment_selects_and_ships_the_default_grader_at_a_precision_floor(tm
     assert shipped.config.trained["operating_point"]["f1"] == chosen["f1"]
     # none of the queries is one the base reranker trained on
     from ragsieve.data import load_dataset
-    from ragsieve.rerank.mining import unseen_question_ids
+    from ragsieve.benchmarks.mining import unseen_question_ids
 
     queries = {json.loads(line)["query_id"] for line in (out / "pairs.jsonl").read_text().splitlines()}
     unseen = {f"{name}:{q}" for name in ("nq-oracle", "fever") for q in unseen_question_ids(name, load_dataset(name))}

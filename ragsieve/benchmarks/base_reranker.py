@@ -1,7 +1,7 @@
 """``embedded:base``: ragsieve's own base cross-encoder, trained once and cached.
 
 All-MiniLM-L6-v2 with a new 1-logit head, trained with :func:`train_cross_encoder`
-(InfoNCE, 1 gold positive vs 7 negatives) on :mod:`ragsieve.rerank.relevance` groups.
+(InfoNCE, 1 gold positive vs 7 negatives) on :mod:`ragsieve.benchmarks.relevance` groups.
 The folder is a standard sentence-transformers CrossEncoder, so
 ``CrossEncoder(path)`` loads it outside ragsieve too.
 """
@@ -21,8 +21,8 @@ from ragsieve.atomic import atomic_directory
 from ragsieve.config import StrictConfig
 from ragsieve.paths import cache_dir
 from ragsieve.prefs.preferences import PreferenceRecord
-from ragsieve.rerank.relevance import RelevanceSource, default_sources, split_questions, training_groups
-from ragsieve.rerank.train import CrossEncoderTrainConfig
+from ragsieve.benchmarks.relevance import RelevanceSource, default_sources, split_questions, training_groups
+from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def base_training_groups(config: BaseRerankerConfig, data_dir=None) -> dict[str,
 
 def train_base_reranker(config: BaseRerankerConfig, out_dir: str | Path, data_dir=None) -> Path:
     """Build the groups, train, and write the folder plus a card with the group counts."""
-    from ragsieve.rerank.train import train_cross_encoder
+    from ragsieve.rerank.training.trainer import train_cross_encoder
 
     groups = base_training_groups(config, data_dir)
     records = [r for recs in groups.values() for r in recs]

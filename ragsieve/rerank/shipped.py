@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -44,6 +45,25 @@ def base_reranker_dir() -> Path:
     if not (ASSET_DIR / "config.json").is_file():
         raise ModelNotAvailable(f"no shipped reranker in {ASSET_DIR}; reinstall ragsieve")
     return ASSET_DIR
+
+
+def weights_key(folder: str | Path, filename: str = "model.safetensors") -> str:
+    """A short key that changes with a model folder's weights (first MB + size of its safetensors;
+    ``filename="adapter_model.safetensors"`` for a PEFT adapter)."""
+    f = Path(folder) / filename
+    if not f.is_file():
+        raise RagsieveError(f"{folder}: no {filename} to key the scores made with it by")
+    with f.open("rb") as fh:
+        head = fh.read(1 << 20)
+    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
+
+
+def scoring_key(folder: str | Path, weights: str | None = None) -> str:
+    """Cache key of a cross-encoder folder's scores: its weights key plus the cosine weight its card mixes in."""
+    weights = weights or weights_key(folder)
+    card = Path(folder) / CARD
+    weight = json.loads(card.read_text()).get("cosine_weight", 0.0) if card.is_file() else 0.0
+    return f"{weights}-mix{weight:g}" if weight else weights
 
 
 def read_card(folder: str | Path = ASSET_DIR) -> dict:
