@@ -1,8 +1,10 @@
 """The RAG pipeline: (gate) → retrieve → (rerank → grade) → generate.
 
 Batched answering over prompts built by :class:`~ragsieve.prompts.builder.PromptBuilder`.
-Later stages (gate, reranker, grader) plug in as optional components;
-:meth:`RAGPipeline.from_config` is the one place a pipeline is assembled from specs.
+Later stages (gate, reranker, grader) plug in as optional components; the post-retrieval ones
+act through :class:`~ragsieve.pipeline.stages.SieveStages`, the one sieve.
+:meth:`RAGPipeline.from_config` is the one place a pipeline is assembled, from specs or around
+components that are already loaded (the server's, a :class:`Sieve`'s).
 """
 
 from __future__ import annotations
