@@ -43,11 +43,9 @@ class RagsieveRanker:
         api_key: Optional[str] = None,
         sieve: Any = None,
     ):
-        self.ranker_source = ranker
-        self.top_k = top_k
-        self.threshold = threshold
+        self.ranker_source, self.sieve = ranker, sieve
+        self.top_k, self.threshold = top_k, threshold  # top_k: a bare ranker's cut (a sieve brings its own)
         self.api_key = api_key
-        self.sieve = sieve
         self._stages = None
 
     def warm_up(self) -> None:
