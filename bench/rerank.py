@@ -34,8 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def pair_set(name: str, n: int):
     """(pairs, owners, qrels) for n held-out questions of ``name`` with BM25 top-20 candidates."""
     from ragsieve.data import load_dataset
-    from ragsieve.rerank.mining import held_out_sources
-    from ragsieve.rerank.relevance import ranking_queries, retrieved_candidates, split_questions
+    from ragsieve.benchmarks.mining import held_out_sources
+    from ragsieve.benchmarks.relevance import ranking_queries, retrieved_candidates, split_questions
 
     ds = load_dataset(name)
     src = held_out_sources()[name]

@@ -9,11 +9,17 @@ reranker spec                 what loads
 ``embedded:base``             ragsieve's own cross-encoder, shipped in the package
 ``cross-encoder:<dir or id>``  any sentence-transformers CrossEncoder (a bare folder too; a
                               folder with ``ragsieve_reranker.json`` scores as its card says)
+``hf:<id or dir>``            the same, named the way LLM specs name HF models
 ``bi-encoder[:<encoder>]``    cosine of MiniLM (or any encoder) embeddings
 ``bm25``                      BM25 over the candidate list
 ``pointwise:<template>``      a causal LM's P(true) under a verdict template (``llm=`` kwarg)
+``evolve:<store>``            the evolving reranker of an evolve store, after its last round
+``http(s)://<host>``          a ``ragsieve serve`` / Cohere-compatible endpoint (``api_key=``)
 ``none``                      keep the retriever's order
 ============================  ================================================================
+
+Every row is a real class (or the function that builds one) in :data:`RERANKERS`;
+:func:`reranker_folder` is the same resolution for code that needs a folder to train from.
 
 Named artifacts resolve like ``embedded:base``: ``embedded:<name>`` is looked up in the
 package's ``assets/`` folder, then in ``$RAGSIEVE_CACHE``; anything else is a path. A
@@ -39,23 +45,29 @@ from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, Lo
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
 from ragsieve.paths import resolve_artifact
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
-from ragsieve.rerank.embedded import load_embedded_reranker
+from ragsieve.rerank.evolving import load_evolving_reranker
 from ragsieve.rerank.lexical import BM25Ranker
 from ragsieve.rerank.neural import BiEncoderRanker
 from ragsieve.rerank.pointwise import PointwiseLLMReranker
-from ragsieve.rerank.shipped import load_cross_encoder
+from ragsieve.rerank.remote import RemoteRanker
+from ragsieve.rerank.shipped import base_reranker_dir, load_cross_encoder, load_embedded_reranker
 
 if TYPE_CHECKING:
     from ragsieve.models.llm import LocalLLM
     from ragsieve.probe.model import ConfidenceProbe
 
-#: reranker name → class or factory; a spec "name:arg" passes arg as the first argument.
+#: reranker spec scheme → class or factory; a spec "scheme:arg" passes arg as the first argument
+#: (a URL passes itself whole, a bare folder is a cross-encoder).
 RERANKERS: dict[str, Callable[..., BaseRanker]] = {
     "bm25": BM25Ranker,
     "bi-encoder": BiEncoderRanker,
     "cross-encoder": load_cross_encoder,  # a folder with a ragsieve card keeps its cosine mix
+    "hf": load_cross_encoder,
     "embedded": load_embedded_reranker,
     "pointwise": PointwiseLLMReranker,
+    "evolve": load_evolving_reranker,
+    "http": RemoteRanker,
+    "https": RemoteRanker,
     "none": RetrievalOrder,
 }
 
@@ -71,22 +83,57 @@ GRADERS: dict[str, type[Grader]] = {
     "cross-encoder": CrossEncoderGrader,
 }
 
-def load_reranker(spec: str, **kwargs: Any) -> BaseRanker:
-    """A reranker from its spec (table above); a bare folder path is a cross-encoder.
+def is_url(spec: object) -> bool:
+    """An ``http(s)://`` service URL (a :class:`~ragsieve.rerank.remote.RemoteRanker` spec)."""
+    return isinstance(spec, str) and spec.startswith(("http://", "https://"))
+
+
+def parse_reranker_spec(spec: str) -> tuple[str, str | None]:
+    """``(scheme, argument)`` of a reranker spec: a URL is its own argument, a bare folder a cross-encoder."""
+    if is_url(spec):
+        return spec.partition(":")[0], spec
+    if spec and ":" not in spec and Path(spec).is_dir():
+        return "cross-encoder", spec
+    name, sep, arg = (spec or "").partition(":")
+    return name, arg if sep else None
+
+
+def load_reranker(spec: "str | BaseRanker", **kwargs: Any) -> BaseRanker:
+    """A reranker from its spec (table above); an already built ranker is returned as it is.
 
     Example::
 
         load_reranker("cross-encoder:results/rerank/base").top_k(query, passages, 3)
         load_reranker("pointwise:fever", llm="embedded:smollm2-135m-instruct")
+        load_reranker("http://127.0.0.1:8080", api_key="k")
     """
-    if spec and ":" not in spec and Path(spec).is_dir():  # a bare folder = a cross-encoder
-        spec = f"cross-encoder:{spec}"
-    name, sep, arg = (spec or "").partition(":")
+    if isinstance(spec, BaseRanker):
+        return spec
+    name, arg = parse_reranker_spec(spec)
     try:
         factory = RERANKERS[name]
     except KeyError:
         raise RagsieveError(f"unknown reranker '{name}'; known: {', '.join(sorted(RERANKERS))}") from None
-    return factory(arg, **kwargs) if sep else factory(**kwargs)
+    return factory(arg, **kwargs) if arg is not None else factory(**kwargs)
+
+
+def reranker_folder(spec: str, what: str = "init") -> str:
+    """A cross-encoder folder fine-tuning can start from: a folder, ``cross-encoder:<folder>`` or ``embedded:base``.
+
+    ``what`` names the option in the error (``align.init``, ``--init``, ...).
+
+    Example::
+
+        reranker_folder("embedded:base")       # '.../ragsieve/assets/base-reranker'
+    """
+    if Path(spec).is_dir():
+        return spec
+    name, arg = parse_reranker_spec(spec)
+    if name in ("cross-encoder", "hf") and arg and Path(arg).is_dir():
+        return arg
+    if spec == "embedded:base":
+        return str(base_reranker_dir())
+    raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or embedded:base")
 
 
 def grader_class(kind: str) -> type[Grader]:
@@ -114,8 +161,7 @@ def _build(cls: type[Grader], config: GraderConfig) -> Grader:
 
 def _cross_encoder_weights(spec: str) -> str | None:
     """Key of the cross-encoder weights (and cosine mix) ``spec`` names; None when it is not a local cross-encoder."""
-    from ragsieve.rerank.forgetting import scoring_key
-    from ragsieve.rerank.shipped import reranker_folder
+    from ragsieve.rerank.shipped import scoring_key
 
     try:
         folder = Path(reranker_folder(spec, "base"))

@@ -23,8 +23,8 @@ def test_distill_loss_is_group_infonce_at_weight_0_and_without_drift(tiny_cross_
     import torch
     from sentence_transformers.cross_encoder import CrossEncoder
 
-    from ragsieve.rerank.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
-    from ragsieve.rerank.train import start_logits
+    from ragsieve.rerank.training.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
+    from ragsieve.rerank.training.trainer import start_logits
 
     model = CrossEncoder(str(tiny_cross_encoder_dir), max_length=32, num_labels=1)
     model.eval()  # no dropout: the same weights give the same logits in every call
@@ -51,8 +51,8 @@ def test_start_logits_cache_reads_stored_pairs_and_scores_only_new_ones(tmp_path
     from sentence_transformers.cross_encoder import CrossEncoder
 
     from ragsieve.probe.cache import StateCache
-    from ragsieve.rerank.forgetting import weights_key
-    from ragsieve.rerank.train import start_logits
+    from ragsieve.rerank.shipped import weights_key
+    from ragsieve.rerank.training.trainer import start_logits
 
     model = CrossEncoder(str(tiny_cross_encoder_dir), max_length=32, num_labels=1)
     rows = [{"query": "who wrote hamlet", "positive": HAMLET, "negative_1": FOXES, "negative_2": PARIS}]
@@ -77,7 +77,7 @@ def test_start_logits_cache_reads_stored_pairs_and_scores_only_new_ones(tmp_path
 def test_replay_rows_and_guard_fields_are_validated(tmp_path):
     from pydantic import ValidationError
 
-    from ragsieve.rerank.train import CrossEncoderTrainConfig, replay_rows, train_cross_encoder
+    from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, replay_rows, train_cross_encoder
 
     assert len(replay_rows(GOLD, 6, 0.5, 3)) == 6  # half of the 12 rows are gold
     assert len(replay_rows(GOLD, 6, 0.25, 3)) == 2
@@ -103,7 +103,7 @@ def test_each_guard_trains_a_plain_loadable_folder(tmp_path, guard):
 
     from ragsieve.registry import load_reranker
     from ragsieve.rerank.shipped import base_reranker_dir
-    from ragsieve.rerank.train import TRAINING_CARD, CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.training.trainer import TRAINING_CARD, CrossEncoderTrainConfig, train_cross_encoder
 
     base = base_reranker_dir()
     cfg = CrossEncoderTrainConfig(init=str(base), group_size=3, batch_size=4, max_length=64, lr=1e-4, **guard)
@@ -135,7 +135,7 @@ def test_cosine_mix_folder_scores_as_its_start(tmp_path):
     from ragsieve.rerank.mixed import CosineMixRanker
     from ragsieve.rerank.neural import CrossEncoderRanker
     from ragsieve.rerank.shipped import CARD, base_reranker_dir, read_card
-    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
 
     base = base_reranker_dir()
     weight = float(read_card(base).get("cosine_weight", 0.0))
@@ -158,9 +158,9 @@ def test_cosine_mix_folder_scores_as_its_start(tmp_path):
 @requires_data
 def test_forgetting_on_two_datasets_and_resume_from_cache(tmp_path):
     from ragsieve.rerank.base import RetrievalOrder
-    from ragsieve.rerank.forgetting import heldout_queries, measure_forgetting
+    from ragsieve.benchmarks.forgetting import heldout_queries, measure_forgetting
     from ragsieve.rerank.lexical import BM25Ranker
-    from ragsieve.rerank.relevance import evaluate_rankers
+    from ragsieve.benchmarks.relevance import evaluate_rankers
 
     datasets = ["hotpotqa-distractor", "fever"]
     result = measure_forgetting({"bm25": BM25Ranker, "order": RetrievalOrder()}, "bm25", datasets=datasets,

@@ -205,7 +205,7 @@ def test_fast_verdict_dpo_loss_equals_trl_sigmoid_loss(tiny_llm_dir, tmp_path):
     from ragsieve.models.verdict import left_pad_prompts
     from ragsieve.rerank.pointwise import PointwiseLLMReranker
     from ragsieve.evolve.train import VerdictTrainConfig, build_trl_dpo_trainer
-    from ragsieve.evolve.verdict_dpo import VerdictDPOTrainer
+    from ragsieve.evolve.train import VerdictDPOTrainer
 
     ranker = PointwiseLLMReranker("pubmedqa", str(tiny_llm_dir), max_prompt_tokens=300)
     assert not ranker.tokens.multi_token  # yes / no are single tokens here, as for SmolLM2

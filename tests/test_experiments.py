@@ -213,7 +213,7 @@ def test_study_configs_validate(name):
 def test_questions_the_base_reranker_trained_on_are_known_from_its_card():
     """The shipped base reranker's training questions are recomputed from its card's recipe; the scale
     tables' NQ test ids minus them still leave the issue's >= 500 questions."""
-    from ragsieve.rerank.mining import trained_question_ids
+    from ragsieve.benchmarks.mining import trained_question_ids
     from ragsieve.rerank.shipped import base_reranker_dir
     from tests.conftest import REPO
 

@@ -260,13 +260,14 @@ def test_threshold_baselines_cosine_and_cross_encoder(tmp_path):
     with pytest.raises(RagsieveError, match="needs a base model"):
         new_grader("cross-encoder")
 
-    from ragsieve.grade.stage import grade_filter
+    from ragsieve.pipeline.stages import SieveStages
 
     passages = [Passage("a", "Hamlet was written by William Shakespeare"), Passage("b", "the lazy dog")]
-    stage = grade_filter(cosine, "who wrote hamlet", passages)
-    assert [p.id for p in stage.kept] == ["a"] and stage.dropped == 1 and not stage.all_dropped
-    assert grade_filter(cosine, "who wrote hamlet", passages[1:]).all_dropped
-    assert not grade_filter(cosine, "who wrote hamlet", []).all_dropped  # nothing retrieved ≠ all dropped
+    grading = SieveStages(grader=cosine)  # the grader as the sieve's only stage
+    stage = grading.apply("who wrote hamlet", passages)
+    assert [p.id for p in stage.kept] == ["a"] and stage.graded_out == 1 and not stage.all_dropped
+    assert grading.apply("who wrote hamlet", passages[1:]).all_dropped
+    assert not grading.apply("who wrote hamlet", []).all_dropped  # nothing retrieved ≠ all dropped
 
 
 # -- LLM judge against a real HTTP server on loopback --------------------------------------------
@@ -551,7 +552,7 @@ def test_experiment_selects_and_ships_the_default_grader_at_a_precision_floor(tm
     assert shipped.config.trained["operating_point"]["f1"] == chosen["f1"]
     # none of the queries is one the base reranker trained on
     from ragsieve.data import load_dataset
-    from ragsieve.rerank.mining import unseen_question_ids
+    from ragsieve.benchmarks.mining import unseen_question_ids
 
     queries = {json.loads(line)["query_id"] for line in (out / "pairs.jsonl").read_text().splitlines()}
     unseen = {f"{name}:{q}" for name in ("nq-oracle", "fever") for q in unseen_question_ids(name, load_dataset(name))}

@@ -72,7 +72,7 @@ def test_group_infonce_equals_softmax_over_own_group(tiny_cross_encoder_dir):
     import torch
     from sentence_transformers.cross_encoder import CrossEncoder
 
-    from ragsieve.rerank.losses import GroupInfoNCELoss
+    from ragsieve.rerank.training.losses import GroupInfoNCELoss
 
     model = CrossEncoder(str(tiny_cross_encoder_dir), max_length=32, num_labels=1)
     queries = ["who wrote hamlet", "capital of france"]
@@ -93,7 +93,7 @@ def test_group_infonce_equals_softmax_over_own_group(tiny_cross_encoder_dir):
 
 def test_group_rows_fill_and_validate():
     from ragsieve.prefs import PreferenceRecord
-    from ragsieve.rerank.train import group_rows
+    from ragsieve.rerank.training.trainer import group_rows
 
     rec = PreferenceRecord("q", ["p1", "p2"], ["n1", "n2"], [0.2, 0.1], [-0.1, -0.3])
     rows = group_rows([rec], group_size=4)
@@ -105,7 +105,7 @@ def test_group_rows_fill_and_validate():
 
 def test_train_cross_encoder_moves_scores(tmp_path, tiny_cross_encoder_dir):
     from ragsieve.prefs import PreferenceRecord
-    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
 
     pos, neg = "Hamlet was written by William Shakespeare.", "Foxes are small mammals."
     recs = [PreferenceRecord(f"who wrote hamlet {i}", [pos], [neg, "Paris is in France."], [0.3], [-0.2, -0.1])
@@ -132,14 +132,14 @@ def test_train_cross_encoder_resumes_after_kill(tmp_path, tiny_cross_encoder_dir
     from safetensors.torch import load_file
 
     from ragsieve.prefs import PreferenceRecord
-    from ragsieve.rerank.train import TRAINING_CARD, CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.training.trainer import TRAINING_CARD, CrossEncoderTrainConfig, train_cross_encoder
 
     script = tmp_path / "train.py"
     script.write_text(f"""
 import sys, time
 from transformers import TrainerCallback
 from ragsieve.prefs import PreferenceRecord
-from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
 recs = [PreferenceRecord(f"who wrote hamlet {{i}}", ["Hamlet was written by William Shakespeare."],
         ["Foxes are small mammals.", "Paris is in France."], [0.3], [-0.2, -0.1]) for i in range(24)]
 cfg = CrossEncoderTrainConfig(init={str(tiny_cross_encoder_dir)!r}, group_size=3, lr=5e-3, epochs=2, batch_size=4,
@@ -209,7 +209,7 @@ def test_bare_folder_is_a_cross_encoder(tiny_cross_encoder_dir):
 
 
 def test_evaluate_rankers_counts_misses_and_duplicates():
-    from ragsieve.rerank.relevance import RankingQuery, evaluate_rankers
+    from ragsieve.benchmarks.relevance import RankingQuery, evaluate_rankers
 
     queries = [
         RankingQuery("q1", "who wrote hamlet", tuple(POOL), frozenset({"p1"})),
@@ -224,7 +224,7 @@ def test_evaluate_rankers_counts_misses_and_duplicates():
 @requires_data
 def test_relevance_groups_and_queries_from_gold_data():
     from ragsieve.data import load_dataset
-    from ragsieve.rerank.relevance import RelevanceSource, ranking_queries, split_questions, training_groups
+    from ragsieve.benchmarks.relevance import RelevanceSource, ranking_queries, split_questions, training_groups
 
     ds = load_dataset("hotpotqa-distractor")
     source = RelevanceSource(train_questions=5, test_questions=4, positives_per_question=2, test_fraction=0.5)
@@ -249,8 +249,8 @@ def test_relevance_groups_and_queries_from_gold_data():
 
 @requires_data
 def test_base_reranker_is_trained_once_and_cached(tmp_path, monkeypatch, tiny_cross_encoder_dir):
-    from ragsieve.rerank.embedded import BaseRerankerConfig, ensure_base_reranker
-    from ragsieve.rerank.relevance import RelevanceSource
+    from ragsieve.benchmarks.base_reranker import BaseRerankerConfig, ensure_base_reranker
+    from ragsieve.benchmarks.relevance import RelevanceSource
 
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
     cfg = BaseRerankerConfig(
@@ -270,7 +270,7 @@ def test_base_reranker_is_trained_once_and_cached(tmp_path, monkeypatch, tiny_cr
 
 
 def test_interleave_round_robin_skips_gold_and_repeats():
-    from ragsieve.rerank.mining import _interleave
+    from ragsieve.benchmarks.mining import _interleave
 
     got = _interleave([("own", ["a", "g"]), ("dense", ["a", "b", "c"]), ("bm25", ["b", "d"])], {"g"}, 4)
     assert got == [("a", "own"), ("b", "dense"), ("d", "bm25"), ("c", "dense")]
@@ -280,7 +280,7 @@ def test_interleave_round_robin_skips_gold_and_repeats():
 def test_group_distill_loss_is_infonce_plus_kl():
     import torch
 
-    from ragsieve.rerank.distill import group_distill_loss
+    from ragsieve.rerank.training.distill import group_distill_loss
 
     scores = torch.tensor([[2.0, 0.5, -1.0]])
     teacher = torch.tensor([[0.6, 0.5, 0.1]])
@@ -295,7 +295,7 @@ def test_group_distill_loss_is_infonce_plus_kl():
 
 
 def test_distill_rows_and_dev_samples():
-    from ragsieve.rerank.distill import dev_samples, distill_rows
+    from ragsieve.rerank.training.distill import dev_samples, distill_rows
 
     mined = [{"query": "q", "pos": [["p1", "P1", 0.9], ["p2", "P2", 0.8]],
               "neg": [["n1", "N1", 0.5, "bm25"], ["n2", "N2", 0.7, "dense"]]}]

@@ -348,7 +348,7 @@ def test_a_closed_batcher_refuses_new_work_instead_of_hanging():
 
 
 def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_server, monkeypatch):
-    import ragsieve.serve.app as served_app
+    import ragsieve.serve.state as served_app
 
     body = {"query": QUERY, "documents": [" ".join(["Hamlet by Shakespeare."] * 40), DOCS[0]]}
     inline = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
@@ -371,3 +371,21 @@ def test_pickled_weights_are_refused(tmp_path, tiny_cross_encoder_dir, cli):
     from ragsieve.serve.models import refuse_pickled_weights
 
     refuse_pickled_weights(f"cross-encoder:{tiny_cross_encoder_dir}")  # the safetensors folder passes
+
+
+def test_a_router_serves_alone_on_the_shared_state():
+    """Each endpoint family is an APIRouter: mounted alone on an app holding a ServeState, it answers."""
+    from fastapi import FastAPI
+
+    from ragsieve.serve.routes.filter import router
+    from ragsieve.serve.state import ServeState
+
+    app = FastAPI()
+    app.state.serve = ServeState.load(ServeConfig(reranker="bm25", top_k=2))
+    app.include_router(router)
+    with BackgroundServer(app) as server:
+        r = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "threshold": 0.0})
+        assert r.status_code == 200 and [x["index"] for x in r.json()["results"]] == offline_order()[:2]
+        assert r.json()["dropped"] == 2  # cut at the configured top_k
+        assert httpx.post(f"{server.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).status_code == 404
+    app.state.serve.models.close()

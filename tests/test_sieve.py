@@ -128,3 +128,50 @@ def test_the_shipped_default_sieve_gates_reranks_and_grades_with_smollm2(smollm2
     assert 0.0 <= decision.confidence <= 1.0 and decision.retrieve == (decision.confidence <= sieve.config.beta)
     kept = sieve.filter(QUESTIONS[0], DOCS)
     assert sorted(r.index for r in kept.ranked.results) == [0, 1, 2] and len(kept.verdicts) == len(kept.selected)
+
+
+def test_one_sieve_keeps_the_same_passages_through_python_http_and_langchain(tmp_path, tiny_llm):
+    """The same fitted sieve, called in-process, over HTTP (/v1/filter) and as a LangChain compressor:
+    one kept set, one set of scores (rerank → top_k → grade → keep, in one place)."""
+    import httpx
+
+    from ragsieve import Sieve
+    from ragsieve.pipeline import SieveConfig
+    from ragsieve.registry import new_grader
+    from ragsieve.serve import ServeConfig, create_app
+    from ragsieve.serve.runner import BackgroundServer
+
+    query = "who wrote hamlet shakespeare"
+    docs = [
+        "Paris is the capital and largest city of France.",
+        "Hamlet is a tragedy written by William Shakespeare around 1600.",
+        "",
+        "The quick brown fox jumps over the lazy dog.",
+        "Shakespeare's Hamlet tells of Prince Hamlet of Denmark.",
+    ]
+    folder = tmp_path / "sieve"
+    new_grader("ranker", base="bm25", threshold=0.1).save(folder / "grader")
+    Sieve(SieveConfig(llm=tiny_llm.spec, reranker="bm25", grader="grader", top_k=3)).save(folder)
+
+    python = Sieve.load(folder, llm=tiny_llm).filter(query, docs)
+    expected = [(r.index, r.score) for r, _ in python.kept_results]
+    assert len(python.selected) == 3 and python.graded_out == 1  # the cut and the grader both acted
+    assert sorted(i for i, _ in expected) == [1, 4]
+
+    with BackgroundServer(create_app(ServeConfig(sieve=str(folder)))) as server:
+        r = httpx.post(f"{server.url}/v1/filter", json={"query": query, "documents": docs})
+    assert r.status_code == 200, r.text
+    http = [(x["index"], x["relevance_score"]) for x in r.json()["results"]]
+    assert [i for i, _ in http] == [i for i, _ in expected] and r.json()["dropped"] == len(docs) - len(expected)
+    assert [s for _, s in http] == pytest.approx([s for _, s in expected], abs=1e-6)
+
+    pytest.importorskip("langchain_core")
+    from langchain_core.documents import Document
+
+    from ragsieve.integrations.langchain import RagsieveCompressor
+
+    out = RagsieveCompressor(sieve=str(folder)).compress_documents(
+        [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(docs)], query
+    )
+    assert [d.metadata["n"] for d in out] == [i for i, _ in expected]
+    assert [d.metadata["relevance_score"] for d in out] == pytest.approx([s for _, s in expected], abs=1e-6)

@@ -147,7 +147,7 @@ def rerank_train_cmd(
     from ragsieve.checks import output_dir
     from ragsieve.config import build_config, read_mapping
     from ragsieve.prefs.preferences import read_preferences
-    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
 
     values = read_mapping(config) if config else {}
     if init == "embedded:base":
@@ -161,7 +161,7 @@ def rerank_train_cmd(
     # the command's default guards, the ones measured best (results/rerank_align_guard): the cosine mix,
     # and distillation to the start model when it is a trained cross-encoder (a new head has nothing to keep)
     values.setdefault("cosine_mix", True)
-    from ragsieve.rerank.train import is_cross_encoder_folder
+    from ragsieve.rerank.training.trainer import is_cross_encoder_folder
 
     if is_cross_encoder_folder(init):
         values.setdefault("distill_weight", 1.0)
@@ -200,7 +200,7 @@ def rerank_eval_cmd(
     from ragsieve.prefs.preferences import read_preferences
     from ragsieve.registry import load_reranker
     from ragsieve.studies.common import metrics_table
-    from ragsieve.rerank.relevance import RankingQuery, evaluate_rankers
+    from ragsieve.benchmarks.relevance import RankingQuery, evaluate_rankers
 
     queries = []
     for i, r in enumerate(read_preferences(prefs)):

@@ -12,8 +12,8 @@ from ragsieve.evolve.judges import JudgeSpec, build_judges
 from ragsieve.evolve.methods import MethodConfig, build_method, evolve_round
 from ragsieve.evolve.store import EvolveStoreConfig, add_feedback, init_store, run_step, store_status
 from ragsieve.evolve.tasks import TaskRounds, build_task_rounds
-from ragsieve.evolve.train import VerdictTrainConfig, train_round
-from ragsieve.evolve.verdict_dpo import VerdictDPOTrainer, verdict_dpo_loss
+from ragsieve.evolve.train import VerdictDPOTrainer, VerdictTrainConfig, train_round
+from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
 
 __all__ = [
     "EvolveStoreConfig",

@@ -45,8 +45,8 @@ from ragsieve.evolve.methods import MethodConfig, Pair
 from ragsieve.data.records import LabeledPair
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.rerank.evolving import DB_FILE, finished_adapters, missing_store, store_config_json
 
-DB_FILE = "evolve.sqlite"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS examples (
@@ -112,7 +112,7 @@ class EvolveStore:
         if self.dir.is_file():
             raise RagsieveError(f"{self.dir}: is a file; give the evolve store folder (the one holding {DB_FILE})")
         if not path.is_file() and not create:
-            raise RagsieveError(f"no evolve store at {self.dir} (run `ragsieve evolve init` first)")
+            raise missing_store(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         # autocommit mode; multi-statement writes use explicit transactions (see `transaction`)
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60)
@@ -151,10 +151,8 @@ class EvolveStore:
     # -- configuration -------------------------------------------------------------
     @property
     def config(self) -> EvolveStoreConfig:
-        row = self.conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
-        if row is None:
-            raise RagsieveError(f"evolve store {self.dir} has no configuration (run `ragsieve evolve init`)")
-        return build_config(EvolveStoreConfig, json.loads(row[0]), source=f"{self.dir / DB_FILE}: config")
+        source = f"{self.dir / DB_FILE}: config"
+        return build_config(EvolveStoreConfig, store_config_json(self.conn, self.dir), source=source)
 
     # -- examples and feedback -----------------------------------------------------
     def add_examples(self, examples: Sequence[LabeledPair], round_id: int) -> None:
@@ -203,8 +201,7 @@ class EvolveStore:
 
     def adapters(self) -> list[Path]:
         """The deltas of the finished rounds, in order (rounds that trained nothing have none)."""
-        rows = self.conn.execute("SELECT adapter FROM rounds WHERE adapter IS NOT NULL ORDER BY round")
-        return [self.dir / r[0] for r in rows]
+        return finished_adapters(self.conn, self.dir)
 
     def pairs(self, before_round: int | None = None) -> list[Pair]:
         """The replay buffer (optionally only rounds < ``before_round``), joined with the examples."""

@@ -7,7 +7,7 @@ and leaves ``llm.model`` as the PEFT model; :func:`train_round` then saves the a
 Objectives and backends, by name (:data:`TRAINERS`):
 
 * ``sft``: cross-entropy of the label word's (first) token at the answer position.
-* ``dpo-fast``: :class:`~ragsieve.evolve.verdict_dpo.VerdictDPOTrainer`, one forward per
+* ``dpo-fast``: :class:`VerdictDPOTrainer` (loss in :mod:`ragsieve.evolve.verdict_dpo`), one forward per
   batch gives both the chosen and rejected log-probs; the default.
 * ``dpo-trl``: TRL's ``DPOTrainer`` on the same single-token pairs (≈ 4× slower on CPU,
   kept as the reference implementation; see ``/work/shared/NOTES.md``).
@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import random
@@ -41,7 +40,16 @@ from ragsieve.errors import RagsieveError
 from ragsieve.progress import report
 from ragsieve.models.lora import LoraSettings, attach_lora, merge_lora, save_adapter
 from ragsieve.models.training import TrainingCheckpoint, TrainResult
-from ragsieve.models.verdict import VerdictScores, VerdictTokens, answer_logits, left_pad_prompts
+from ragsieve.evolve.verdict_dpo import chosen_rejected, verdict_dpo_loss
+from ragsieve.models.verdict import (
+    VerdictScores,
+    VerdictTokens,
+    answer_logits,
+    left_pad_prompts,
+    score_verdicts,
+    tokenize_prompts,
+    verdict_log_probs,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -276,11 +284,50 @@ def build_trl_dpo_trainer(llm: "LocalLLM", tokens: VerdictTokens, prompts, label
     return trainer
 
 
-#: objective name → "module:Class" of its trainer (imported on demand).
-TRAINERS: dict[str, str] = {
-    "sft": "ragsieve.evolve.train:VerdictSFTTrainer",
-    "dpo-fast": "ragsieve.evolve.verdict_dpo:VerdictDPOTrainer",
-    "dpo-trl": "ragsieve.evolve.train:TRLVerdictDPOTrainer",
+class VerdictDPOTrainer(VerdictTrainer):
+    """DPO with :func:`verdict_dpo_loss`; the reference is M_{t-1} (the adapter disabled).
+
+    Example::
+
+        trainer = VerdictDPOTrainer(ranker.llm, ranker.tokens, VerdictTrainConfig(beta=0.2))
+        result = trainer.fit(prompts, labels, ref=ranker.verdicts_for_prompts(prompts))
+        save_adapter(ranker.llm.model, "adapters/round-001"); merge_lora(ranker.llm)
+
+    ``fit(prompts, labels, ref=None)``: ``labels[i]`` is the label whose word is chosen;
+    ``ref`` holds reference verdict log-probs aligned with ``prompts`` (NaN rows, or no
+    ``ref`` at all, are computed once here before training).
+    """
+
+    def prepare(self, model, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None) -> None:
+        import torch
+
+        n = len(prompts)
+        logp_true = np.full(n, np.nan) if ref is None else np.asarray(ref.logp_true, dtype=np.float64).copy()
+        logp_false = np.full(n, np.nan) if ref is None else np.asarray(ref.logp_false, dtype=np.float64).copy()
+        missing = np.flatnonzero(~(np.isfinite(logp_true) & np.isfinite(logp_false)))
+        if len(missing):
+            with model.disable_adapter():  # fresh adapter disabled = M_{t-1}
+                rows = tokenize_prompts(self.llm.tokenizer, [prompts[i] for i in missing])
+                got = score_verdicts(model, self.tokens, rows, self.llm.tokenizer.pad_token_id, self.config.batch_size)
+            logp_true[missing], logp_false[missing] = got.logp_true, got.logp_false
+        self.ref_true = torch.tensor(logp_true, dtype=torch.float32)
+        self.ref_false = torch.tensor(logp_false, dtype=torch.float32)
+        self.last_rewards: list[float] = []
+
+    def loss(self, model, batch, index, labels):
+        policy_true, policy_false = verdict_log_probs(model, batch, self.tokens)
+        policy_c, policy_r = chosen_rejected(policy_true, policy_false, labels)
+        ref_c, ref_r = chosen_rejected(self.ref_true[index], self.ref_false[index], labels)
+        out = verdict_dpo_loss(policy_c, policy_r, ref_c, ref_r, self.config.beta)
+        self.last_rewards = (out.chosen_rewards - out.rejected_rewards).tolist()
+        return out.loss
+
+
+#: objective name → its trainer
+TRAINERS: dict[str, type[VerdictTrainer]] = {
+    "sft": VerdictSFTTrainer,
+    "dpo-fast": VerdictDPOTrainer,
+    "dpo-trl": TRLVerdictDPOTrainer,
 }
 
 
@@ -288,10 +335,9 @@ def trainer_class(objective: str, config: VerdictTrainConfig) -> type[VerdictTra
     """``sft`` or ``dpo`` (its backend from ``config.dpo_backend``)."""
     name = f"dpo-{config.dpo_backend}" if objective == "dpo" else objective
     try:
-        module, _, cls = TRAINERS[name].partition(":")
+        return TRAINERS[name]
     except KeyError:
         raise RagsieveError(f"unknown training objective '{objective}'; known: sft, dpo") from None
-    return getattr(importlib.import_module(module), cls)
 
 
 def train_round(

@@ -31,18 +31,17 @@ Example (a round of training)::
     prompts = ranker.prompts(examples)
     ref = ranker.verdicts_for_prompts(prompts)          # M_{t-1}'s verdicts double as the reference
     VerdictDPOTrainer(ranker.llm, ranker.tokens, VerdictTrainConfig()).fit(prompts, labels, ref=ref)
+
+The trainer, :class:`~ragsieve.evolve.train.VerdictDPOTrainer`, lives with the other trainers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ragsieve.models.verdict import VerdictScores, score_verdicts, tokenize_prompts, verdict_log_probs
-from ragsieve.evolve.train import VerdictTrainer
 
 if TYPE_CHECKING:
     import torch
@@ -83,42 +82,3 @@ def chosen_rejected(logp_true, logp_false, labels):
 
     is_true = torch.as_tensor(np.asarray(labels, dtype=bool))
     return torch.where(is_true, logp_true, logp_false), torch.where(is_true, logp_false, logp_true)
-
-
-class VerdictDPOTrainer(VerdictTrainer):
-    """DPO with :func:`verdict_dpo_loss`; the reference is M_{t-1} (the adapter disabled).
-
-    Example::
-
-        trainer = VerdictDPOTrainer(ranker.llm, ranker.tokens, VerdictTrainConfig(beta=0.2))
-        result = trainer.fit(prompts, labels, ref=ranker.verdicts_for_prompts(prompts))
-        save_adapter(ranker.llm.model, "adapters/round-001"); merge_lora(ranker.llm)
-
-    ``fit(prompts, labels, ref=None)``: ``labels[i]`` is the label whose word is chosen;
-    ``ref`` holds reference verdict log-probs aligned with ``prompts`` (NaN rows, or no
-    ``ref`` at all, are computed once here before training).
-    """
-
-    def prepare(self, model, prompts: Sequence[str], labels: Sequence[int], ref: VerdictScores | None) -> None:
-        import torch
-
-        n = len(prompts)
-        logp_true = np.full(n, np.nan) if ref is None else np.asarray(ref.logp_true, dtype=np.float64).copy()
-        logp_false = np.full(n, np.nan) if ref is None else np.asarray(ref.logp_false, dtype=np.float64).copy()
-        missing = np.flatnonzero(~(np.isfinite(logp_true) & np.isfinite(logp_false)))
-        if len(missing):
-            with model.disable_adapter():  # fresh adapter disabled = M_{t-1}
-                rows = tokenize_prompts(self.llm.tokenizer, [prompts[i] for i in missing])
-                got = score_verdicts(model, self.tokens, rows, self.llm.tokenizer.pad_token_id, self.config.batch_size)
-            logp_true[missing], logp_false[missing] = got.logp_true, got.logp_false
-        self.ref_true = torch.tensor(logp_true, dtype=torch.float32)
-        self.ref_false = torch.tensor(logp_false, dtype=torch.float32)
-        self.last_rewards: list[float] = []
-
-    def loss(self, model, batch, index, labels):
-        policy_true, policy_false = verdict_log_probs(model, batch, self.tokens)
-        policy_c, policy_r = chosen_rejected(policy_true, policy_false, labels)
-        ref_c, ref_r = chosen_rejected(self.ref_true[index], self.ref_false[index], labels)
-        out = verdict_dpo_loss(policy_c, policy_r, ref_c, ref_r, self.config.beta)
-        self.last_rewards = (out.chosen_rewards - out.rejected_rewards).tolist()
-        return out.loss

@@ -36,7 +36,7 @@ class AlignConfig(StrictConfig):
     # keeps the start (alignment must not cost relevance, issue #18).
     guard: bool = True
     max_mrr_drop: float = Field(0.02, ge=0)
-    # Guards while training (ragsieve.rerank.train, issue #18), measured in results/rerank_align_guard
+    # Guards while training (ragsieve.rerank.training.trainer, issue #18), measured in results/rerank_align_guard
     # (first 100 held-out queries of six gold sets, 55 preference-test questions). The default is the
     # best measured: cosine_mix (below) + distill_weight 1 (KL of each group's scores to the start
     # reranker's), the only guard that kept every set not measurably below the start (MRR@10 −0.014 to

@@ -302,8 +302,8 @@ class Fit:
 
     # -- 7. rerank --------------------------------------------------------------------------------
     def phase_rerank(self) -> None:
-        from ragsieve.rerank.shipped import reranker_folder
-        from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+        from ragsieve.registry import reranker_folder
+        from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
 
         target = self.out / "reranker"
         check_file = self.work / "align_check.json"

@@ -17,15 +17,12 @@ Example::
 
 from ragsieve.grade.base import GradeResult, GradeStats, Grader, GraderConfig, read_grader_config
 from ragsieve.grade.ranker import RankerGrader
-from ragsieve.grade.stage import GradeFilterResult, grade_filter
 
 __all__ = [
-    "GradeFilterResult",
     "GradeResult",
     "GradeStats",
     "Grader",
     "GraderConfig",
     "RankerGrader",
-    "grade_filter",
     "read_grader_config",
 ]

@@ -39,6 +39,11 @@ class GradeResult:
     relevant: bool
     score: float
 
+    @classmethod
+    def at(cls, threshold: float, text: str, score: float) -> "GradeResult":
+        """The verdict for ``score`` against ``threshold``; an empty ``text`` is never relevant."""
+        return cls(bool(text.strip()) and bool(score >= threshold), float(score))
+
 
 @dataclass
 class GradeStats:
@@ -142,7 +147,7 @@ class Grader(BaseRanker, ABC):
         """Verdicts for ``passages`` (records or plain strings) in input order."""
         texts = passage_texts(passages)
         scores = self.score_pairs([query] * len(texts), texts)
-        return [GradeResult(bool(t.strip()) and bool(s >= self.threshold), float(s)) for t, s in zip(texts, scores)]
+        return [GradeResult.at(self.threshold, t, s) for t, s in zip(texts, scores)]
 
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         """Scores for aligned (query, passage) pairs, batched; empty passages score 0."""

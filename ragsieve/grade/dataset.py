@@ -154,7 +154,7 @@ def build_grading_pairs(
             raise DataError(f"dataset '{source}' has no passage pool to retrieve from")
         allowed = None
         if config.reranker_unseen:
-            from ragsieve.rerank.mining import unseen_question_ids
+            from ragsieve.benchmarks.mining import unseen_question_ids
 
             allowed = unseen_question_ids(source, ds)
         questions = select_questions(ds, config.queries_per_source, config.seed, allowed)

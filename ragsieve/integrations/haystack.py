@@ -24,12 +24,16 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 from haystack import Document, component  # noqa: E402
 
-from ragsieve.integrations.remote import resolve_ranker, select
+from ragsieve.integrations.remote import adapter_stages, keep
 
 
 @component
 class RagsieveRanker:
-    """Ranks Haystack documents with a ragsieve ranker or service; ``Document.score`` becomes its score."""
+    """Ranks Haystack documents with a ragsieve ranker, service or sieve; ``Document.score`` becomes its score.
+
+    With ``sieve`` (a fitted sieve folder, ``embedded:<name>`` or a ``Sieve``) the sieve's top_k and
+    grader decide (``run(top_k=...)`` and ``threshold`` override them); ``top_k`` here is the bare ranker's cut.
+    """
 
     def __init__(
         self,
@@ -37,20 +41,23 @@ class RagsieveRanker:
         top_k: Optional[int] = 3,
         threshold: Optional[float] = None,
         api_key: Optional[str] = None,
+        sieve: Any = None,
     ):
-        self.ranker_source = ranker
-        self.top_k = top_k
-        self.threshold = threshold
+        self.ranker_source, self.sieve = ranker, sieve
+        self.top_k, self.threshold = top_k, threshold  # top_k: a bare ranker's cut (a sieve brings its own)
         self.api_key = api_key
-        self._ranker = None
+        self._stages = None
 
     def warm_up(self) -> None:
         """Load the model (Haystack calls this before the first run)."""
-        if self._ranker is None:
-            self._ranker = resolve_ranker(self.ranker_source, self.api_key)
+        if self._stages is None:
+            self._stages = adapter_stages(
+                self.ranker_source, sieve=self.sieve, api_key=self.api_key,
+                top_n=None if self.sieve is not None else self.top_k, threshold=self.threshold,
+            )
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, documents: list[Document], top_k: Optional[int] = None) -> dict[str, list[Document]]:
         self.warm_up()
-        kept = select(self._ranker, query, [d.content or "" for d in documents], top_k or self.top_k, self.threshold)
+        kept = keep(self._stages.override(top_k=top_k), query, [d.content or "" for d in documents])
         return {"documents": [replace(documents[i], score=s) for i, s in kept]}

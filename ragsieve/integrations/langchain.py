@@ -22,27 +22,28 @@ from langchain_core.documents import Document
 from langchain_core.documents.compressor import BaseDocumentCompressor
 from pydantic import ConfigDict, PrivateAttr
 
-from ragsieve.integrations.remote import resolve_ranker, select
+from ragsieve.integrations.remote import keep, pydantic_adapter_stages
 
 
 class RagsieveCompressor(BaseDocumentCompressor):
-    """Rerank (and optionally threshold) LangChain documents with a ragsieve ranker or service."""
+    """Rerank and cut (and optionally threshold or grade) LangChain documents with a ragsieve ranker, service or sieve."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     ranker: Any = "embedded:base"  # BaseRanker, reranker spec, or http(s):// URL of `ragsieve serve`
-    top_n: Optional[int] = 3
-    threshold: Optional[float] = None  # drop documents scoring below it
+    sieve: Any = None  # a fitted sieve (folder, embedded:<name> or Sieve): its reranker, top_k and grader
+    top_n: Optional[int] = 3  # with a sieve: its top_k unless given
+    threshold: Optional[float] = None  # drop documents scoring below it (with a sieve: overrides its grader's)
     api_key: Optional[str] = None
-    _ranker: Any = PrivateAttr(default=None)
+    _stages: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        self._ranker = resolve_ranker(self.ranker, self.api_key)
+        self._stages = pydantic_adapter_stages(self)
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Optional[Callbacks] = None
     ) -> Sequence[Document]:
-        kept = select(self._ranker, query, [d.page_content for d in documents], self.top_n, self.threshold)
+        kept = keep(self._stages, query, [d.page_content for d in documents])
         return [
             Document(
                 page_content=documents[i].page_content,

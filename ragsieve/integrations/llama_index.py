@@ -18,20 +18,21 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ragsieve.errors import RagsieveError
-from ragsieve.integrations.remote import resolve_ranker, select
+from ragsieve.integrations.remote import keep, pydantic_adapter_stages
 
 
 class RagsieveRerank(BaseNodePostprocessor):
     """Rerank (and optionally threshold) nodes with a ragsieve ranker or service; node scores become its scores."""
 
     ranker: Any = Field(default="embedded:base", description="BaseRanker, reranker spec, or ragsieve serve URL")
-    top_n: Optional[int] = 3
-    threshold: Optional[float] = None
+    sieve: Any = Field(default=None, description="a fitted sieve (folder, embedded:<name> or Sieve)")
+    top_n: Optional[int] = 3  # with a sieve: its top_k unless given
+    threshold: Optional[float] = None  # with a sieve: overrides its grader's
     api_key: Optional[str] = None
-    _ranker: Any = PrivateAttr(default=None)
+    _stages: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        self._ranker = resolve_ranker(self.ranker, self.api_key)
+        self._stages = pydantic_adapter_stages(self)
 
     @classmethod
     def class_name(cls) -> str:
@@ -43,5 +44,5 @@ class RagsieveRerank(BaseNodePostprocessor):
         if query_bundle is None:
             raise RagsieveError("RagsieveRerank needs the query (query_bundle or query_str)")
         texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
-        kept = select(self._ranker, query_bundle.query_str, texts, self.top_n, self.threshold)
+        kept = keep(self._stages, query_bundle.query_str, texts)
         return [NodeWithScore(node=nodes[i].node, score=s) for i, s in kept]

@@ -1,80 +1,64 @@
-"""A ``ragsieve serve`` (or any Cohere-compatible rerank endpoint) as an ordinary ranker.
+"""What the framework adapters share: the ranker (in-process, a spec or a ``ragsieve serve`` URL) or fitted
+sieve they apply, as one :class:`~ragsieve.pipeline.stages.SieveStages`.
 
-The adapters accept a ranker, a reranker spec or a URL; :func:`resolve_ranker` turns each
-into a :class:`~ragsieve.rerank.base.BaseRanker`, so in-process and remote use share one
-code path.
+Specs and URLs resolve in :func:`ragsieve.registry.load_reranker` (a URL is a
+:class:`~ragsieve.rerank.remote.RemoteRanker`), so in-process and remote use share one code path.
 
 Example::
 
-    ranker = resolve_ranker("http://127.0.0.1:8080", api_key="k")   # or "bm25", or a BaseRanker
-    ranker.rank("who wrote hamlet", ["Paris", "Shakespeare wrote Hamlet"]).top_k(1)
+    stages = adapter_stages("http://127.0.0.1:8080", top_n=3, api_key="k")   # or "bm25", or sieve="sieves/mine"
+    keep(stages, "who wrote hamlet", ["Paris", "Shakespeare wrote Hamlet"])    # [(1, score)]
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
-from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
-from ragsieve.rerank.base import BaseRanker, as_passages
+from ragsieve.rerank.base import BaseRanker
+
+if TYPE_CHECKING:
+    from ragsieve.pipeline.stages import SieveStages
 
 
-class RemoteRanker(BaseRanker):
-    """Scores via ``POST {url}/v1/rerank`` (Cohere/Jina shape); ``api_key`` defaults to $RAGSIEVE_API_KEY."""
+def adapter_stages(
+    ranker: Any = None, *, sieve: Any = None, top_n: int | None = None, threshold: float | None = None,
+    api_key: str | None = None,
+) -> "SieveStages":
+    """The one sieve an adapter applies.
 
-    name = "remote"
+    With ``sieve`` (a fitted sieve folder, ``embedded:<name>`` or a loaded :class:`Sieve`), its
+    reranker, top_k and grader; ``top_n`` / ``threshold``, when given, override its cut and threshold.
+    Otherwise ``ranker`` (a ranker, a reranker spec, or a service URL whose key is ``api_key``) cut to
+    ``top_n`` (None: no cut), thresholded on its own scores when ``threshold`` is given.
+    """
+    from ragsieve.pipeline.stages import SieveStages
+    from ragsieve.registry import is_url, load_reranker
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0, model: str = "ragsieve"):
-        import httpx
+    if sieve is not None:
+        from ragsieve.pipeline.sieve import Sieve
 
-        self.url = url.rstrip("/")
-        self.model = model
-        key = api_key if api_key is not None else os.environ.get("RAGSIEVE_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-
-    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        texts = [p.full_text for p in as_passages(passages)]
-        if not texts:
-            return np.zeros(0, dtype=float)
-        response = self._client.post("/v1/rerank", json={"model": self.model, "query": query, "documents": texts})
-        if response.status_code != 200:
-            try:
-                detail = response.json().get("error", response.text)
-            except ValueError:
-                detail = response.text
-            raise RagsieveError(f"{self.url}/v1/rerank answered {response.status_code}: {str(detail)[:200]}")
-        scores = np.zeros(len(texts), dtype=float)
-        for item in response.json()["results"]:
-            scores[item["index"]] = item["relevance_score"]
-        return scores
-
-    def close(self) -> None:
-        self._client.close()
+        loaded = sieve if isinstance(sieve, Sieve) else Sieve.load(sieve)
+        return loaded.stages.override(top_k=top_n, threshold=threshold)
+    if not isinstance(ranker, (BaseRanker, str)):
+        raise RagsieveError(f"expected a ranker, a reranker spec or a service URL, got {type(ranker).__name__}")
+    options = {"api_key": api_key} if is_url(ranker) else {}
+    return SieveStages(load_reranker(ranker, **options), top_k=top_n, threshold=threshold)
 
 
-def resolve_ranker(ranker: Any, api_key: str | None = None) -> BaseRanker:
-    """A BaseRanker from a ranker, an ``http(s)://`` service URL or a reranker spec string."""
-    if isinstance(ranker, BaseRanker):
-        return ranker
-    if isinstance(ranker, str) and ranker.startswith(("http://", "https://")):
-        return RemoteRanker(ranker, api_key=api_key)
-    if isinstance(ranker, str):
-        from ragsieve.registry import load_reranker
-
-        return load_reranker(ranker)
-    raise RagsieveError(f"expected a ranker, a reranker spec or a service URL, got {type(ranker).__name__}")
+def pydantic_adapter_stages(adapter: Any) -> "SieveStages":
+    """:func:`adapter_stages` for a pydantic adapter (fields ``ranker``, ``sieve``, ``top_n``, ``threshold``,
+    ``api_key``): with a sieve, only the fields the user set override it."""
+    given = adapter.model_fields_set if adapter.sieve is not None else {"top_n", "threshold"}
+    return adapter_stages(
+        adapter.ranker, sieve=adapter.sieve, api_key=adapter.api_key,
+        top_n=adapter.top_n if "top_n" in given else None,
+        threshold=adapter.threshold if "threshold" in given else None,
+    )
 
 
-def select(
-    ranker: BaseRanker, query: str, texts: Sequence[str], top_n: int | None, threshold: float | None
-) -> list[tuple[int, float]]:
-    """(index, score) of the documents to keep: best first, at or above ``threshold``, at most ``top_n``."""
+def keep(stages: "SieveStages", query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
+    """(index, reranker score) of the documents the sieve keeps, best first."""
     if not texts:
         return []
-    ranked = ranker.rank(query, list(texts)).results
-    kept = [(r.index, r.score) for r in ranked if threshold is None or r.score >= threshold]
-    return kept[:top_n] if top_n else kept
+    return [(r.index, r.score) for r, _ in stages.apply(query, list(texts)).kept_results]

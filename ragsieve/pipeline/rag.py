@@ -1,21 +1,23 @@
 """The RAG pipeline: (gate) → retrieve → (rerank → grade) → generate.
 
 Batched answering over prompts built by :class:`~ragsieve.prompts.builder.PromptBuilder`.
-Later stages (gate, reranker, grader) plug in as optional components;
-:meth:`RAGPipeline.from_config` is the one place a pipeline is assembled from specs.
+Later stages (gate, reranker, grader) plug in as optional components; the post-retrieval ones
+act through :class:`~ragsieve.pipeline.stages.SieveStages`, the one sieve.
+:meth:`RAGPipeline.from_config` is the one place a pipeline is assembled, from specs or around
+components that are already loaded (the server's, a :class:`Sieve`'s).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
-from ragsieve.grade.stage import grade_filter
 from ragsieve.pipeline.config import PipelineConfig
+from ragsieve.pipeline.stages import CandidateTrace, FilterResult, SieveStages
 from ragsieve.prompts import QAPrompts
 from ragsieve.prompts import first_line
 from ragsieve.prompts.builder import PromptBuilder
@@ -28,19 +30,6 @@ if TYPE_CHECKING:
     from ragsieve.retrieve.base import Retriever
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CandidateTrace:
-    """One retrieved passage on its way to the prompt: where each stage put it."""
-
-    id: str
-    retriever_rank: int  # 0-based rank in the retriever's list
-    rerank_rank: int | None = None  # 0-based rank after reranking (None: no reranker)
-    rerank_score: float | None = None
-    selected: bool = False  # among the top_k that went on to the grader / the prompt
-    relevant: bool | None = None  # the grader's verdict (None: not graded)
-    grade_score: float | None = None
 
 
 @dataclass
@@ -83,18 +72,31 @@ class RAGPipeline:
     and :attr:`RAGAnswer.all_graded_out` says so.
     """
 
+    @staticmethod
+    def load_stages(config: PipelineConfig) -> SieveStages:
+        """The post-retrieval stages the config names (reranker, grader, top_k), without the LLM."""
+        from ragsieve.registry import load_grader, load_reranker
+
+        config = config.expanded()  # a sieve's stages become this config's
+        return SieveStages.from_config(
+            config, load_reranker(config.reranker) if config.reranker else None,
+            load_grader(config.grader) if config.grader else None,
+        )
+
     @classmethod
     def from_config(
-        cls, config: PipelineConfig, *, llm: "Generator | None" = None, retriever: "Retriever | None" = None
+        cls, config: PipelineConfig, *, llm: "Generator | None" = None, retriever: "Retriever | None" = None,
+        stages: SieveStages | None = None, gate: "CBDRGate | None" = None,
     ) -> "RAGPipeline":
-        """Build every stage the config names; ``llm`` / ``retriever`` reuse already loaded ones.
+        """Build every stage the config names; ``llm``, ``retriever``, ``stages`` (reranker, grader) and
+        ``gate`` reuse already loaded ones instead of loading the config's.
 
         Example::
 
             pipe = RAGPipeline.from_config(PipelineConfig(index="index/nq", reranker="embedded:base"))
         """
         from ragsieve.models import load_llm
-        from ragsieve.registry import load_grader, load_probe, load_reranker
+        from ragsieve.registry import load_probe
 
         if retriever is None and config.index is not None:
             from ragsieve.retrieve import load_index
@@ -102,16 +104,15 @@ class RAGPipeline:
             retriever = load_index(config.index)
         config = config.expanded()  # a sieve's stages become this config's
         llm = llm if llm is not None else load_llm(config.llm, timeout=config.timeout, retries=config.retries)
-        gate = None
-        if config.cbdr_beta is not None:
+        if gate is None and config.cbdr_beta is not None:
             from ragsieve.gate import CBDRGate
 
             gate = CBDRGate(load_probe(config.probe, llm), config.cbdr_beta)
+        stages = stages if stages is not None else cls.load_stages(config)
         return cls(
             llm, retriever, top_k=config.top_k, max_prompt_tokens=config.max_prompt_tokens,
             max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, gate=gate,
-            reranker=load_reranker(config.reranker) if config.reranker else None, candidates=config.candidates,
-            grader=load_grader(config.grader) if config.grader else None,
+            reranker=stages.reranker, candidates=config.candidates, grader=stages.grader,
         )
 
     def __init__(
@@ -152,27 +153,22 @@ class RAGPipeline:
         other.retriever = retriever
         return other
 
+    @property
+    def stages(self) -> SieveStages:
+        """The post-retrieval stages (rerank → top_k → grade), the one sieve every caller applies."""
+        return SieveStages(self.reranker, self.grader, top_k=self.top_k)
+
     def retrieve(self, questions: Sequence[str]) -> list[list[Passage]]:
         """The top_k passages per question after retrieval and reranking (before grading)."""
-        return [ctx for ctx, _ in self._retrieve_traced(questions)]
+        return [result.selected for result in self._retrieve_selected(questions)]
 
-    def _retrieve_traced(self, questions: Sequence[str]) -> list[tuple[list[Passage], list[CandidateTrace]]]:
+    def _retrieve_selected(self, questions: Sequence[str]) -> list[FilterResult]:
         if self.retriever is None:
             raise RagsieveError("no retriever configured: build an index (ragsieve index) or answer closed-book")
         depth = self.candidates if self.reranker is not None else self.top_k
         hits = self.retriever.search_batch(list(questions), k=depth)
-        out = []
-        for q, row in zip(questions, hits):
-            found = [h.passage for h in row]
-            if self.reranker is None:
-                traces = [CandidateTrace(p.id, i, selected=i < self.top_k) for i, p in enumerate(found)]
-                out.append((found[: self.top_k], traces))
-                continue
-            ranked = self.reranker.rank(q, found)
-            traces = [CandidateTrace(r.passage.id, r.index, r.rank, r.score, r.rank < self.top_k) for r in ranked.results]
-            traces.sort(key=lambda t: t.retriever_rank)
-            out.append((ranked.passages()[: self.top_k], traces))
-        return out
+        stages = self.stages
+        return [stages.select(q, [h.passage for h in row]) for q, row in zip(questions, hits)]
 
     def answer_many(self, questions: Sequence[str], *, retrieve: bool = True) -> list[RAGAnswer]:
         questions = [q.strip() if isinstance(q, str) else "" for q in questions]
@@ -185,22 +181,13 @@ class RAGPipeline:
         needs = [d.retrieve for d in decisions] if decisions else [retrieve] * len(questions)
         contexts: list[list[Passage]] = [[] for _ in questions]
         traces: list[list[CandidateTrace]] = [[] for _ in questions]
+        graded_out = [0] * len(questions)
         to_retrieve = [i for i, flag in enumerate(needs) if flag]
         if to_retrieve:
-            for i, (ctx, trace) in zip(to_retrieve, self._retrieve_traced([questions[i] for i in to_retrieve])):
-                contexts[i], traces[i] = ctx, trace
-        graded_out = [0] * len(questions)
-        if self.grader is not None:
-            for i in to_retrieve:
-                stage = grade_filter(self.grader, questions[i], contexts[i])
-                verdicts = {p.id: r for p, r in zip(contexts[i], stage.results)}
-                traces[i] = [
-                    replace(t, relevant=verdicts[t.id].relevant, grade_score=verdicts[t.id].score)
-                    if t.selected and t.id in verdicts else t
-                    for t in traces[i]
-                ]
-                graded_out[i] = stage.dropped
-                contexts[i] = stage.kept
+            stages = self.stages
+            for i, selected in zip(to_retrieve, self._retrieve_selected([questions[i] for i in to_retrieve])):
+                result = stages.grade(selected)
+                contexts[i], traces[i], graded_out[i] = result.kept, result.trace(), result.graded_out
         built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
         texts = self.llm.generate(
             [b.text for b in built],

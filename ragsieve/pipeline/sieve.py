@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -25,24 +24,16 @@ from typing import TYPE_CHECKING, Sequence
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.pipeline.sieve_config import SIEVE_FILE, SieveConfig, read_sieve_config
+from ragsieve.pipeline.stages import FilterResult, SieveStages
 
 if TYPE_CHECKING:
     from ragsieve.gate.cbdr import CBDRGate, GateDecision
-    from ragsieve.grade.base import GradeResult, Grader
+    from ragsieve.grade.base import Grader
     from ragsieve.models.llm import Generator
+    from ragsieve.pipeline.config import PipelineConfig
     from ragsieve.pipeline.rag import RAGAnswer, RAGPipeline
     from ragsieve.rerank.base import BaseRanker, RankedResults
     from ragsieve.retrieve.base import Retriever
-
-@dataclass(frozen=True)
-class FilterResult:
-    """What :meth:`Sieve.filter` decided: the ranking, each selected passage's verdict, what to keep."""
-
-    ranked: "RankedResults"
-    selected: list[Passage]  # the top_k after reranking, in rank order
-    verdicts: list["GradeResult"]  # one per selected passage (empty: no grader)
-    kept: list[Passage]  # selected passages graded relevant (all selected when there is no grader)
-
 
 class Sieve:
     """A fitted gate → rerank → grade for one LLM; components load on first use."""
@@ -69,14 +60,26 @@ class Sieve:
         return path
 
     # -- components: built once, by the one pipeline builder -----------------------------------
-    @cached_property
-    def _pipe(self) -> "RAGPipeline":
+    def _config(self) -> "PipelineConfig":
         from ragsieve.pipeline.config import PipelineConfig
-        from ragsieve.pipeline.rag import RAGPipeline
 
         if self.folder is None:
             raise RagsieveError("this sieve has no folder yet: save it first")
-        return RAGPipeline.from_config(PipelineConfig(sieve=str(self.folder)), llm=self._llm)
+        return PipelineConfig(sieve=str(self.folder))
+
+    @cached_property
+    def stages(self) -> SieveStages:
+        """The post-retrieval stages (rerank → top_k → grade) that :meth:`filter`, the server and the
+        adapters apply; they load without the LLM."""
+        from ragsieve.pipeline.rag import RAGPipeline
+
+        return RAGPipeline.load_stages(self._config())
+
+    @cached_property
+    def _pipe(self) -> "RAGPipeline":
+        from ragsieve.pipeline.rag import RAGPipeline
+
+        return RAGPipeline.from_config(self._config(), llm=self._llm, stages=self.stages)
 
     @property
     def llm(self) -> "Generator":
@@ -90,11 +93,11 @@ class Sieve:
     def reranker(self) -> "BaseRanker":
         from ragsieve.rerank.base import RetrievalOrder
 
-        return self._pipe.reranker or RetrievalOrder()
+        return self.stages.reranker or RetrievalOrder()
 
     @property
     def grader(self) -> "Grader | None":
-        return self._pipe.grader
+        return self.stages.grader
 
     # -- the stages ------------------------------------------------------------------------------
     def should_retrieve(self, question: str) -> "GateDecision":
@@ -113,12 +116,7 @@ class Sieve:
 
     def filter(self, question: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank, keep the top_k, grade them: what to put in the prompt, with scores and verdicts."""
-        ranked = self.rerank(question, passages)
-        selected = ranked.passages()[: self.config.top_k]
-        if self.grader is None:
-            return FilterResult(ranked, selected, [], list(selected))
-        verdicts = self.grader.grade(question, selected)
-        return FilterResult(ranked, selected, verdicts, [p for p, v in zip(selected, verdicts) if v.relevant])
+        return self.stages.apply(question, passages)
 
     def pipeline(self, retriever: "Retriever | None" = None) -> "RAGPipeline":
         """The full pipeline with this sieve's stages around ``retriever`` (components are shared)."""

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -46,22 +47,23 @@ def base_reranker_dir() -> Path:
     return ASSET_DIR
 
 
-def reranker_folder(spec: str, what: str = "init") -> str:
-    """A cross-encoder folder fine-tuning can start from: a folder, ``cross-encoder:<folder>`` or ``embedded:base``.
+def weights_key(folder: str | Path, filename: str = "model.safetensors") -> str:
+    """A short key that changes with a model folder's weights (first MB + size of its safetensors;
+    ``filename="adapter_model.safetensors"`` for a PEFT adapter)."""
+    f = Path(folder) / filename
+    if not f.is_file():
+        raise RagsieveError(f"{folder}: no {filename} to key the scores made with it by")
+    with f.open("rb") as fh:
+        head = fh.read(1 << 20)
+    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
 
-    ``what`` names the option in the error (``align.init``, ``--init``, ...).
 
-    Example::
-
-        reranker_folder("embedded:base")       # '.../ragsieve/assets/base-reranker'
-    """
-    if Path(spec).is_dir():
-        return spec
-    if spec.startswith("cross-encoder:") and Path(spec.partition(":")[2]).is_dir():
-        return spec.partition(":")[2]
-    if spec == "embedded:base":
-        return str(base_reranker_dir())
-    raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or embedded:base")
+def scoring_key(folder: str | Path, weights: str | None = None) -> str:
+    """Cache key of a cross-encoder folder's scores: its weights key plus the cosine weight its card mixes in."""
+    weights = weights or weights_key(folder)
+    card = Path(folder) / CARD
+    weight = json.loads(card.read_text()).get("cosine_weight", 0.0) if card.is_file() else 0.0
+    return f"{weights}-mix{weight:g}" if weight else weights
 
 
 def read_card(folder: str | Path = ASSET_DIR) -> dict:
@@ -191,6 +193,24 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
     from ragsieve.rerank.neural import CrossEncoderRanker
 
     return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size, backend=backend or "torch")
+
+
+#: the rerankers ``embedded:<name>`` names (shipped in the package)
+EMBEDDED_RERANKERS = ("base",)
+
+
+def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
+    """``load_reranker("embedded:base")``: the base cross-encoder shipped in the package (never trains).
+
+    Keyword arguments (``backend``, ``threads``, ``batch_size``) go to :func:`load_shipped_reranker`.
+
+    Example::
+
+        load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
+    """
+    if name not in EMBEDDED_RERANKERS:
+        raise ModelNotAvailable(f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}")
+    return load_shipped_reranker(**kwargs)
 
 
 def inherited_card(start: str | Path, max_length: int) -> dict | None:

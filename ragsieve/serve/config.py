@@ -26,7 +26,7 @@ class ServeConfig(StrictConfig):
     probe: str | None = None  # probe folder or embedded:<name> for /v1/gate (and the gate inside /v1/ask)
     cbdr_beta: float = Field(0.5, ge=0.0, le=1.0)
     index: str | None = None  # retrieval index for /v1/ask (without one, /v1/ask answers closed-book)
-    top_k: int = Field(3, ge=1, description="/v1/ask: passages that reach the LLM")
+    top_k: int = Field(3, ge=1, description="/v1/ask: passages that reach the LLM; /v1/filter: its cut (top_n overrides)")
     candidates: int = Field(20, ge=1, description="/v1/ask: passages retrieved for the reranker")
     max_new_tokens: int = Field(16, ge=1)
     feedback_store: str | None = None  # evolve store directory that /v1/feedback appends to

@@ -17,45 +17,20 @@ from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.rag import LLMStages
 
 
-EVOLVE_PREFIX = "evolve:"
-
-
 def refuse_pickled_weights(spec: str) -> None:
     """A served model folder must hold safetensors: a pickled ``.bin`` can run code when loaded."""
     from pathlib import Path
 
     from ragsieve.errors import ModelNotAvailable
+    from ragsieve.registry import parse_reranker_spec
 
-    name, _, arg = spec.partition(":")
-    folder = Path(arg if name == "cross-encoder" else spec)
+    name, arg = parse_reranker_spec(spec)
+    folder = Path(arg if name in ("cross-encoder", "hf") and arg else spec)
     if not folder.is_dir():
         return  # a registry name (bm25, embedded:base, ...) or an HF id: nothing user-supplied on disk
     pickled = any(folder.rglob("*.bin")) or any(folder.rglob("*.pt"))
     if pickled and not any(folder.rglob("*.safetensors")):
         raise ModelNotAvailable(f"{folder}: only pickled weights (.bin/.pt); serve safetensors only (save_pretrained)")
-
-
-def load_ranker(spec: str) -> BaseRanker:
-    """A registry reranker spec, or ``evolve:<store>``: the evolving reranker after its last finished round.
-
-    ``POST /admin/reload`` after ``ragsieve evolve step`` serves the new round without a restart.
-    """
-    if not spec.startswith(EVOLVE_PREFIX):
-        from ragsieve.registry import load_reranker
-
-        refuse_pickled_weights(spec)
-        return load_reranker(spec)
-    from ragsieve.evolve.store import EvolveStore
-    from ragsieve.rerank.pointwise import PointwiseLLMReranker
-
-    store = EvolveStore(spec[len(EVOLVE_PREFIX) :])
-    try:
-        cfg, adapters = store.config, store.adapters()
-    finally:
-        store.close()
-    return PointwiseLLMReranker(
-        cfg.template, cfg.llm, adapters=adapters, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.batch_size
-    )
 
 
 @dataclass
@@ -76,9 +51,10 @@ class ServedModels:
 
     @classmethod
     def load(cls, config: ServeConfig) -> ServedModels:
-        from ragsieve.registry import load_grader
+        from ragsieve.registry import load_grader, load_reranker
 
-        ranker = load_ranker(config.reranker)
+        refuse_pickled_weights(config.reranker)
+        ranker = load_reranker(config.reranker)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
         served = cls(ranker, PairBatcher(ranker, name="ranker", **batch))
         if config.grader:

@@ -56,7 +56,9 @@ class LLMStages:
             return None
         from ragsieve.gate import CBDRGate
         from ragsieve.models import load_llm
+        from ragsieve.pipeline.config import PipelineConfig
         from ragsieve.pipeline.rag import RAGPipeline
+        from ragsieve.pipeline.stages import SieveStages
         from ragsieve.registry import load_probe
 
         llm = load_llm(config.llm)
@@ -76,15 +78,14 @@ class LLMStages:
                 max_batch_pairs=config.max_batch_pairs,
                 name="probe",
             )
-        pipeline = RAGPipeline(
-            llm,
-            retriever,
-            top_k=config.top_k,
-            max_new_tokens=config.max_new_tokens,
-            gate=gate,
-            reranker=ranker if retriever is not None else None,
-            candidates=max(config.candidates, config.top_k),
-            grader=grader if retriever is not None else None,
+        # the one assembler, on the models this server already holds (the reranker and grader only
+        # act on retrieved passages: without an index there are none)
+        retrieving = retriever is not None
+        stages = SieveStages(ranker if retrieving else None, grader if retrieving else None, top_k=config.top_k)
+        pipeline = RAGPipeline.from_config(
+            PipelineConfig(llm=config.llm, top_k=config.top_k, candidates=max(config.candidates, config.top_k),
+                           max_new_tokens=config.max_new_tokens),
+            llm=llm, retriever=retriever, stages=stages, gate=gate,
         )
         return cls(pipeline, lock, config.cbdr_beta, batcher, retriever is not None)
 

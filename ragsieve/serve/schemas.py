@@ -51,7 +51,9 @@ class TEIRerankRequest(_Request):
 
 
 class FilterRequest(RerankRequest):
-    """Rerank, then keep the documents graded relevant. ``threshold`` overrides the configured one."""
+    """The sieve over the documents: rerank, cut to ``top_n`` (default: the server's ``top_k``), keep those
+    graded relevant. ``threshold`` overrides the configured grader's (without a grader it thresholds the
+    reranker's own scores)."""
 
     threshold: float | None = None
 
@@ -96,7 +98,9 @@ class RerankResult(BaseModel):
     document: DocumentOut | None = None
 
 
-class FilterResult(RerankResult):
+class FilteredDocument(RerankResult):
+    """One kept document of ``/v1/filter`` (the HTTP shape of a :class:`~ragsieve.pipeline.stages.FilterResult`)."""
+
     relevant: bool
     grade_score: float
 
@@ -131,8 +135,8 @@ class FilterResponse(BaseModel):
     model: str
     grader: str
     threshold: float
-    results: list[FilterResult]  # kept documents, best first
-    dropped: int
+    results: list[FilteredDocument]  # kept documents, best first
+    dropped: int  # documents not kept: cut by top_n / top_k or graded irrelevant
     meta: Meta
 
 

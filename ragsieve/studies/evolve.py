@@ -196,7 +196,7 @@ class M0:
     def weights(self) -> str:
         """Which adapter this is. Records made with M0 carry it: retraining M0 from the same data and
         seed does not reproduce it on CPU (FEVER, 1 → 2 threads: 35 of 300 test verdicts changed)."""
-        from ragsieve.rerank.forgetting import weights_key
+        from ragsieve.rerank.shipped import weights_key
 
         return weights_key(self.dir, "adapter_model.safetensors")
 

@@ -105,7 +105,7 @@ def load_study_dataset(name: str, data_dir: str | None = None) -> "Dataset":
         ds = load_study_dataset("hotpotqa-distractor-1517")   # 1,517 questions, their 10 paragraphs each
     """
     if name == HOTPOT_1517:
-        from ragsieve.rerank.mining import hotpot_1517
+        from ragsieve.benchmarks.mining import hotpot_1517
 
         return hotpot_1517(data_dir)
     from ragsieve.data import load_dataset

@@ -19,9 +19,9 @@ from ragsieve.eval.stats import bootstrap_ci
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.prefs.build import PreferenceBuildConfig
 from ragsieve.rerank.base import BaseRanker
-from ragsieve.rerank.embedded import BaseRerankerConfig
-from ragsieve.rerank.relevance import RankingQuery
-from ragsieve.rerank.train import CrossEncoderTrainConfig
+from ragsieve.benchmarks.base_reranker import BaseRerankerConfig
+from ragsieve.benchmarks.relevance import RankingQuery
+from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 from ragsieve.rerank.base import RetrievalOrder
 from ragsieve.studies.common import baseline_rankers, metrics_table, plot_sweep, progress_bar
 
@@ -93,21 +93,21 @@ class RerankAlignExperiment:
         from ragsieve.data import load_dataset
         from ragsieve.prefs.build import build_preference_set
         from ragsieve.prefs.preferences import read_preferences
-        from ragsieve.rerank.embedded import ensure_base_reranker
+        from ragsieve.benchmarks.base_reranker import ensure_base_reranker
         from ragsieve.rerank.neural import CrossEncoderRanker
         from ragsieve.registry import load_reranker
 
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         if cfg.init:
-            from ragsieve.rerank.shipped import reranker_folder
+            from ragsieve.registry import reranker_folder
 
             base_dir = Path(reranker_folder(cfg.init, "init"))
         else:
             base_dir = ensure_base_reranker(cfg.base, cfg.prefs.data_dir)
         excluded: set[str] = set()
         if cfg.exclude_base_trained:
-            from ragsieve.rerank.mining import trained_question_ids
+            from ragsieve.benchmarks.mining import trained_question_ids
 
             excluded = trained_question_ids(cfg.prefs.dataset, base_dir, cfg.prefs.data_dir)
             console.print(f"{len(excluded)} {cfg.prefs.dataset} questions the start reranker trained on stay out of "
@@ -196,7 +196,7 @@ class RerankAlignExperiment:
         import shutil
 
         from ragsieve.atomic import atomic_directory
-        from ragsieve.rerank.train import train_cross_encoder
+        from ragsieve.rerank.training.trainer import train_cross_encoder
 
         train_cfg = cfg.train.model_copy(update={"init": cfg.train.init or str(base_dir), "seed": seed})
         card = {"train": train_cfg.model_dump(), "records": len(records), "groups": sum(len(r.pos) for r in records)}
@@ -225,14 +225,13 @@ class RerankAlignExperiment:
         """Table 2 (RAG accuracy per reranker) and Table 3 (CBDR + aligned reranker)."""
         from ragsieve.data import load_dataset
         from ragsieve.gate.cbdr import sweep_cbdr
-        from ragsieve.grade.stage import grade_filter
         from ragsieve.models import load_local_llm
         from ragsieve.prefs.build import state_cache_path
         from ragsieve.probe.cache import StateCache
         from ragsieve.probe.labels import LabelRequest, label_generations, reuse_generations
         from ragsieve.studies.probe_nq import answer_settings_differ
         from ragsieve.probe.model import ConfidenceProbe, load_head
-        from ragsieve.rerank.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
+        from ragsieve.benchmarks.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
         from ragsieve.prompts import load_qa_prompts
         from ragsieve.prompts.builder import PromptBuilder
 
@@ -279,7 +278,7 @@ class RerankAlignExperiment:
                     ranked = [by_id[pid] for pid in ids]
                     firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
                     if rname == "aligned+grader":  # one verdict per passage serves every top-k
-                        relevant = [r.relevant for r in grade_filter(grader, q.text, ranked[: max(rc.top_ks)]).results]
+                        relevant = [r.relevant for r in grader.grade(q.text, ranked[: max(rc.top_ks)])]
                     for k in rc.top_ks:
                         slots.append((rname, k, len(requests)))
                         top = ranked[:k]
@@ -387,7 +386,7 @@ def _nq_questions(cfg: RerankAlignConfig, nq, excluded: set[str] = frozenset()) 
 
 def ranker_keys(cfg: RerankAlignConfig, base_dir: Path, aligned_dirs: dict[str, Path]) -> dict[str, str]:
     """Cache key per ranker: its name for the fixed baselines, its weights (and cosine mix) for cross-encoders."""
-    from ragsieve.rerank.forgetting import scoring_key, weights_key
+    from ragsieve.rerank.shipped import scoring_key, weights_key
 
     def key(folder: Path) -> str:
         return scoring_key(folder) if cfg.init else f"plain-{weights_key(folder)}"
@@ -400,7 +399,7 @@ def cached_per_query(ranker: BaseRanker, key: str, queries, ks, cache_dir: Path)
     """Per-question P@k / R@k / MRR@k on ``queries`` (:func:`per_query`), cached per ranker key and question set."""
     import hashlib
 
-    from ragsieve.rerank.relevance import per_query
+    from ragsieve.benchmarks.relevance import per_query
     from ragsieve.studies.common import write_json
 
     ids = hashlib.sha1("|".join(q.query_id for q in queries).encode()).hexdigest()[:10]

@@ -2,13 +2,13 @@
 
 Aligned on confidence-shift preferences alone, the base reranker loses general relevance
 (MRR@10 on gold sets drops a lot). This study trains one aligned reranker per guard
-(:mod:`ragsieve.rerank.train`) from the same start (``embedded:base``) on the committed
+(:mod:`ragsieve.rerank.training.trainer`) from the same start (``embedded:base``) on the committed
 preference set (``results/rerank_align_guard/prefs``) and measures, per variant:
 
 (a) the preference test set ranking (P@k, R@k, MRR as in ``rerank_align``'s Table 1) with a
     paired test against the start reranker: exact McNemar on P@1, paired bootstrap on P@3;
 (b) forgetting: MRR@10 / nDCG@10 on the six held-out gold relevance sets, paired against the
-    start reranker (:func:`ragsieve.rerank.forgetting.measure_forgetting`).
+    start reranker (:func:`ragsieve.benchmarks.forgetting.measure_forgetting`).
 
 "base" everywhere is the start reranker as a user gets it: ``embedded:base`` scores its
 cross-encoder logit plus ``w · 20 ·`` MiniLM cosine (its card), torch fp32 at ``eval_max_length``
@@ -45,8 +45,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from rich.console import Console
 
 from ragsieve.config import StrictConfig, format_validation_error
-from ragsieve.rerank.mining import SOURCES
-from ragsieve.rerank.train import CrossEncoderTrainConfig
+from ragsieve.benchmarks.mining import SOURCES
+from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # a variant name is a folder and a file name
 
@@ -74,7 +74,7 @@ class GoldGroupsConfig(StrictConfig):
     """Gold relevance groups for replay and relevance-dev early stopping (never held-out questions)."""
 
     # mined rows (train / dev splits of the base reranker's mining) when <dataset>.jsonl is here;
-    # otherwise the relevance train split with its own candidates (ragsieve.rerank.relevance)
+    # otherwise the relevance train split with its own candidates (ragsieve.benchmarks.relevance)
     mined_dir: str = "results/rerank_base/work/mined"
     replay_per_dataset: int = Field(100, ge=1)
     dev_per_dataset: int = Field(10, ge=1)
@@ -147,8 +147,9 @@ class RerankAlignGuardStudy:
 
     def run(self, cfg: RerankAlignGuardConfig, out_dir: Path, console: Console) -> dict:
         from ragsieve.prefs.preferences import read_preferences
-        from ragsieve.rerank.forgetting import measure_forgetting, scoring_key, weights_key
-        from ragsieve.rerank.shipped import reranker_folder
+        from ragsieve.benchmarks.forgetting import measure_forgetting
+        from ragsieve.rerank.shipped import scoring_key, weights_key
+        from ragsieve.registry import reranker_folder
         from ragsieve.studies.common import write_json
         from ragsieve.studies.rerank_align import compare_preferences, preference_ranking_queries
 
@@ -241,7 +242,7 @@ class RerankAlignGuardStudy:
         import shutil
 
         from ragsieve.atomic import atomic_directory
-        from ragsieve.rerank.train import TRAINING_CARD, train_cross_encoder
+        from ragsieve.rerank.training.trainer import TRAINING_CARD, train_cross_encoder
 
         model_dir = work / name
         replay = gold.get("replay") if train_cfg.replay_ratio > 0 else None
@@ -269,8 +270,8 @@ class RerankAlignGuardStudy:
     @staticmethod
     def _prefs_per_query(cfg: RerankAlignGuardConfig, folder: Path, key: str, queries, work: Path) -> dict:
         """Per-question P@k / R@k / MRR@k on the preference test set (cached per weights key)."""
-        from ragsieve.rerank.forgetting import scoring_key
-        from ragsieve.rerank.relevance import per_query
+        from ragsieve.rerank.shipped import scoring_key
+        from ragsieve.benchmarks.relevance import per_query
         from ragsieve.studies.common import write_json
 
         ks = tuple(cfg.table_ks)
@@ -311,14 +312,14 @@ def gold_groups_for(name: str, gold: GoldGroupsConfig, data_dir=None, seed: int 
 
     From the base reranker's mined rows when ``<mined_dir>/<name>.jsonl`` exists (its train and dev
     splits, held-out questions and their gold passages already excluded); else from the relevance
-    train split (:func:`~ragsieve.rerank.relevance.split_questions`) with the dataset's own candidates,
+    train split (:func:`~ragsieve.benchmarks.relevance.split_questions`) with the dataset's own candidates,
     dropping questions whose gold passage is gold for a held-out question.
     """
     from ragsieve.prefs.preferences import PreferenceRecord
 
     mined = Path(gold.mined_dir) / f"{name}.jsonl"
     if mined.is_file():
-        from ragsieve.rerank.mining import read_mined
+        from ragsieve.benchmarks.mining import read_mined
 
         def record(m: dict) -> PreferenceRecord:
             return PreferenceRecord(m["query"], [p[1] for p in m["pos"]], [n[1] for n in m["neg"]],
@@ -331,8 +332,8 @@ def gold_groups_for(name: str, gold: GoldGroupsConfig, data_dir=None, seed: int 
         return replay, dev, f"mined ({mined})"
 
     from ragsieve.data import held_out_questions, load_dataset
-    from ragsieve.rerank.mining import held_out_sources
-    from ragsieve.rerank.relevance import split_questions, training_groups
+    from ragsieve.benchmarks.mining import held_out_sources
+    from ragsieve.benchmarks.relevance import split_questions, training_groups
 
     source = held_out_sources()[name]
     ds = load_dataset(name, data_dir=data_dir)

@@ -2,9 +2,9 @@
 
 Phases, each resumable after a kill (work files under ``<out_dir>/work/``, git-ignored):
 
-1. **mine** — gold groups + BM25/MiniLM hard negatives per dataset (:mod:`ragsieve.rerank.mining`).
+1. **mine** — gold groups + BM25/MiniLM hard negatives per dataset (:mod:`ragsieve.benchmarks.mining`).
 2. **train** — InfoNCE on gold + listwise distillation of MiniLM cosine, early stopping on dev
-   (:mod:`ragsieve.rerank.distill`); checkpoints every ``eval_steps``.
+   (:mod:`ragsieve.rerank.training.distill`); checkpoints every ``eval_steps``.
 3. **ship** — fp16 safetensors + int8 ONNX + card into ``ragsieve/assets/base-reranker``
    (only with ``ship: true``), calibration fitted on the dev groups.
 4. **evaluate** — held-out MRR@10 / nDCG@10 per dataset for BM25, MiniLM cosine, the new model
@@ -30,9 +30,9 @@ from rich.console import Console
 
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_ENCODER
-from ragsieve.rerank.distill import DistillConfig
-from ragsieve.rerank.mining import SOURCES, MiningConfig
-from ragsieve.rerank.relevance import per_query
+from ragsieve.rerank.training.distill import DistillConfig
+from ragsieve.benchmarks.mining import SOURCES, MiningConfig
+from ragsieve.benchmarks.relevance import per_query
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class RerankBaseStudyConfig(StrictConfig):
 
 def load_mined(cfg: RerankBaseStudyConfig, work: Path) -> tuple[list[dict], list[dict]]:
     """(train rows capped per dataset, dev rows) from the mined files."""
-    from ragsieve.rerank.mining import read_mined
+    from ragsieve.benchmarks.mining import read_mined
 
     train, dev = [], []
     for name in cfg.datasets:
@@ -150,7 +150,7 @@ class RerankBaseStudy:
     Config = RerankBaseStudyConfig
 
     def run(self, cfg: RerankBaseStudyConfig, out_dir: Path, console: Console) -> dict:
-        from ragsieve.rerank.mining import mine_all
+        from ragsieve.benchmarks.mining import mine_all
 
         work = Path(out_dir) / "work"
         t0 = time.perf_counter()
@@ -182,7 +182,7 @@ class RerankBaseStudy:
 
     @staticmethod
     def train(cfg: RerankBaseStudyConfig, work: Path, console: Console) -> Path:
-        from ragsieve.rerank.distill import train_distilled
+        from ragsieve.rerank.training.distill import train_distilled
 
         final = work / "model" / "final"
         if (final / "config.json").exists():
@@ -240,9 +240,9 @@ class RerankBaseStudy:
         """Per-dataset metrics; per-query scores cached in ``cache/<dataset>.json`` so a killed run resumes."""
         from ragsieve.data import load_dataset
         from ragsieve.rerank.lexical import BM25Ranker
-        from ragsieve.rerank.mining import held_out_sources
+        from ragsieve.benchmarks.mining import held_out_sources
         from ragsieve.rerank.neural import CrossEncoderRanker
-        from ragsieve.rerank.relevance import ranking_queries, split_questions
+        from ragsieve.benchmarks.relevance import ranking_queries, split_questions
         from ragsieve.rerank.shipped import OnnxCrossEncoderRanker
 
         from ragsieve.rerank.mixed import CosineMixRanker

@@ -16,7 +16,7 @@ source                     held-out ranking set (unchanged; see :mod:`.relevance
 ``multirc`` / ``pubmedqa`` BM25 top-20 over the dataset's pool, 200 each
 =========================  ============================================================
 
-Train and held-out never meet: held-out = :func:`~ragsieve.rerank.relevance.split_questions`
+Train and held-out never meet: held-out = :func:`~ragsieve.benchmarks.relevance.split_questions`
 (the same split as before), and a train question is dropped when one of its gold
 passages is gold for a held-out question (MultiRC has ~11 questions per passage).
 
@@ -44,7 +44,7 @@ from ragsieve.config import StrictConfig
 from ragsieve.data.records import Dataset, Passage, Question
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
-from ragsieve.rerank.relevance import RelevanceSource, default_sources, split_questions
+from ragsieve.benchmarks.relevance import RelevanceSource, default_sources, split_questions
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def _own_candidates(ds: Dataset, q: Question) -> list[str]:
     if "candidate_ids" in q.meta:
         return list(q.meta["candidate_ids"])
     if ds.name == "fever":
-        from ragsieve.rerank.relevance import _fever_documents
+        from ragsieve.benchmarks.relevance import _fever_documents
 
         return [p.id for p in _fever_documents(ds, [q], 0)[0]]
     return []

@@ -10,9 +10,9 @@ reranker moves away from its starting order only as far as the preferences pay f
 with ``s`` the student's logits, ``t`` the start model's logits on the same (query, doc)
 pairs (computed once before training and stored in the dataset's ``label`` column) and
 ``τ`` the InfoNCE temperature, applied to both sides as in knowledge distillation. The
-sum itself is :func:`ragsieve.rerank.distill.group_distill_loss`.
+sum itself is :func:`ragsieve.rerank.training.distill.group_distill_loss`.
 
-With ``w = 0`` this is :class:`~ragsieve.rerank.losses.GroupInfoNCELoss` to the bit: the
+With ``w = 0`` this is :class:`~ragsieve.rerank.training.losses.GroupInfoNCELoss` to the bit: the
 logits are laid out and scaled by the same code path (tested).
 """
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ragsieve.rerank.distill import group_distill_loss
-from ragsieve.rerank.losses.info_nce import GroupInfoNCELoss
+from ragsieve.rerank.training.distill import group_distill_loss
+from ragsieve.rerank.training.losses.info_nce import GroupInfoNCELoss
 
 
 class GroupInfoNCEDistillLoss(GroupInfoNCELoss):

@@ -1,7 +1,7 @@
 """``embedded:base``: ragsieve's own base cross-encoder, trained once and cached.
 
 All-MiniLM-L6-v2 with a new 1-logit head, trained with :func:`train_cross_encoder`
-(InfoNCE, 1 gold positive vs 7 negatives) on :mod:`ragsieve.rerank.relevance` groups.
+(InfoNCE, 1 gold positive vs 7 negatives) on :mod:`ragsieve.benchmarks.relevance` groups.
 The folder is a standard sentence-transformers CrossEncoder, so
 ``CrossEncoder(path)`` loads it outside ragsieve too.
 """
@@ -19,11 +19,10 @@ from pydantic import Field
 from ragsieve.artifacts import cache_rebuild, check_model_folder
 from ragsieve.atomic import atomic_directory
 from ragsieve.config import StrictConfig
-from ragsieve.errors import ModelNotAvailable
 from ragsieve.paths import cache_dir
 from ragsieve.prefs.preferences import PreferenceRecord
-from ragsieve.rerank.relevance import RelevanceSource, default_sources, split_questions, training_groups
-from ragsieve.rerank.train import CrossEncoderTrainConfig
+from ragsieve.benchmarks.relevance import RelevanceSource, default_sources, split_questions, training_groups
+from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def base_training_groups(config: BaseRerankerConfig, data_dir=None) -> dict[str,
 
 def train_base_reranker(config: BaseRerankerConfig, out_dir: str | Path, data_dir=None) -> Path:
     """Build the groups, train, and write the folder plus a card with the group counts."""
-    from ragsieve.rerank.train import train_cross_encoder
+    from ragsieve.rerank.training.trainer import train_cross_encoder
 
     groups = base_training_groups(config, data_dir)
     records = [r for recs in groups.values() for r in recs]
@@ -76,7 +75,9 @@ def train_base_reranker(config: BaseRerankerConfig, out_dir: str | Path, data_di
     return out_dir
 
 
-def base_reranker_dir(config: BaseRerankerConfig | None = None) -> Path:
+def cached_base_reranker_dir(config: BaseRerankerConfig | None = None) -> Path:
+    """Where :func:`ensure_base_reranker` trains ``config``'s base reranker (the shipped one is
+    :func:`ragsieve.rerank.shipped.base_reranker_dir`)."""
     config = config or BaseRerankerConfig()
     return cache_dir() / "models" / f"base-reranker-{config.digest()}"
 
@@ -89,7 +90,7 @@ def ensure_base_reranker(config: BaseRerankerConfig | None = None, data_dir=None
     from filelock import FileLock
 
     config = config or BaseRerankerConfig()
-    target = base_reranker_dir(config)
+    target = cached_base_reranker_dir(config)
     if (target / CARD_FILE).exists():
         check_model_folder(target, cache_rebuild(target) + " (about 15 min of training)")
         return target
@@ -102,26 +103,3 @@ def ensure_base_reranker(config: BaseRerankerConfig | None = None, data_dir=None
         with atomic_directory(target, overwrite=True) as tmp:
             train_base_reranker(config, tmp, data_dir)
     return target
-
-
-#: embedded reranker name → the config that builds it
-EMBEDDED_RERANKERS: dict[str, type[BaseRerankerConfig]] = {"base": BaseRerankerConfig}
-
-
-def load_embedded_reranker(name: str = "base", **kwargs):
-    """``load_reranker("embedded:base")``: the base cross-encoder shipped in the package (never trains).
-
-    Keyword arguments (``backend``, ``threads``, ``batch_size``) go to
-    :func:`~ragsieve.rerank.shipped.load_shipped_reranker`.
-
-    Example::
-
-        load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
-    """
-    from ragsieve.rerank.shipped import load_shipped_reranker
-
-    if name not in EMBEDDED_RERANKERS:
-        raise ModelNotAvailable(
-            f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}"
-        ) from None
-    return load_shipped_reranker(**kwargs)

@@ -1,7 +1,7 @@
 """Cross-encoder training on preference groups with sentence-transformers' trainer.
 
 A group is (query, positive, [negatives]) — the FlagEmbedding shape — and the loss is
-:class:`~ragsieve.rerank.losses.GroupInfoNCELoss`. Used for the base reranker (gold
+:class:`~ragsieve.rerank.training.losses.GroupInfoNCELoss`. Used for the base reranker (gold
 relevance data) and the LLM-aligned one (confidence-shift preferences).
 
 Aligned on preferences alone, the reranker forgets general relevance (issue #18). Five
@@ -11,7 +11,7 @@ guards, each one config field whose default leaves training exactly as before:
   from ``train_cross_encoder(..., replay=...)``, like ReplayDPO's α;
 * ``distill_weight`` — adds ``w · KL(softmax(t) || softmax(s))`` per group, ``t`` the *start*
   model's logits on the group's docs, computed once before training
-  (:class:`~ragsieve.rerank.losses.GroupInfoNCEDistillLoss`);
+  (:class:`~ragsieve.rerank.training.losses.GroupInfoNCEDistillLoss`);
 * ``lora_r`` — trains rank-r LoRA adapters on BERT's attention and dense layers (the
   classifier head fully) and merges them before saving: the folder is a plain CrossEncoder;
 * ``cosine_mix`` — the saved folder keeps the start reranker's scoring function (the shipped
@@ -23,7 +23,7 @@ guards, each one config field whose default leaves training exactly as before:
 Example::
 
     from ragsieve.prefs import read_preferences
-    from ragsieve.rerank.train import CrossEncoderTrainConfig, train_cross_encoder
+    from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
     from ragsieve.rerank.shipped import base_reranker_dir
 
     cfg = CrossEncoderTrainConfig(init=str(base_reranker_dir()), group_size=6, distill_weight=1.0)
@@ -209,7 +209,7 @@ def train_cross_encoder(
     ``eval_steps`` or ``lora_r``: their in-memory state (best dev weights, adapters) is not saved.
 
     ``start_logits_cache`` (a SQLite file) keeps the start model's logits per (query, doc) for
-    ``distill_weight``, keyed by the start weights (:func:`~ragsieve.rerank.forgetting.weights_key`): a resumed run or another seed over the
+    ``distill_weight``, keyed by the start weights (:func:`~ragsieve.benchmarks.forgetting.weights_key`): a resumed run or another seed over the
     same pairs scores only the pairs it has not seen.
     """
     import torch
@@ -221,7 +221,7 @@ def train_cross_encoder(
     )
 
     from ragsieve.models.encoder import resolve_encoder_path
-    from ragsieve.rerank.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
+    from ragsieve.rerank.training.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
 
     # every guard's inputs are checked before the model loads
     checkpointing = checkpoint_dir is not None and config.checkpoint_steps > 0
@@ -260,7 +260,7 @@ def train_cross_encoder(
             from contextlib import closing
 
             from ragsieve.probe.cache import StateCache
-            from ragsieve.rerank.forgetting import weights_key
+            from ragsieve.rerank.shipped import weights_key
 
             with closing(StateCache(start_logits_cache)) as cache:
                 teacher = start_logits(model, rows, config.group_size, cache=cache,

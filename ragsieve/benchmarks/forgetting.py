@@ -3,19 +3,20 @@
 Aligning the base reranker to an LLM's confidence shifts can cost the relevance ranking it
 started with (issue #18). This module scores rankers on the held-out gold relevance sets of
 the six bundled datasets — exactly the sets the base reranker's report uses
-(:func:`~ragsieve.rerank.mining.held_out_sources`, :func:`~ragsieve.rerank.relevance.split_questions`,
-:func:`~ragsieve.rerank.relevance.ranking_queries`; the first ``max_queries`` of each) — and
+(:func:`~ragsieve.benchmarks.mining.held_out_sources`, :func:`~ragsieve.benchmarks.relevance.split_questions`,
+:func:`~ragsieve.benchmarks.relevance.ranking_queries`; the first ``max_queries`` of each) — and
 reports per dataset and ranker n, MRR@10 and nDCG@10 with 95 % bootstrap intervals, and each
 ranker's paired difference to a named reference (the reranker it started from), with its
 paired bootstrap interval and verdict (:mod:`ragsieve.eval.stats`).
 
 Per-query values are cached as JSON per (dataset, ranker key), so a killed run resumes and a
 reference scored once is never scored again. The key must change when the weights do: use
-:func:`weights_key` for a model folder.
+:func:`~ragsieve.rerank.shipped.weights_key` for a model folder.
 
 Example::
 
-    from ragsieve.rerank.forgetting import measure_forgetting, weights_key
+    from ragsieve.benchmarks.forgetting import measure_forgetting
+    from ragsieve.rerank.shipped import weights_key
     from ragsieve.rerank.neural import CrossEncoderRanker
 
     result = measure_forgetting(
@@ -28,7 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -39,8 +39,8 @@ import numpy as np
 
 from ragsieve.errors import RagsieveError
 from ragsieve.rerank.base import BaseRanker
-from ragsieve.rerank.mining import SOURCES, held_out_sources
-from ragsieve.rerank.relevance import RankingQuery, per_query, ranking_queries, split_questions
+from ragsieve.benchmarks.mining import SOURCES, held_out_sources
+from ragsieve.benchmarks.relevance import RankingQuery, per_query, ranking_queries, split_questions
 
 log = logging.getLogger(__name__)
 
@@ -63,27 +63,6 @@ def heldout_queries(name: str, data_dir: str | Path | None = None, seed: int = 0
     _, test = split_questions(ds, sources[name], seed)
     queries = ranking_queries(ds, test, sources[name])
     return queries[:max_queries] if max_queries else queries
-
-
-def weights_key(folder: str | Path, filename: str = "model.safetensors") -> str:
-    """A short key that changes with a model folder's weights (first MB + size of its safetensors;
-    ``filename="adapter_model.safetensors"`` for a PEFT adapter)."""
-    f = Path(folder) / filename
-    if not f.is_file():
-        raise RagsieveError(f"{folder}: no {filename} to key the scores made with it by")
-    with f.open("rb") as fh:
-        head = fh.read(1 << 20)
-    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
-
-
-def scoring_key(folder: str | Path, weights: str | None = None) -> str:
-    """Cache key of a cross-encoder folder's scores: its weights key plus the cosine weight its card mixes in."""
-    from ragsieve.rerank.shipped import CARD
-
-    weights = weights or weights_key(folder)
-    card = Path(folder) / CARD
-    weight = json.loads(card.read_text()).get("cosine_weight", 0.0) if card.is_file() else 0.0
-    return f"{weights}-mix{weight:g}" if weight else weights
 
 
 def measure_forgetting(

@@ -1,6 +1,0 @@
-"""Reranker training losses, one per file (sentence-transformers style)."""
-
-from ragsieve.rerank.losses.info_nce import GroupInfoNCELoss
-from ragsieve.rerank.losses.info_nce_distill import GroupInfoNCEDistillLoss
-
-__all__ = ["GroupInfoNCEDistillLoss", "GroupInfoNCELoss"]

@@ -1,0 +1,35 @@
+"""The service itself: ``/health``, ``/v1/models`` and ``/admin/reload`` (the models, swapped whole)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+
+from ragsieve.serve.models import ServedModels
+from ragsieve.serve.schemas import Health, ModelCard, ModelList
+from ragsieve.serve.state import ERRORS, ServeState, serve_state
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/health", response_model=Health)
+async def health(state: ServeState = Depends(serve_state)):
+    stats = state.models.rank_batcher.stats
+    return Health(status="ok", model=state.name, batches=stats.batches, pairs=stats.pairs)
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS)
+async def list_models(state: ServeState = Depends(serve_state)):
+    cards = [ModelCard(id=state.name, kind="reranker")]
+    if state.models.grader_name:
+        cards.append(ModelCard(id=state.models.grader_name, kind="grader"))
+    return ModelList(data=cards)
+
+
+@router.post("/admin/reload", responses=ERRORS, summary="Reload the models from their specs")
+async def reload(state: ServeState = Depends(serve_state)):
+    fresh = await asyncio.to_thread(ServedModels.load, state.config)
+    old, state.models = state.models, fresh
+    await asyncio.to_thread(old.close)
+    return {"status": "reloaded", "model": state.name}

@@ -1,0 +1,124 @@
+"""What every endpoint family shares: the served models behind limits, chunking and batching.
+
+:func:`create_app <ragsieve.serve.app.create_app>` puts one :class:`ServeState` on
+``app.state.serve``; each router in :mod:`ragsieve.serve.routes` reads it through the
+:func:`serve_state` dependency, so a router also works mounted alone on an app holding a state.
+
+Example::
+
+    app = FastAPI()
+    app.state.serve = ServeState.load(ServeConfig(reranker="bm25"))
+    app.include_router(filter_router)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import Request
+
+from ragsieve.serve.chunks import plan_chunks
+from ragsieve.serve.config import ServeConfig
+from ragsieve.serve.errors import ServeError
+from ragsieve.serve.models import ServedModels
+from ragsieve.serve.schemas import Document, ErrorBody, Meta
+
+#: the error responses every endpoint documents in /openapi.json
+ERRORS = {
+    400: {"model": ErrorBody, "description": "feature not configured"},
+    401: {"model": ErrorBody, "description": "missing or wrong API key"},
+    413: {"model": ErrorBody, "description": "over a configured limit (the error names the field)"},
+    422: {"model": ErrorBody, "description": "malformed request (the error names the field)"},
+    503: {"model": ErrorBody, "description": "the model was reloaded while the request queued; retry"},
+}
+
+INLINE_CHUNKING_CHARS = 200_000
+
+
+def clean_text(text: str) -> str:
+    """Lone surrogates (legal in JSON, not in UTF-8) would break tokenizers and the response encoder."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def finite(scores: np.ndarray) -> np.ndarray:
+    """JSON has no NaN or infinity: clamp them just outside the finite scores' range."""
+    scores = np.asarray(scores, dtype=float)
+    ok = np.isfinite(scores)
+    if ok.all():
+        return scores
+    lo, hi = (scores[ok].min(), scores[ok].max()) if ok.any() else (0.0, 0.0)
+    return np.where(np.isnan(scores) | np.isneginf(scores), lo - 1.0, np.where(np.isposinf(scores), hi + 1.0, scores))
+
+
+def texts(documents: Sequence[Document]) -> list[str]:
+    return [d if isinstance(d, str) else d.text for d in documents]
+
+
+@dataclass
+class ServeState:
+    """The config (a sieve already expanded into plain specs), the served models (swapped whole on
+    reload) and the model id clients see."""
+
+    config: ServeConfig
+    models: ServedModels
+    name: str
+
+    @classmethod
+    def load(cls, config: ServeConfig, models: ServedModels | None = None) -> "ServeState":
+        """Models load now, so a bad spec fails before the server binds."""
+        config = config.expanded()  # a sieve's stages become plain specs
+        if config.feedback_store:  # a wrong store path fails at start-up, not at the first feedback
+            from ragsieve.evolve.live import pending_feedback
+
+            pending_feedback(config.feedback_store)
+        return cls(config, models or ServedModels.load(config), config.model_name or config.reranker)
+
+    def check(self, query: str, docs: Sequence[str], field: str = "documents") -> tuple[str, list[str]]:
+        """The request within the configured limits (413/422 naming the field), its text made UTF-8 safe."""
+        cfg = self.config
+        if not query.strip():
+            raise ServeError(422, "query: must not be empty")
+        if len(query) > cfg.max_query_chars:
+            raise ServeError(413, f"query: {len(query)} characters, max_query_chars is {cfg.max_query_chars}")
+        if len(docs) > cfg.max_documents:
+            raise ServeError(413, f"{field}: {len(docs)} documents, max_documents is {cfg.max_documents}")
+        for i, d in enumerate(docs):
+            if len(d) > cfg.max_document_chars:
+                raise ServeError(
+                    413, f"{field}.{i}: {len(d)} characters, max_document_chars is {cfg.max_document_chars}"
+                )
+        return clean_text(query), [clean_text(d) for d in docs]
+
+    async def scores(self, query: str, docs: list[str], meta: Meta) -> np.ndarray:
+        """One score per document (best chunk for long ones); ``meta`` records the chunking."""
+        models = self.models  # one snapshot: a reload mid-request does not mix models
+        args = (models.ranker, query, docs, self.config.max_chunks_per_doc)
+        # tokenising megabytes would stall every other request on the event loop; small requests stay inline
+        big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS
+        plan = await asyncio.to_thread(plan_chunks, *args) if big else plan_chunks(*args)
+        raw = await models.rank_batcher.score([(query, t) for t in plan.texts])
+        meta.chunked_documents = plan.chunked
+        meta.truncated_documents = plan.truncated
+        if plan.chunked:
+            meta.warnings.append(
+                f"{len(plan.chunked)} document(s) longer than the model window were split into chunks "
+                "and scored by their best chunk"
+            )
+        if plan.truncated:
+            meta.warnings.append(
+                f"{len(plan.truncated)} document(s) exceeded max_chunks_per_doc="
+                f"{self.config.max_chunks_per_doc}: their tail was not scored"
+            )
+        return finite(plan.reduce(raw)) if docs else np.zeros(0)
+
+
+def serve_state(request: Request) -> ServeState:
+    """The dependency every route reads the shared state through."""
+    return request.app.state.serve
