@@ -52,8 +52,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     config.write_text(
         f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nlayers: [1, 2]\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
         f"candidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
-        f"align: {{init: {tiny_cross_encoder_dir}, lr: 0.001, batch_size: 4, max_length: 64, n_pos: 2, n_neg: 2,"
-        f" replay_ratio: 0.5}}\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 2, n_neg: 2,"
+        f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n"
     )
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint)

@@ -18,7 +18,7 @@ from ragsieve.grade.stage import grade_filter
 from ragsieve.pipeline.config import PipelineConfig
 from ragsieve.prompts import QAPrompts
 from ragsieve.prompts import first_line
-from ragsieve.prompts.builder import PromptBuilder
+from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
 
 if TYPE_CHECKING:
     from ragsieve.gate.cbdr import CBDRGate
@@ -111,7 +111,7 @@ class RAGPipeline:
             llm, retriever, top_k=config.top_k, max_prompt_tokens=config.max_prompt_tokens,
             max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, gate=gate,
             reranker=load_reranker(config.reranker) if config.reranker else None, candidates=config.candidates,
-            grader=load_grader(config.grader) if config.grader else None,
+            grader=load_grader(config.grader) if config.grader else None, passage_order=config.passage_order,
         )
 
     def __init__(
@@ -128,9 +128,10 @@ class RAGPipeline:
         reranker: "BaseRanker | None" = None,
         candidates: int = 20,
         grader: "Grader | None" = None,
+        passage_order: str = "best_first",
     ):
-        if top_k < 1:
-            raise RagsieveError(f"top_k must be >= 1, got {top_k}")
+        if top_k < 0:
+            raise RagsieveError(f"top_k must be >= 0 (0: closed book), got {top_k}")
         if reranker is not None and candidates < top_k:
             raise RagsieveError(f"candidates ({candidates}) must be >= top_k ({top_k}) when reranking")
         self.llm = llm
@@ -142,6 +143,7 @@ class RAGPipeline:
         self.reranker = reranker
         self.candidates = candidates
         self.grader = grader
+        self.passage_order = passage_order
         self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
 
     def with_retriever(self, retriever: "Retriever | None") -> "RAGPipeline":
@@ -183,6 +185,7 @@ class RAGPipeline:
         # The gate answers confident questions closed-book; only the rest retrieve.
         decisions = self.gate.decide_many(questions) if (self.gate and retrieve) else None
         needs = [d.retrieve for d in decisions] if decisions else [retrieve] * len(questions)
+        needs = [flag and self.top_k > 0 for flag in needs]  # top_k 0: a sieve that answers closed-book
         contexts: list[list[Passage]] = [[] for _ in questions]
         traces: list[list[CandidateTrace]] = [[] for _ in questions]
         to_retrieve = [i for i, flag in enumerate(needs) if flag]
@@ -201,7 +204,7 @@ class RAGPipeline:
                 ]
                 graded_out[i] = stage.dropped
                 contexts[i] = stage.kept
-        built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
+        built = [self.builder.with_context(q, in_prompt_order(c, self.passage_order)) for q, c in zip(questions, contexts)]
         texts = self.llm.generate(
             [b.text for b in built],
             system=self.builder.prompts.system,
