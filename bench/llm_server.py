@@ -11,28 +11,31 @@ Greedy decoding only (``temperature`` is ignored; ``max_tokens`` is honoured): t
 local LLM's own, so an endpoint fit sees what a local fit would.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: FastAPI and pydantic read the request model's annotations at run time
 
 import argparse
 import threading
 import time
 from typing import Any
 
+from pydantic import BaseModel
+
+
+class Message(BaseModel):
+    role: str
+    content: str
+
+
+class ChatRequest(BaseModel):
+    model: str = "local"
+    messages: list[Message]
+    max_tokens: int = 32
+    temperature: float = 0.0  # ignored: answers are greedy
+
 
 def create_app(llm: Any):
     """The FastAPI app answering ``POST /v1/chat/completions`` with ``llm.generate`` (system + last user message)."""
     from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel
-
-    class Message(BaseModel):
-        role: str
-        content: str
-
-    class ChatRequest(BaseModel):
-        model: str = "local"
-        messages: list[Message]
-        max_tokens: int = 32
-        temperature: float = 0.0
 
     app = FastAPI(title="ragsieve loopback LLM")
     lock = threading.Lock()  # one generation at a time: the model is not shared across threads
