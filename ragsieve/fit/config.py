@@ -57,6 +57,12 @@ class AlignConfig(StrictConfig):
     max_mrr_drop: float = Field(0.02, ge=0)
     train: CrossEncoderTrainConfig = Field(default_factory=_align_train)
 
+    @field_validator("train", mode="before")
+    @classmethod
+    def _over_fit_defaults(cls, value: object) -> object:
+        # `train: {lr: 1e-3}` changes the lr and keeps fit's guards (not the bare training defaults)
+        return {**_align_train().model_dump(), **value} if isinstance(value, dict) else value
+
 
 def _grid_default_ks() -> list[int]:
     return [0, 1, 2, 3, 5]
