@@ -182,8 +182,8 @@ def test_endpoint_only_fit_with_smollm2_on_loopback(tmp_path, smollm2, tiny_cros
                           for i, (q, t) in enumerate(asked)))
     config = tmp_path / "fit.yaml"
     config.write_text(
-        f"split: {{train: 0.4, dev: 0.3, test: 0.3}}\nseed: 1\nmax_new_tokens: 4\nmax_prompt_tokens: 192\ncandidates: 2\n"
-        f"top_k: 1\n"
+        f"split: {{train: 0.4, dev: 0.3, test: 0.3}}\nseed: 1\nmax_new_tokens: 4\nmax_prompt_tokens: 192\n"
+        f"candidates: 2\ntop_k: 1\n"
         f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 1, train: {{lr: 0.001, batch_size: 2,"
         f" max_length: 64}}}}\nselect: {{ks: [0, 1, 2], plain_ks: [1, 2], grade_quantiles: [0.5], n_boot: 200}}\n")
     with llm_server.serve_in_background(smollm2) as server:

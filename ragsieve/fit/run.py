@@ -510,8 +510,9 @@ class Fit:
         what the guard kept instead (a spec or an outside folder)."""
         return str(self.out / "reranker") if spec == "reranker" else spec
 
-    def _save_grader(self, choice: "Choice") -> Optional[str]:
-        """The grader folder of the shipped configuration (its order's reranker and threshold), or None."""
+    def _save_grader(self, choice: "Choice", how: str = "dev answer accuracy") -> Optional[str]:
+        """The grader folder of the shipped configuration (its order's reranker and threshold), or None;
+        ``how`` the threshold was chosen (recorded in the grader's config)."""
         import shutil
 
         from ragsieve.registry import new_grader
@@ -520,7 +521,7 @@ class Fit:
         if choice.threshold is None or choice.k == 0:
             return None
         grader = new_grader("ranker", base=self._ranker_base(choice.order))
-        trained = {"threshold_metric": f"dev answer accuracy ({choice.grade})",
+        trained = {"threshold_metric": f"{how} ({choice.grade})",
                    **({"ranker_weights": grader.ranker_weights} if grader.ranker_weights else {})}
         # the grader names its ranker relative to the sieve, so the folder can move
         base = "../reranker" if choice.order == "reranker" else choice.order
@@ -566,8 +567,8 @@ class Fit:
         note = ""
         if shipped == "best_plain":
             note = (f"the configuration chosen on dev ({chosen['name']}) answers measurably worse than the best plain "
-                    f"one ({best_plain['name']}) on test ({vs_plain['diff']:+.3f}, McNemar p = {vs_plain['p_value']:.3g}):"
-                    f" fit ships the plain configuration")
+                    f"one ({best_plain['name']}) on test ({vs_plain['diff']:+.3f}, McNemar "
+                    f"p = {vs_plain['p_value']:.3g}): fit ships the plain configuration")
             log.warning("fit: %s", note)
         self.shipped: Choice = on_test[shipped]["choice"]
         self._confidence = selection.confidence
@@ -596,10 +597,11 @@ class Fit:
 
         shipped = self.shipped
         gated = shipped.beta is not None and shipped.k > 0
+        policy = (self.config.gate if shipped.gate == "policy" else f"dev accuracy ({shipped.gate})") if gated else ""
         sieve = SieveConfig(
             llm=self.config.llm, probe="probe" if self.probe is not None else None,
             layer=self.probe.config.layer if self.probe is not None else None, beta=shipped.beta if gated else None,
-            policy=(self.config.gate if shipped.gate == "policy" else f"dev accuracy ({shipped.gate})") if gated else "",
+            policy=policy,
             reranker=None if shipped.order == RETRIEVER or shipped.k == 0 else shipped.order,
             grader=self._save_grader(shipped), top_k=shipped.k, passage_order=shipped.placement,
             candidates=self.config.candidates, max_prompt_tokens=self.config.max_prompt_tokens,

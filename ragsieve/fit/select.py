@@ -71,8 +71,8 @@ class AnswerCache:
         keys = list(keys)
         for lo in range(0, len(keys), 500):  # SQLite caps the parameters of one statement
             chunk = keys[lo : lo + 500]
-            rows = self._db.execute(f"SELECT key, answer, seconds FROM answers WHERE key IN ({','.join('?' * len(chunk))})",
-                                    chunk)
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT key, answer, seconds FROM answers WHERE key IN ({marks})", chunk)
             out.update({k: (a, s) for k, a, s in rows})
         return out
 

@@ -64,7 +64,8 @@ class PipelineConfig(StrictConfig):
         return self.model_copy(update={
             "sieve": None, "llm": sc.llm, "probe": part(sc.probe) if gated else self.probe,
             "cbdr_beta": sc.beta if gated else None, "reranker": part(sc.reranker), "grader": part(sc.grader),
-            "top_k": sc.top_k, "passage_order": sc.passage_order, "candidates": max(sc.candidates, sc.top_k), "max_prompt_tokens": sc.max_prompt_tokens,
+            "top_k": sc.top_k, "passage_order": sc.passage_order, "candidates": max(sc.candidates, sc.top_k),
+            "max_prompt_tokens": sc.max_prompt_tokens,
             "max_new_tokens": sc.max_new_tokens,
         })
 

@@ -204,7 +204,8 @@ class RAGPipeline:
                 ]
                 graded_out[i] = stage.dropped
                 contexts[i] = stage.kept
-        built = [self.builder.with_context(q, in_prompt_order(c, self.passage_order)) for q, c in zip(questions, contexts)]
+        built = [self.builder.with_context(q, in_prompt_order(c, self.passage_order))
+                 for q, c in zip(questions, contexts)]
         texts = self.llm.generate(
             [b.text for b in built],
             system=self.builder.prompts.system,

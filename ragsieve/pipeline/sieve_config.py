@@ -12,7 +12,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
 
 SIEVE_FILE = "sieve.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: top_k may be 0 (closed book) and passage_order (issue #39)
 
 
 class SieveConfig(StrictConfig):
