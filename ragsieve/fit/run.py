@@ -577,6 +577,8 @@ class Fit:
         self.test_rows = on_test
         self.selection = {
             "objective": c.objective, "n_dev": len(dev), "n_configurations": len(rows),
+            # an endpoint's tokenizer is not at hand: its prompt tokens are estimated (PromptBuilder)
+            "prompt_tokens_from": "characters / 4" if self.endpoint_only else "the LLM's tokenizer",
             "chosen": chosen["name"], "best_plain": best_plain["name"], "shipped": on_test[shipped]["name"],
             "note": note,
             "dev": {name: _row_summary(row) for name, row in (("chosen", chosen), ("best_plain", best_plain),
