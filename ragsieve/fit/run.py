@@ -89,6 +89,8 @@ class Fit:
         self.work = config.work
         self.timings: dict[str, float] = {}
         self._bearing: dict[str, set[int]] = {}  # question id → answer-bearing candidate indices
+        self._rankers: dict[str, Any] = {}  # reranker spec → loaded reranker
+        self._rankings: dict[str, dict[str, list[tuple[int, float]]]] = {}  # spec → question id → ranking
 
     # -- shared parts, loaded once ---------------------------------------------------------------
     def load(self) -> None:
@@ -451,22 +453,20 @@ class Fit:
         """MRR@10 of the dev candidates that contain a gold answer: aligned vs the reranker it started
         from, per question, with a paired bootstrap; ``kept`` says whether alignment may stay."""
         from ragsieve.eval.stats import paired_bootstrap
-        from ragsieve.registry import load_reranker
 
         qs = [q for q in self.splits["dev"] if self._answer_bearing(q)]
         if len(qs) < 5:
             return {"kept": True, "n": len(qs), "why": "fewer than 5 dev questions with an answer-bearing candidate"}
 
         def reciprocal_ranks(spec: str) -> list[float]:
-            ranker = load_reranker(spec)
             out = []
             for q in qs:
-                order = [r.index for r in ranker.rank(q.text, self.candidates[q.id]).results][:10]
+                order = [idx for idx, _ in self._ranked(spec, q)][:10]
                 first = next((rank for rank, idx in enumerate(order) if idx in self._answer_bearing(q)), None)
                 out.append(0.0 if first is None else 1.0 / (first + 1))
             return out
 
-        aligned_rr = reciprocal_ranks(str(aligned))
+        aligned_rr = reciprocal_ranks("reranker")  # the folder ``aligned``, before the verdict moves it
         base_rr = reciprocal_ranks(self.config.align.init)
         result = paired_bootstrap(aligned_rr, base_rr).to_dict()
         worse = result["diff"] < -self.config.align.max_mrr_drop or result["high"] < 0
@@ -474,35 +474,41 @@ class Fit:
                 "start_mrr": result["b"], "start": self.config.align.init, "kept": not worse,
                 "max_mrr_drop": self.config.align.max_mrr_drop}
 
-    def _reranker(self):
+    def _ranked(self, spec: str, q: Question) -> list[tuple[int, float]]:
+        """``q``'s candidates as (index, score) in the order of reranker ``spec`` (``reranker``: the sieve's
+        aligned folder), scored once per fit run: the relevance check, the grade threshold and the selection
+        all read the same rankings (a cross-encoder pass over every candidate is the costly part)."""
         from ragsieve.registry import load_reranker
-        from ragsieve.pipeline.sieve_config import resolve_component
 
-        if not hasattr(self, "_ranker"):
-            self._ranker = load_reranker(resolve_component(self.out, self.reranker_spec))
-        return self._ranker
+        if spec not in self._rankers:
+            self._rankers[spec] = load_reranker(self._ranker_base(spec))
+        memo = self._rankings.setdefault(spec, {})
+        if q.id not in memo:
+            ranked = self._rankers[spec].rank(q.text, self.candidates[q.id]).results if self.candidates[q.id] else []
+            memo[q.id] = [(r.index, float(r.score)) for r in ranked]
+        return memo[q.id]
 
     # -- 8. grade ---------------------------------------------------------------------------------
     def phase_grade(self) -> None:
         """The F1-best relevance threshold of the sieve's reranker on dev (a passage with a gold answer is
         relevant): one of the grade thresholds the selection tries."""
-        from ragsieve.registry import new_grader
+        from ragsieve.eval.classification import best_threshold
 
         self.f1_thresholds: dict[str, float] = {}
         if not self.config.grade:
             return
-        queries, passages, labels = [], [], []
+        scores, labels = [], []
         for q in self.splits["dev"]:  # every candidate, not only the top-k: both labels, more of them
-            for i, p in enumerate(self.candidates[q.id]):
-                queries.append(q.text)
-                passages.append(p.full_text)
-                labels.append(int(i in self._answer_bearing(q)))
+            for i, score in self._ranked(self.reranker_spec, q):
+                if self.candidates[q.id][i].text.strip():  # an empty passage is never graded relevant
+                    scores.append(score)
+                    labels.append(int(i in self._answer_bearing(q)))
         if len(set(labels)) < 2:
             log.warning("fit: dev passages are all %s: no grader threshold can be calibrated",
                         "relevant" if labels and labels[0] else "irrelevant")
             return
-        grader = new_grader("ranker", base=self._ranker_base(self.reranker_spec))
-        self.f1_thresholds[self.reranker_spec] = float(grader.fit(queries, passages, labels))
+        # what RankerGrader.fit_threshold computes, on the scores the selection ranks by
+        self.f1_thresholds[self.reranker_spec] = float(best_threshold(labels, scores, "f1"))
         self.progress("grade", 1, 1)
 
     def _ranker_base(self, spec: str) -> str:
@@ -535,20 +541,18 @@ class Fit:
         """The configuration chosen by the LLM's answers on dev, checked on test against closed book and
         the best plain configuration (see :mod:`ragsieve.fit.select`)."""
         from ragsieve.fit.select import RETRIEVER, Choice, Selection, choose, compare
-        from ragsieve.registry import load_reranker
 
         c = self.config.select
         dev, test = self.splits["dev"], self.splits["test"]
         selection = Selection(self.builder, self.answers, self.candidates, c,
                               progress=lambda done, total: self.progress("select", done, total))
-        sources = {RETRIEVER: None, self.config.align.init: load_reranker(self.config.align.init)}
-        if self.reranker_spec == "reranker":
-            sources["reranker"] = self._reranker()
-        for name, ranker in sources.items():
-            selection.add_ranking(name, dev + test, ranker)
+        sources = [RETRIEVER, self.config.align.init] + (["reranker"] if self.reranker_spec == "reranker" else [])
+        selection.add_ranking(RETRIEVER, dev + test)
+        for name in sources[1:]:
+            selection.rankings[name] = {q.id: self._ranked(name, q) for q in dev + test}
         if self.probe is not None:
             selection.confidence = dict(zip([q.id for q in dev + test], self._conf_q(dev + test).tolist()))
-        grid = selection.grid(list(sources), dev, self.f1_thresholds, self.beta)
+        grid = selection.grid(sources, dev, self.f1_thresholds, self.beta)
         if not self.config.grade:
             grid = [g for g in grid if g.threshold is None]
         start = self.answers.stats()
