@@ -147,6 +147,19 @@ def test_the_pipeline_applies_top_k_0_and_passage_order(tmp_path, chat_server_fa
     other = first.contexts[1].text
     assert server.messages[-2].index(best) < server.messages[-2].index(other)
     assert server.messages[-1].index(best) > server.messages[-1].index(other)
+    prompts = {0: server.messages[0], 2: server.messages[-1]}  # closed book; top 2, best last
+
+    # a fitted sieve carries both to the pipeline it builds
+    from ragsieve.pipeline.config import PipelineConfig
+    from ragsieve.pipeline.sieve import Sieve
+    from ragsieve.pipeline.sieve_config import SieveConfig
+
+    for top_k, order in ((0, "best_first"), (2, "best_last")):
+        folder = Sieve(SieveConfig(llm=llm.spec, top_k=top_k, passage_order=order)).save(tmp_path / f"sieve{top_k}")
+        pipe = RAGPipeline.from_config(PipelineConfig(sieve=str(folder)), llm=llm, retriever=retriever)
+        answer = pipe.answer("what are comets?")
+        assert len(answer.contexts) == top_k and answer.retrieved == (top_k > 0)
+        assert server.messages[-1] == prompts[top_k]
 
 
 @pytest.mark.integration
