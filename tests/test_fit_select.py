@@ -109,7 +109,7 @@ def test_grades_drop_low_scores_and_best_last_reverses_the_prompt(tmp_path, chat
 
 
 def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
-    from ragsieve.fit.select import compare
+    from ragsieve.fit.select import Choice, compare, do_no_harm
 
     worse = compare([0] * 10 + [1] * 30, [1] * 40, n_boot=500)  # 10 questions lost, none won
     assert worse["measurably_worse"] and worse["p_value"] < 0.05 and worse["ci95"][1] < 0
@@ -118,6 +118,19 @@ def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
     assert not slightly["measurably_worse"] and slightly["verdict"] == "no measurable difference"
     better = compare([1] * 40, [0] * 10 + [1] * 30, n_boot=500)
     assert not better["measurably_worse"] and better["verdict"] == "A better"
+
+    def row(choice, correct):
+        return {"name": choice.name, "choice": choice, "correct": correct}
+
+    sieve, plain, closed = Choice(3, "embedded:base", 0.5, "q0.50"), Choice(1), Choice(0)
+    lost = do_no_harm({"chosen": row(sieve, [0] * 10 + [1] * 30), "best_plain": row(plain, [1] * 40),
+                       "closed_book": row(closed, [0] * 40)}, n_boot=200)
+    assert lost["shipped"] == "best_plain" and "fit ships the plain configuration" in lost["note"]
+    assert "\n" not in lost["note"] and "top1, retriever" in lost["note"]
+    assert lost["chosen_vs_closed_book"]["verdict"] == "A better"
+    kept = do_no_harm({"chosen": row(sieve, [0] * 2 + [1] * 38), "best_plain": row(plain, [1] * 40),
+                       "closed_book": row(closed, [0] * 40)}, n_boot=200)
+    assert kept["shipped"] == "chosen" and kept["note"] == "" and kept["n_test"] == 40
 
 
 def test_select_config_refuses_bad_objectives_in_one_line(tmp_path, cli):

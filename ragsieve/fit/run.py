@@ -540,7 +540,7 @@ class Fit:
     def phase_select(self) -> None:
         """The configuration chosen by the LLM's answers on dev, checked on test against closed book and
         the best plain configuration (see :mod:`ragsieve.fit.select`)."""
-        from ragsieve.fit.select import RETRIEVER, Choice, Selection, choose, compare
+        from ragsieve.fit.select import RETRIEVER, Choice, Selection, choose, do_no_harm
 
         c = self.config.select
         dev, test = self.splits["dev"], self.splits["test"]
@@ -563,17 +563,11 @@ class Fit:
         closed_row = selection.evaluate([Choice(0)], dev)[0]
         on_test = dict(zip(("chosen", "best_plain", "closed_book"), selection.evaluate(
             [chosen["choice"], best_plain["choice"], Choice(0)], test)))
-        vs_plain = compare(on_test["chosen"]["correct"], on_test["best_plain"]["correct"], alpha=c.alpha,
-                           n_boot=c.n_boot, seed=self.config.seed)
-        vs_closed = compare(on_test["chosen"]["correct"], on_test["closed_book"]["correct"], alpha=c.alpha,
-                            n_boot=c.n_boot, seed=self.config.seed)
-        shipped = "best_plain" if vs_plain["measurably_worse"] else "chosen"
-        note = ""
-        if shipped == "best_plain":
-            note = (f"the configuration chosen on dev ({chosen['name']}) answers measurably worse than the best plain "
-                    f"one ({best_plain['name']}) on test ({vs_plain['diff']:+.3f}, McNemar "
-                    f"p = {vs_plain['p_value']:.3g}): fit ships the plain configuration")
+        self.do_no_harm = do_no_harm(on_test, alpha=c.alpha, n_boot=c.n_boot, seed=self.config.seed)
+        shipped, note = self.do_no_harm["shipped"], self.do_no_harm["note"]
+        if note:
             log.warning("fit: %s", note)
+        self.shipped_key = shipped
         self.shipped: Choice = on_test[shipped]["choice"]
         self._confidence = selection.confidence
         self.selection_rows, self.selection_marks = rows, {"chosen": chosen, "best plain": best_plain,
@@ -589,8 +583,6 @@ class Fit:
                                                               ("closed_book", closed_row))},
             "answer_cache": used,
             "unique_prompts_per_dev_question": round(selection.unique_prompts(grid, dev) / max(len(dev), 1), 2),
-            "do_no_harm": {"n_test": len(test), "chosen_vs_best_plain": vs_plain, "chosen_vs_closed_book": vs_closed,
-                           "alpha": c.alpha},
         }
         self.progress("select", 1, 1)
 
@@ -614,7 +606,7 @@ class Fit:
             max_new_tokens=self.config.max_new_tokens,
         )
         test = self.splits["test"]
-        shipped_key = "chosen" if self.selection["shipped"] == self.test_rows["chosen"]["name"] else "best_plain"
+        shipped_key = self.shipped_key
 
         def acc(correct) -> dict:
             x = np.asarray(correct)
@@ -632,7 +624,7 @@ class Fit:
                                "sieve": self.test_rows[shipped_key]["name"]},
             "retrieval_rate": float(np.mean([shipped.k > 0 and (not gated or self._confidence[q.id] <= shipped.beta)
                                              for q in test])),
-            "do_no_harm": self.selection.pop("do_no_harm"),
+            "do_no_harm": self.do_no_harm,
             "selection": {**self.selection, "grid": public_rows(self.selection_rows)},
             "preference_groups": {k: len(v) for k, v in self.prefs.items()},
             "preferences_from": "answers" if self.probe is None else "confidence shifts",

@@ -25,7 +25,7 @@ import hashlib
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -297,6 +297,23 @@ def compare(a: Sequence[int], b: Sequence[int], *, alpha: float = 0.05, n_boot: 
             "verdict": test.verdict, "measurably_worse": bool(test.p_value < alpha and test.diff < 0)}
 
 
+def do_no_harm(on_test: dict[str, dict[str, Any]], *, alpha: float = 0.05, n_boot: int = 2000,
+               seed: int = 0) -> dict[str, Any]:
+    """The test comparison of the configuration chosen on dev (``on_test["chosen"]``) with the best plain one
+    and closed book (rows of :meth:`Selection.evaluate` on the same test questions). ``shipped`` is
+    ``best_plain`` when the choice answers measurably worse than it (exact McNemar p < ``alpha``), with a
+    one-line ``note`` saying so; else ``chosen``."""
+    chosen, plain = on_test["chosen"], on_test["best_plain"]
+    vs_plain = compare(chosen["correct"], plain["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
+    vs_closed = compare(chosen["correct"], on_test["closed_book"]["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
+    worse = vs_plain["measurably_worse"]
+    note = (f"the configuration chosen on dev ({chosen['name']}) answers measurably worse than the best plain one "
+            f"({plain['name']}) on test ({vs_plain['diff']:+.3f}, McNemar p = {vs_plain['p_value']:.3g}): fit ships "
+            "the plain configuration") if worse else ""
+    return {"n_test": vs_plain["n"], "shipped": "best_plain" if worse else "chosen", "note": note,
+            "chosen_vs_best_plain": vs_plain, "chosen_vs_closed_book": vs_closed, "alpha": alpha}
+
+
 def public_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows as ``sieve.json`` records them: no per-question outcomes, frontier membership marked."""
     on_tokens, on_seconds = set(frontier(rows, "prompt_tokens")), set(frontier(rows, "llm_seconds"))
@@ -332,7 +349,3 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[
     plt.close(fig)
     return path
 
-
-def with_choice(row: dict[str, Any], **update: Any) -> Choice:
-    """The row's configuration, with fields replaced."""
-    return replace(row["choice"], **update)
