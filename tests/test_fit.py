@@ -118,6 +118,32 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert again.code == 0 and json.loads((out / "sieve.json").read_text())["beta"] == written["beta"]
 
 
+def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path, tiny_cross_encoder_dir, cli):
+    """No local copy of the LLM: no probe and no gate; the reranker is aligned on what the endpoint answers right
+    with (the topic's passage, for the topics it does not know closed-book) vs what it answers wrong with."""
+    index, qa, endpoint = fit_inputs
+    out = tmp_path / "sieve"
+    config = tmp_path / "fit.yaml"
+    config.write_text(
+        f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\ncandidates: 4\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 3, guard: false,"
+        f" train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
+        f"select: {{ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}}\n")
+    result = cli("fit", "--index", index, "--questions", qa, "--llm", endpoint, "--out", out, "--config", config,
+                 "--objective", "tokens=400")
+    assert result.code == 0, result.err
+    written = json.loads((out / "sieve.json").read_text())
+    metrics = written["metrics"]
+    assert written["llm"] == endpoint and written["probe"] is None and written["beta"] is None
+    assert metrics["preferences_from"] == "answers" and metrics["preference_groups"]["train"] >= 2
+    assert "no probe, no gate" in metrics["skipped"] and "probe_test_auroc" not in metrics
+    assert (out / "reranker" / "model.safetensors").is_file() and written["reranker"] in (None, "reranker")
+    assert any(r["order"] == "reranker" for r in metrics["selection"]["grid"])  # the aligned one is in the grid
+    assert metrics["selection"]["objective"] == "tokens=400"
+    assert metrics["selection"]["prompt_tokens_from"] == "characters / 4"
+    assert not (out / "probe").exists()
+
+
 def test_fit_refuses_bad_policies_before_loading(tmp_path, cli):
     qa = tmp_path / "qa.jsonl"
     qa.write_text('{"question": "q", "answers": ["a"]}\n')

@@ -23,7 +23,7 @@ def fit_cmd(
     ),
     gate: str = typer.Option("parity", help="CBDR policy: parity | budget=<share> | none."),
     max_questions: int = typer.Option(0, help="Use only the first N questions (0 = all)."),
-    top_k: int = typer.Option(3, help="Passages that reach the LLM."),
+    top_k: int = typer.Option(3, help="Passages in the labelling prompts (the sieve's own k is chosen by answers)."),
     candidates: int = typer.Option(20, help="Passages retrieved per question for the reranker."),
     ray: Optional[str] = typer.Option(
         None, "--ray", help="Run Conf(Q+C) and the generations on Ray Data: 'local' or a cluster address."

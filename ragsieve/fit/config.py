@@ -139,7 +139,7 @@ class FitConfig(StrictConfig):
     parity_confidence: Optional[float] = Field(0.95, gt=0, lt=1)
     split: dict[str, float] = {"train": 0.6, "dev": 0.2, "test": 0.2}
     max_questions: int = Field(0, ge=0, description="0 = every question in the file")
-    top_k: int = Field(3, ge=1)
+    top_k: int = Field(3, ge=1)  # passages of the labelling prompts (the probe's data); select chooses the sieve's
     candidates: int = Field(20, ge=2)
     layers: list[Union[int, float]] = [0.25, 0.5, 0.75]  # probe layers tried; the best on dev wins
     probe: ProbeTrainConfig = Field(default_factory=_probe_train)
