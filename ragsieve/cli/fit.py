@@ -33,7 +33,7 @@ def fit_cmd(
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of FitConfig fields (options win)."),
 ) -> None:
-    """Fit the knowledge-boundary method to one LLM: probe, gate β, aligned reranker, grader → SIEVE."""
+    """Fit a sieve to one LLM: probe, gate β, aligned reranker, then k / order / grade chosen by its answers → SIEVE."""
     from ragsieve.config import build_config, read_mapping
     from ragsieve.fit import PHASES, FitConfig, fit_sieve
     from ragsieve.studies.common import progress_bar
