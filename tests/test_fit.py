@@ -45,19 +45,22 @@ def fit_inputs(tmp_path, chat_server_factory):
     return index, qa, f"openai:{server.url}#tiny"
 
 
+def _fit_yaml(tmp_path, settings: str):
+    """A FitConfig file: the tiny test's split and sizes, then ``settings``."""
+    config = tmp_path / "fit.yaml"
+    config.write_text("split: {train: 0.5, dev: 0.25, test: 0.25}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n" + settings)
+    return config
+
+
 def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_llm, tiny_llm_dir,
                                                    tiny_cross_encoder_dir, cli):
     from ragsieve import Sieve
 
     index, qa, endpoint = fit_inputs
-    out = tmp_path / "sieve"
-    config = tmp_path / "fit.yaml"
-    config.write_text(
-        f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nlayers: [1, 2]\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
-        f"candidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
+    out, config = tmp_path / "sieve", _fit_yaml(
+        tmp_path, f"layers: [1, 2]\ncandidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
         f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 2, n_neg: 2,"
-        f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n"
-    )
+        f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n")
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
     assert result.code == 0, result.err
@@ -122,13 +125,10 @@ def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path,
     """No local copy of the LLM: no probe and no gate; the reranker is aligned on what the endpoint answers right
     with (the topic's passage, for the topics it does not know closed-book) vs what it answers wrong with."""
     index, qa, endpoint = fit_inputs
-    out = tmp_path / "sieve"
-    config = tmp_path / "fit.yaml"
-    config.write_text(
-        f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\ncandidates: 4\n"
-        f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 3, guard: false,"
+    out, config = tmp_path / "sieve", _fit_yaml(
+        tmp_path, f"candidates: 4\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 3, guard: false,"
         f" train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
-        f"select: {{ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}}\n")
+        "select: {ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}\n")
     result = cli("fit", "--index", index, "--questions", qa, "--llm", endpoint, "--out", out, "--config", config,
                  "--objective", "tokens=400")
     assert result.code == 0, result.err
