@@ -80,7 +80,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     winners = [r for r in grid if r["correct_count"] == best]
     chosen = next(r for r in grid if r["name"] == selection["chosen"])
     assert chosen["correct_count"] == best and chosen["prompt_tokens"] == min(r["prompt_tokens"] for r in winners)
-    assert any(r["gate"] != "off" for r in grid)  # a probe exists: β is part of the grid
+    # a budget policy: every retrieving configuration stays behind its β
+    assert all(r["gate"] == "policy" for r in grid if r["k"] > 0)
     # passages help here, so the answers choose retrieval over closed book
     assert chosen["k"] > 0 and selection["dev"]["chosen"]["accuracy"] > selection["dev"]["closed_book"]["accuracy"]
     harm = metrics["do_no_harm"]
@@ -90,6 +91,7 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     shipped = next(r for r in grid if r["name"] == selection["shipped"])
     assert written["top_k"] == shipped["k"] and written["passage_order"] == shipped["placement"]
     assert written["beta"] == (shipped["beta"] if shipped["gate"] != "off" else None)
+    assert written["policy"] == ("budget=0.5" if shipped["k"] > 0 else "")
     assert all(f.suffix in {".json", ".safetensors", ".txt", ".jsonl", ".sqlite", ".md", ".png", ""} or f.is_dir()
                for f in out.rglob("*") if "work" not in f.parts)  # weights are safetensors only
 

@@ -52,6 +52,13 @@ def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, 
     assert not any(c.grade != "off" for c in grid if c.order == "retriever")  # the retriever has no score
     assert not any(c.placement == "best_last" for c in grid if c.k == 1)  # one passage: one placement
     assert not any(c.gate != "off" for c in grid)  # no probe, no Conf(Q): no gate
+    selection.confidence = {q.id: i / 10 for i, q in enumerate(questions)}
+    gated = selection.grid(["retriever"], questions, policy_beta=0.35)
+    assert {c.gate for c in gated if c.k} == {"off", "policy", "q0.25", "q0.50", "q0.75"}
+    assert {c.gate for c in selection.grid(["retriever"], questions, policy_beta=0.35, gates="policy") if c.k} \
+        == {"policy"}
+    assert {c.gate for c in selection.grid(["retriever"], questions, policy_beta=0.35, gates="off")} == {"off"}
+    selection.confidence = {}
 
     rows = selection.evaluate(grid, questions)
     unique = selection.unique_prompts(grid, questions)

@@ -75,7 +75,8 @@ class SelectConfig(StrictConfig):
     alignment started from, the aligned one if kept), optionally graded (a passage is dropped when its
     reranker score is below a threshold: the F1-calibrated one, or a quantile of the dev scores), put in
     the prompt best first or best last, optionally behind the CBDR gate (β: the gate policy's, or the
-    quantiles of dev Conf(Q), when a probe exists). The most accurate on dev wins; ties go to fewer
+    quantiles of dev Conf(Q), when a probe exists; ``gate: none`` tries no gate, ``gate: budget=x`` keeps
+    every retrieving configuration behind the budget's β). The most accurate on dev wins; ties go to fewer
     prompt tokens. ``objective: tokens=300`` chooses among the configurations within 300 mean prompt
     tokens instead.
     """

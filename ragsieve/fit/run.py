@@ -552,7 +552,9 @@ class Fit:
             selection.rankings[name] = {q.id: self._ranked(name, q) for q in dev + test}
         if self.probe is not None:
             selection.confidence = dict(zip([q.id for q in dev + test], self._conf_q(dev + test).tolist()))
-        grid = selection.grid(sources, dev, self.f1_thresholds, self.beta)
+        # the user's gate policy bounds the grid: none = no gate, a budget = every retrieval behind its β
+        gates = "off" if self.config.gate == "none" else "policy" if gate_budget(self.config.gate) else "choose"
+        grid = selection.grid(sources, dev, self.f1_thresholds, self.beta, gates)
         if not self.config.grade:
             grid = [g for g in grid if g.threshold is None]
         start = self.answers.stats()

@@ -177,18 +177,24 @@ class Selection:
 
     # -- the grid ----------------------------------------------------------------------------------
     def grid(self, sources: Sequence[str], dev: Sequence[Question], f1_thresholds: Optional[dict[str, float]] = None,
-             policy_beta: Optional[float] = None) -> list[Choice]:
+             policy_beta: Optional[float] = None, gates: str = "choose") -> list[Choice]:
         """Every configuration: k × order × grade × placement × gate, without duplicates that cannot differ
         (one closed book; one placement for a single passage; no grade for the retriever's order, which has
-        no score; no gate without Conf(Q))."""
+        no score; no gate without Conf(Q)).
+
+        ``gates``: ``choose`` tries no gate, ``policy_beta`` and the dev Conf(Q) quantiles; ``policy`` keeps
+        every retrieving configuration behind ``policy_beta`` (a retrieval budget the user set); ``off`` none.
+        """
         c = self.config
         top = max(c.ks)
-        gates: list[tuple[Optional[float], str]] = [(None, "off")]
-        if self.confidence and dev:
+        betas: list[tuple[Optional[float], str]] = [(None, "off")]
+        if self.confidence and dev and gates != "off":
             conf = np.array([self.confidence[q.id] for q in dev])
-            if policy_beta is not None and policy_beta < 1.0:
-                gates.append((float(policy_beta), "policy"))
-            gates += [(float(np.quantile(conf, share)), f"q{share:.2f}") for share in c.gate_quantiles]
+            policy = [(float(policy_beta), "policy")] if policy_beta is not None and policy_beta < 1.0 else []
+            if gates == "policy":
+                betas = policy or betas
+            else:
+                betas += policy + [(float(np.quantile(conf, share)), f"q{share:.2f}") for share in c.gate_quantiles]
         choices = [Choice(0)] if 0 in c.ks else []
         for source in sources:
             grades: list[tuple[Optional[float], str]] = [(None, "off")]
@@ -201,7 +207,7 @@ class Selection:
             for k in (k for k in c.ks if k > 0):
                 for threshold, grade in grades:
                     for placement in (c.placements if k > 1 else ["best_first"]):
-                        for beta, gate in gates:
+                        for beta, gate in betas:
                             choices.append(Choice(k, source, threshold, grade, placement, beta, gate))
         return choices
 
