@@ -140,6 +140,21 @@ def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
     assert kept["shipped"] == "chosen" and kept["note"] == "" and kept["n_test"] == 40
 
 
+def test_every_fit_experiment_file_validates():
+    """experiments/sieve_*.yaml are FitConfig files (bench/fit.py --config): their schema follows FitConfig's."""
+    from pathlib import Path
+
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.fit import FitConfig
+
+    files = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("sieve_*.yaml"))
+    assert {"sieve_default.yaml", "sieve_endpoint.yaml"} <= {f.name for f in files}
+    for path in files:
+        values = {**read_mapping(path), "index": "idx", "questions": "qa.jsonl", "out": "out"}
+        config = build_config(FitConfig, values, source=str(path))
+        assert config.align.train.cosine_mix and config.align.train.distill_weight == 1.0  # fit's guards kept
+
+
 def test_select_config_refuses_bad_objectives_in_one_line(tmp_path, cli):
     qa = tmp_path / "qa.jsonl"
     qa.write_text('{"question": "q", "answers": ["a"]}\n')
