@@ -105,6 +105,9 @@ class Fit:
         self.retriever: "Retriever" = load_index(self.config.index)
         if self.endpoint_only:
             self.llm = self.generator = load_llm(self.config.llm)
+            ignored = [name for name in ("generator", "ray") if getattr(self.config, name)]
+            if ignored:
+                log.warning("fit: %s ignored: the LLM is an endpoint, which answers every prompt", " and ".join(ignored))
         else:
             self.llm: "LocalLLM" = load_local_llm(self.config.llm)
             self.generator = load_llm(self.config.generator) if self.config.generator else self.llm
