@@ -143,6 +143,8 @@ def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path,
     assert any(r["order"] == "reranker" for r in metrics["selection"]["grid"])  # the aligned one is in the grid
     assert metrics["selection"]["objective"] == "tokens=400"
     assert metrics["selection"]["prompt_tokens_from"] == "characters / 4"
+    # the labelling and preference answers went through the cache: the selection found some of its prompts there
+    assert metrics["selection"]["answer_cache"]["hits"] > 0
     assert not (out / "probe").exists()
 
 

@@ -43,7 +43,8 @@ def _setup(tmp_path, chat_server_factory, select=None):
 
 
 def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, chat_server_factory):
-    from ragsieve.fit.select import AnswerCache, Selection, choose, frontier, plot_frontier, public_rows
+    from ragsieve.fit.select import AnswerCache, CachedGenerator, Selection, choose, frontier, plot_frontier, public_rows
+    from ragsieve.probe.labels import LabelRequest, label_generations
 
     server, llm, builder, questions, candidates, cache, selection = _setup(tmp_path, chat_server_factory)
     grid = selection.grid(["retriever", "bm25"], questions)
@@ -60,10 +61,16 @@ def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, 
     assert {c.gate for c in selection.grid(["retriever"], questions, policy_beta=0.35, gates="off")} == {"off"}
     selection.confidence = {}
 
+    # fit labels closed-book answers first, through the cache: the grid finds them there
+    labels = label_generations(CachedGenerator(cache), builder, [LabelRequest(q.id, q.text, q.answers, "closed")
+                                                                 for q in questions], tmp_path / "gens.jsonl",
+                               max_new_tokens=4)
+    assert len(server.calls) == len(questions) and not any(g.correct for g in labels)
     rows = selection.evaluate(grid, questions)
     unique = selection.unique_prompts(grid, questions)
     # many configurations share prompts: the LLM is asked once per unique prompt, never per configuration
-    assert len(server.calls) == cache.answered == cache.unique == unique < len(grid) * len(questions)
+    assert len(server.calls) == cache.answered == unique < len(grid) * len(questions)
+    assert cache.unique == unique + len(questions)  # the closed-book prompts, asked twice, answered once
     by_name = {r["name"]: r for r in rows}
     assert by_name["closed book"]["accuracy"] == 0.0 and by_name["top1, retriever"]["accuracy"] == 0.0
     assert by_name["top2, retriever"]["accuracy"] == 1.0 and by_name["top1, bm25"]["accuracy"] == 1.0

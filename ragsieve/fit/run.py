@@ -161,8 +161,11 @@ class Fit:
 
         if self.config.ray and not self.config.generator and not self.endpoint_only:
             self._ray_label(requests, path)
+        from ragsieve.fit.select import CachedGenerator
+
+        # through the answer cache: the selection reuses these answers (closed book, the retriever's top k)
         return label_generations(
-            self.generator, self.builder, requests, path, max_new_tokens=self.config.max_new_tokens,
+            CachedGenerator(self.answers), self.builder, requests, path, max_new_tokens=self.config.max_new_tokens,
             batch_size=self.config.batch_size, progress=advance,
         )
 

@@ -108,6 +108,23 @@ class AnswerCache:
         self._db.close()
 
 
+class CachedGenerator:
+    """``cache``'s LLM behind the :class:`~ragsieve.models.llm.Generator` interface, answering through the
+    cache: the labelling prompts fit answers first (closed book, the retriever's top k) are then free for the
+    selection. A call with another system prompt or answer length goes to the LLM directly."""
+
+    def __init__(self, cache: AnswerCache):
+        self.cache = cache
+        self.spec = cache.llm.spec
+
+    def generate(self, user_messages: Sequence[str], *, system: str | None = None, max_new_tokens: int = 32,
+                 batch_size: int = 8) -> list[str]:
+        if system != self.cache.builder.prompts.system or max_new_tokens != self.cache.max_new_tokens:
+            return self.cache.llm.generate(user_messages, system=system, max_new_tokens=max_new_tokens,
+                                           batch_size=batch_size)
+        return [answer for answer, _ in self.cache.answers(user_messages)]
+
+
 @dataclass(frozen=True)
 class Choice:
     """One configuration of the grid (see the module docstring)."""
