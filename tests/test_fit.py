@@ -48,7 +48,8 @@ def fit_inputs(tmp_path, chat_server_factory):
 def _fit_yaml(tmp_path, settings: str):
     """A FitConfig file: the tiny test's split and sizes, then ``settings``."""
     config = tmp_path / "fit.yaml"
-    config.write_text("split: {train: 0.5, dev: 0.25, test: 0.25}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n" + settings)
+    config.write_text("split: {train: 0.5, dev: 0.25, test: 0.25}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
+                      + settings)
     return config
 
 

@@ -43,7 +43,8 @@ def _setup(tmp_path, chat_server_factory, select=None):
 
 
 def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, chat_server_factory):
-    from ragsieve.fit.select import AnswerCache, CachedGenerator, Selection, choose, frontier, plot_frontier, public_rows
+    from ragsieve.fit.select import (AnswerCache, CachedGenerator, Selection, choose, frontier, plot_frontier,
+                                     public_rows)
     from ragsieve.probe.labels import LabelRequest, label_generations
 
     server, llm, builder, questions, candidates, cache, selection = _setup(tmp_path, chat_server_factory)

@@ -107,7 +107,8 @@ class Fit:
             self.llm = self.generator = load_llm(self.config.llm)
             ignored = [name for name in ("generator", "ray") if getattr(self.config, name)]
             if ignored:
-                log.warning("fit: %s ignored: the LLM is an endpoint, which answers every prompt", " and ".join(ignored))
+                log.warning("fit: %s ignored: the LLM is an endpoint, which answers every prompt",
+                            " and ".join(ignored))
         else:
             self.llm: "LocalLLM" = load_local_llm(self.config.llm)
             self.generator = load_llm(self.config.generator) if self.config.generator else self.llm
