@@ -136,13 +136,17 @@ def regrade(fit) -> None:
 
     target = ASSETS_DIR / "sieves" / "default"
     sieve = SieveConfig.model_validate_json((target / "sieve.json").read_text())
-    if sieve.reranker != fit.config.align.init:
-        raise SystemExit(f"regrade: the shipped sieve's reranker is {sieve.reranker!r}, its own folder: refit instead")
+    if sieve.reranker != fit.config.align.init or not sieve.grader:
+        raise SystemExit(f"regrade: the shipped sieve's reranker is {sieve.reranker!r} and its grader {sieve.grader!r}: "
+                         "only a grader on the start reranker is regraded; refit instead")
     old = json.loads((target / "grader" / "grader_config.json").read_text())
     fit.phase_split()
     fit.phase_retrieve()
     fit.reranker_spec = sieve.reranker
     fit.phase_grade()
+    from ragsieve.fit.select import Choice
+
+    fit._save_grader(Choice(sieve.top_k, sieve.reranker, fit.f1_thresholds[sieve.reranker], "f1"), "f1")
     new = json.loads((fit.out / "grader" / "grader_config.json").read_text())
     shutil.rmtree(target / "grader")
     shutil.copytree(fit.out / "grader", target / "grader")

@@ -1,4 +1,6 @@
-"""`ragsieve fit` end to end on a tiny corpus and QA file with the tiny test models; resume; refusals."""
+"""`ragsieve fit` end to end on a tiny corpus and QA file with the tiny test models; resume; refusals.
+
+The selection by answers and the endpoint-only fit: tests/test_fit_select.py."""
 
 from __future__ import annotations
 
@@ -34,12 +36,21 @@ def fit_inputs(tmp_path, chat_server_factory):
     qa.write_text("".join(json.dumps({"id": f"q{i:02d}", "question": f"what do you know about {t}?",
                                       "answers": [t]}) + "\n" for i, t in enumerate(TOPICS)))
 
-    def reply(body):
+    def reply(body):  # right for a known topic, or when the topic's passage is in the prompt
         asked = body["messages"][-1]["content"]
-        return next((t for t in KNOWN if f"about {t}?" in asked), "I am not sure.")
+        return next((t for t in TOPICS if f"about {t}?" in asked and (t in KNOWN or f"about {t}." in asked)),
+                    "I am not sure.")
 
     server = chat_server_factory(reply)
     return index, qa, f"openai:{server.url}#tiny"
+
+
+def _fit_yaml(tmp_path, settings: str):
+    """A FitConfig file: the tiny test's split and sizes, then ``settings``."""
+    config = tmp_path / "fit.yaml"
+    config.write_text("split: {train: 0.5, dev: 0.25, test: 0.25}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
+                      + settings)
+    return config
 
 
 def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_llm, tiny_llm_dir,
@@ -47,44 +58,65 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     from ragsieve import Sieve
 
     index, qa, endpoint = fit_inputs
-    out = tmp_path / "sieve"
-    config = tmp_path / "fit.yaml"
-    config.write_text(
-        f"split: {{train: 0.5, dev: 0.25, test: 0.25}}\nlayers: [1, 2]\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
-        f"candidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
-        f"align: {{init: {tiny_cross_encoder_dir}, lr: 0.001, batch_size: 4, max_length: 64, n_pos: 2, n_neg: 2,"
-        f" replay_ratio: 0.5}}\n"
-    )
+    out, config = tmp_path / "sieve", _fit_yaml(
+        tmp_path, f"layers: [1, 2]\ncandidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 2, n_neg: 2,"
+        f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n")
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
     assert result.code == 0, result.err
     written = json.loads((out / "sieve.json").read_text())
-    assert written["llm"] == str(tiny_llm_dir) and written["layer"] in (1, 2) and written["policy"] == "budget=0.5"
-    test = written["metrics"]["test"]
-    assert {"closed_book", "plain_top3", "sieve"} <= set(test) and all(len(m["ci95"]) == 2 for m in test.values())
-    assert "p_value" in written["metrics"]["sieve_vs_plain"]
-    assert all(f.suffix in {".json", ".safetensors", ".txt", ".jsonl", ".sqlite", ".md", ""} or f.is_dir()
+    assert written["llm"] == str(tiny_llm_dir) and written["layer"] in (1, 2)
+    metrics = written["metrics"]
+    test = metrics["test"]
+    assert {"closed_book", "plain_top3", "best_plain", "sieve"} <= set(test)
+    assert all(len(m["ci95"]) == 2 for m in test.values())
+    # chosen by the LLM's answers on dev: the whole grid, the choice, the test comparison
+    selection = metrics["selection"]
+    grid = selection["grid"]
+    assert selection["n_configurations"] == len(grid) > 20 and selection["plot"] == "frontier.png"
+    assert (out / "frontier.png").is_file()
+    assert all({"accuracy", "ci95", "prompt_tokens", "llm_seconds", "frontier_tokens"} <= set(r) for r in grid)
+    best = max(r["correct_count"] for r in grid)
+    winners = [r for r in grid if r["correct_count"] == best]
+    chosen = next(r for r in grid if r["name"] == selection["chosen"])
+    assert chosen["correct_count"] == best and chosen["prompt_tokens"] == min(r["prompt_tokens"] for r in winners)
+    # a budget policy: every retrieving configuration stays behind its β
+    assert all(r["gate"] == "policy" for r in grid if r["k"] > 0)
+    # passages help here, so the answers choose retrieval over closed book
+    assert chosen["k"] > 0 and selection["dev"]["chosen"]["accuracy"] > selection["dev"]["closed_book"]["accuracy"]
+    harm = metrics["do_no_harm"]
+    assert {"p_value", "diff", "ci95", "measurably_worse"} <= set(harm["chosen_vs_best_plain"])
+    cache = selection["answer_cache"]
+    assert cache["requested"] > cache["unique"] >= cache["answered"]
+    shipped = next(r for r in grid if r["name"] == selection["shipped"])
+    assert written["top_k"] == shipped["k"] and written["passage_order"] == shipped["placement"]
+    assert written["beta"] == (shipped["beta"] if shipped["gate"] != "off" else None)
+    assert written["policy"] == ("budget=0.5" if shipped["k"] > 0 else "")
+    assert all(f.suffix in {".json", ".safetensors", ".txt", ".jsonl", ".sqlite", ".md", ".png", ""} or f.is_dir()
                for f in out.rglob("*") if "work" not in f.parts)  # weights are safetensors only
 
     sieve = Sieve.load(out, llm=tiny_llm)
-    decisions = [sieve.should_retrieve(f"what do you know about {t}?") for t in TOPICS]
-    assert {d.retrieve for d in decisions} == {True, False}  # the gate skips the confident half
+    confidences = {sieve.should_retrieve(f"what do you know about {t}?").confidence for t in TOPICS}
+    assert sieve.gate is None or len(confidences) > 1  # the probe reads each question
     ranked = sieve.rerank("what do you know about comets?", _corpus()[:6])
     assert sorted(r.index for r in ranked.results) == list(range(6))
-    check = written["metrics"]["alignment_check"]  # aligned, then kept only if it ranks answers no worse
+    check = metrics["alignment_check"]  # aligned, then kept only if it ranks answers no worse
     if check["kept"]:
-        assert written["reranker"] == "reranker" and (out / "reranker" / "model.safetensors").is_file()
+        assert (out / "reranker" / "model.safetensors").is_file()
     else:
-        assert written["reranker"] == str(tiny_cross_encoder_dir) and not (out / "reranker").exists()
-        assert (out / "work" / "reranker-rejected" / "model.safetensors").is_file()
-    assert "n" in check and written["metrics"]["gate_dev"] is None  # a budget policy: no parity search
+        assert not (out / "reranker").exists() and (out / "work" / "reranker-rejected" / "model.safetensors").is_file()
+    assert written["reranker"] in (None, "reranker", str(tiny_cross_encoder_dir))
+    assert "n" in check and metrics["gate_dev"] is None  # a budget policy: no parity search
     # the forgetting guards it trained with: the start's cosine mix by default, replay of answer-bearing train candidates
-    guards = written["metrics"]["alignment_guards"]
+    guards = metrics["alignment_guards"]
     assert guards["cosine_mix"] is True and guards["replay_ratio"] == 0.5 and guards["guard"] is True
     trained = out / ("reranker" if check["kept"] else "work/reranker-rejected") / "ragsieve_training.json"
     assert json.loads(trained.read_text())["replay_rows"] > 0
-    assert written["grader"] == "grader" and sieve.grader is not None  # threshold calibrated on dev
-    assert len(sieve.filter("what do you know about comets?", _corpus()[:6]).verdicts) == 3
+    assert (written["grader"] == "grader") == (shipped["grade"] != "off") and (sieve.grader is not None) == bool(
+        written["grader"])
+    kept = sieve.filter("what do you know about comets?", _corpus()[:6])
+    assert len(kept.selected) == written["top_k"]
 
     # A finished sieve is not fitted over without --overwrite; a killed fit (its work still in the hidden
     # .sieve.partial) is resumed by the same command, which finds every phase's output and redoes nothing expensive.
@@ -98,12 +130,34 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert not (tmp_path / ".sieve.partial").exists()
 
 
-def test_fit_refuses_endpoints_and_bad_policies_before_loading(tmp_path, cli):
+def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path, tiny_cross_encoder_dir, cli):
+    """No local copy of the LLM: no probe and no gate; the reranker is aligned on what the endpoint answers right
+    with (the topic's passage, for the topics it does not know closed-book) vs what it answers wrong with."""
+    index, qa, endpoint = fit_inputs
+    out, config = tmp_path / "sieve", _fit_yaml(
+        tmp_path, f"candidates: 4\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 3, guard: false,"
+        f" train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
+        "select: {ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}\n")
+    result = cli("fit", "--index", index, "--questions", qa, "--llm", endpoint, "--out", out, "--config", config,
+                 "--objective", "tokens=400")
+    assert result.code == 0, result.err
+    written = json.loads((out / "sieve.json").read_text())
+    metrics = written["metrics"]
+    assert written["llm"] == endpoint and written["probe"] is None and written["beta"] is None
+    assert metrics["preferences_from"] == "answers" and metrics["preference_groups"]["train"] >= 2
+    assert "no probe, no gate" in metrics["skipped"] and "probe_test_auroc" not in metrics
+    assert (out / "reranker" / "model.safetensors").is_file() and written["reranker"] in (None, "reranker")
+    assert any(r["order"] == "reranker" for r in metrics["selection"]["grid"])  # the aligned one is in the grid
+    assert metrics["selection"]["objective"] == "tokens=400"
+    assert metrics["selection"]["prompt_tokens_from"] == "characters / 4"
+    # the labelling and preference answers went through the cache: the selection found some of its prompts there
+    assert metrics["selection"]["answer_cache"]["hits"] > 0
+    assert not (out / "probe").exists()
+
+
+def test_fit_refuses_bad_policies_before_loading(tmp_path, cli):
     qa = tmp_path / "qa.jsonl"
     qa.write_text('{"question": "q", "answers": ["a"]}\n')
-    result = cli("fit", "--index", tmp_path, "--questions", qa, "--out", tmp_path / "s",
-                 "--llm", "openai:http://127.0.0.1:9/v1#llama")
-    assert result.code == 2 and "hidden states" in result.err
     result = cli("fit", "--index", tmp_path, "--questions", qa, "--out", tmp_path / "s", "--gate", "budget=7")
     assert result.code == 2 and "gate policy" in result.err
 

@@ -61,8 +61,8 @@ def test_pipeline_closed_book_and_errors(tiny_llm):
         pipe.answer_many(["ok", "   "], retrieve=False)
     with pytest.raises(RagsieveError, match="no retriever configured"):
         pipe.answer("Who wrote Hamlet?")
-    with pytest.raises(RagsieveError, match="top_k must be >= 1"):
-        RAGPipeline(tiny_llm, None, top_k=0)
+    with pytest.raises(RagsieveError, match="top_k must be >= 0"):  # 0: a sieve that answers closed-book
+        RAGPipeline(tiny_llm, None, top_k=-1)
 
 
 def test_pipeline_with_retriever_feeds_top_k(tiny_llm):

@@ -18,21 +18,25 @@ def fit_cmd(
     questions: Path = typer.Option(..., "--questions", "-q", help="QA .jsonl: {question, answers: [...], id?}."),
     out: Path = typer.Option(..., "--out", "-o", help="The sieve folder to write; it is built in .OUT.partial, which "
                              "the same command resumes after a kill, and renamed to OUT when finished."),
-    llm: str = typer.Option(DEFAULT_LLM, help="A local HF causal LM (the probe reads its hidden states)."),
+    llm: str = typer.Option(DEFAULT_LLM, help="A local HF causal LM (the probe reads its hidden states), or an "
+                            "endpoint openai:<url>#<model> (no probe, no gate: chosen by its answers only)."),
     generator: Optional[str] = typer.Option(
         None, help="openai:<url>#<model> serving the same LLM: answers the labelling prompts (the probe stays local)."
     ),
     gate: str = typer.Option("parity", help="CBDR policy: parity | budget=<share> | none."),
     max_questions: int = typer.Option(0, help="Use only the first N questions (0 = all)."),
-    top_k: int = typer.Option(3, help="Passages that reach the LLM."),
+    top_k: int = typer.Option(3, help="Passages in the labelling prompts (the sieve's own k is chosen by answers)."),
     candidates: int = typer.Option(20, help="Passages retrieved per question for the reranker."),
     ray: Optional[str] = typer.Option(
         None, "--ray", help="Run Conf(Q+C) and the generations on Ray Data: 'local' or a cluster address."
     ),
+    objective: Optional[str] = typer.Option(
+        None, "--objective", help="Choose the sieve for: accuracy (default) | tokens=<mean prompt tokens budget>."
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of FitConfig fields (options win)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Fit again over a finished sieve in --out."),
 ) -> None:
-    """Fit the knowledge-boundary method to one LLM: probe, gate β, aligned reranker, grader → SIEVE."""
+    """Fit a sieve to one LLM: probe, gate β, aligned reranker, then k / order / grade chosen by its answers → SIEVE."""
     from ragsieve.atomic import resumable_directory
     from ragsieve.checks import output_dir
     from ragsieve.config import build_config, read_mapping
@@ -44,6 +48,8 @@ def fit_cmd(
     values.update({"index": str(index), "questions": str(questions), "out": str(out), "llm": llm, "gate": gate,
                    "max_questions": max_questions, "top_k": top_k, "candidates": candidates})
     values.update({k: v for k, v in (("generator", generator), ("ray", ray)) if v is not None})  # unset: the file's
+    if objective is not None:
+        values["select"] = {**(values.get("select") or {}), "objective": objective}
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads
     check_fit_questions(cfg)  # too few questions: one line, before the output folder and any phase
     output_dir(out, overwrite=overwrite)
@@ -77,4 +83,8 @@ def fit_cmd(
     for name, m in test.items():
         lo, hi = m["ci95"]
         console.print(f"{name:>14}: accuracy {m['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] (n={m['n']})")
+    selection = sieve.metrics.get("selection", {})
+    console.print(f"chosen by answers on dev: {selection.get('shipped')} (best plain: {selection.get('best_plain')})")
+    if selection.get("note"):
+        console.print(f"note: {selection['note']}")
     console.print(f"retrieval rate {sieve.metrics.get('retrieval_rate', 1.0):.2f}, β = {sieve.beta}; wrote {out}/sieve.json")

@@ -6,7 +6,7 @@ Example::
     fit_sieve(FitConfig(index="index/mine", questions="qa.jsonl", llm="hf:Qwen/Qwen2.5-7B-Instruct", out="sieves/qwen"))
 """
 
-from ragsieve.fit.config import AlignConfig, FitConfig, gate_budget
+from ragsieve.fit.config import AlignConfig, FitConfig, SelectConfig, gate_budget, token_budget
 from ragsieve.fit.run import PHASES, Fit, fit_sieve
 
-__all__ = ["PHASES", "AlignConfig", "Fit", "FitConfig", "fit_sieve", "gate_budget"]
+__all__ = ["PHASES", "AlignConfig", "Fit", "FitConfig", "SelectConfig", "fit_sieve", "gate_budget", "token_budget"]

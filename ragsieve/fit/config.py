@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.probe.train import ProbeTrainConfig
+from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 
 
 def _probe_train() -> ProbeTrainConfig:
@@ -17,40 +18,98 @@ def _probe_train() -> ProbeTrainConfig:
     return ProbeTrainConfig(lr=1e-3, epochs=30, patience=5)
 
 
+def _align_train() -> CrossEncoderTrainConfig:
+    # Guards while training (ragsieve.rerank.training.trainer, issue #18), measured in results/rerank_align_guard
+    # (first 100 held-out queries of six gold sets, 55 preference-test questions). The default is the
+    # best measured: cosine_mix (the aligned folder keeps the start's scoring, embedded:base: logit +
+    # w · 20 · MiniLM cosine) + distill_weight 1 (KL of each group's scores to the start reranker's), the
+    # only guard that kept every set not measurably below the start (MRR@10 −0.014 to 0.000) while keeping
+    # a measurable preference gain (P@3 +0.061 [+0.024, +0.103]). replay_ratio (share of rows that are gold
+    # groups: train questions' answer-bearing candidates vs the rest) kept more preference gain but lost on
+    # HotpotQA and PubMedQA; lora_r (LoRA rank, 0 = full fine-tune) and eval_steps (early stopping on dev
+    # answer-bearing nDCG@10, 0 = off) at the same lr learned nothing.
+    return CrossEncoderTrainConfig(lr=2e-5, epochs=1.0, batch_size=8, max_length=256, save_fp16=True,
+                                   distill_weight=1.0, cosine_mix=True)
+
+
 class AlignConfig(StrictConfig):
-    """Fine-tuning the reranker on this LLM's confidence-shift preferences (InfoNCE, 1 pos vs 5 neg)."""
+    """Fine-tuning the reranker on this LLM's preferences (InfoNCE, 1 pos vs ``n_neg`` neg).
+
+    ``train`` is the training itself (:class:`~ragsieve.rerank.training.trainer.CrossEncoderTrainConfig`);
+    fit sets its ``init`` (from ``init`` below), ``group_size`` (1 + ``n_neg``) and ``seed`` (the fit's).
+    """
 
     init: str = "embedded:base"  # the reranker aligned from: a cross-encoder folder or embedded:base
-    lr: float = Field(2e-5, gt=0)
-    epochs: float = Field(1.0, gt=0)
-    batch_size: int = Field(8, ge=1)
-    max_length: int = Field(256, ge=32)
     n_pos: int = Field(5, ge=1)
     n_neg: int = Field(5, ge=1)
     # "rank": top n_pos / bottom n_neg by Inc (the method's definition); "signed": only Inc > 0 /
     # Inc < 0, which drops every question whose Conf(Q) is below all its Conf(Q+C): most of them
     # for a weak LLM (85 % of NQ questions for SmolLM2)
     selection: Literal["rank", "signed"] = "rank"
+    # An endpoint LLM has no hidden states, so its preferences come from answers: each of the first
+    # answer_candidates candidates (0 = all) alone in the prompt; a passage is preferred when the LLM
+    # answers right with it and wrong closed-book (a question it answers closed-book gives no group).
+    answer_candidates: int = Field(0, ge=0)
     # Keep the aligned reranker only if it ranks the dev candidates that contain an answer
     # (MRR@10) no worse than max_mrr_drop below the reranker it started from; else the sieve
     # keeps the start (alignment must not cost relevance, issue #18).
     guard: bool = True
     max_mrr_drop: float = Field(0.02, ge=0)
-    # Guards while training (ragsieve.rerank.training.trainer, issue #18), measured in results/rerank_align_guard
-    # (first 100 held-out queries of six gold sets, 55 preference-test questions). The default is the
-    # best measured: cosine_mix (below) + distill_weight 1 (KL of each group's scores to the start
-    # reranker's), the only guard that kept every set not measurably below the start (MRR@10 −0.014 to
-    # 0.000) while keeping a measurable preference gain (P@3 +0.061 [+0.024, +0.103]). replay_ratio
-    # (share of rows that are gold groups: train questions' answer-bearing candidates vs the rest) kept
-    # more preference gain but lost on HotpotQA and PubMedQA; lora_r (LoRA rank, 0 = full fine-tune) and
-    # eval_steps (early stopping on dev answer-bearing nDCG@10, 0 = off) at the same lr learned nothing.
-    distill_weight: float = Field(1.0, ge=0)
-    replay_ratio: float = Field(0.0, ge=0, lt=1)
-    lora_r: int = Field(0, ge=0)
-    eval_steps: int = Field(0, ge=0)
-    # the aligned folder keeps the start's scoring (embedded:base: logit + w · 20 · MiniLM cosine);
-    # without it the sieve's reranker silently drops the cosine term the base relies on
-    cosine_mix: bool = True
+    train: CrossEncoderTrainConfig = Field(default_factory=_align_train)
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _over_fit_defaults(cls, value: object) -> object:
+        # `train: {lr: 1e-3}` changes the lr and keeps fit's guards (not the bare training defaults)
+        return {**_align_train().model_dump(), **value} if isinstance(value, dict) else value
+
+
+def _grid_default_ks() -> list[int]:
+    return [0, 1, 2, 3, 5]
+
+
+class SelectConfig(StrictConfig):
+    """The grid ``fit`` answers on dev with the LLM, to choose the sieve by the LLM's answers (issue #39).
+
+    Every configuration is k passages (0 = closed book) in an order (the retriever's, the reranker
+    alignment started from, the aligned one if kept), optionally graded (a passage is dropped when its
+    reranker score is below a threshold: the F1-calibrated one, or a quantile of the dev scores), put in
+    the prompt best first or best last, optionally behind the CBDR gate (β: the gate policy's, or the
+    quantiles of dev Conf(Q), when a probe exists; ``gate: none`` tries no gate, ``gate: budget=x`` keeps
+    every retrieving configuration behind the budget's β). The most accurate on dev wins; ties go to fewer
+    prompt tokens. ``objective: tokens=300`` chooses among the configurations within 300 mean prompt
+    tokens instead.
+    """
+
+    ks: list[int] = Field(default_factory=_grid_default_ks)
+    plain_ks: list[int] = [1, 2, 3, 5]  # the best plain configuration (retriever order, no grade, no gate)
+    grade_quantiles: list[float] = [0.25, 0.5, 0.75]
+    gate_quantiles: list[float] = [0.25, 0.5, 0.75]
+    placements: list[Literal["best_first", "best_last"]] = ["best_first", "best_last"]
+    objective: str = "accuracy"
+    # the sieve is measurably worse than the best plain configuration on test (exact McNemar below this)
+    alpha: float = Field(0.05, gt=0, lt=1)
+    n_boot: int = Field(2000, ge=100)
+
+    @field_validator("ks", "plain_ks")
+    @classmethod
+    def _sizes(cls, value: list[int]) -> list[int]:
+        if not value or any(k < 0 for k in value):
+            raise ValueError("passage counts must be a non-empty list of k >= 0")
+        return sorted(set(value))
+
+    @field_validator("grade_quantiles", "gate_quantiles")
+    @classmethod
+    def _shares(cls, value: list[float]) -> list[float]:
+        if any(not 0 < q < 1 for q in value):
+            raise ValueError("quantiles must be in (0, 1)")
+        return sorted(set(value))
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, value: str) -> str:
+        token_budget(value)  # raises on a bad objective
+        return value
 
 
 class FitConfig(StrictConfig):
@@ -68,6 +127,8 @@ class FitConfig(StrictConfig):
     index: str
     questions: str
     out: str
+    # A local HF causal LM, or an endpoint only (openai:<url>#<model>): then fit runs what needs only
+    # answers (labels, preferences from answers, the selection) and skips the probe and the gate.
     llm: str = DEFAULT_LLM
     # An OpenAI-compatible endpoint serving the same model answers the labelling prompts
     # (fast on a GPU server); the probe still reads the local copy's hidden states.
@@ -79,11 +140,12 @@ class FitConfig(StrictConfig):
     parity_confidence: Optional[float] = Field(0.95, gt=0, lt=1)
     split: dict[str, float] = {"train": 0.6, "dev": 0.2, "test": 0.2}
     max_questions: int = Field(0, ge=0, description="0 = every question in the file")
-    top_k: int = Field(3, ge=1)
+    top_k: int = Field(3, ge=1)  # passages of the labelling prompts (the probe's data); select chooses the sieve's
     candidates: int = Field(20, ge=2)
     layers: list[Union[int, float]] = [0.25, 0.5, 0.75]  # probe layers tried; the best on dev wins
     probe: ProbeTrainConfig = Field(default_factory=_probe_train)
     align: AlignConfig = Field(default_factory=AlignConfig)
+    select: SelectConfig = Field(default_factory=SelectConfig)
     grade: bool = True  # calibrate a grader threshold on dev
     max_new_tokens: int = Field(16, ge=1)
     max_prompt_tokens: int = Field(1024, ge=64)
@@ -112,15 +174,30 @@ class FitConfig(StrictConfig):
         return Path(self.out) / "work"
 
 
+def _named_number(text: str, name: str) -> Optional[float]:
+    """``name=<number>`` → the number; None when ``text`` is not of that form."""
+    key, _, value = text.partition("=")
+    try:
+        return float(value) if key == name else None
+    except ValueError:
+        return None
+
+
 def gate_budget(policy: str) -> Optional[float]:
     """``budget=0.6`` → 0.6; ``parity`` / ``none`` → None; anything else is a ValueError."""
     if policy in ("parity", "none"):
         return None
-    name, _, value = policy.partition("=")
-    try:
-        budget = float(value)
-    except ValueError:
-        budget = -1.0
-    if name != "budget" or not 0.0 < budget <= 1.0:
+    budget = _named_number(policy, "budget")
+    if budget is None or not 0.0 < budget <= 1.0:
         raise ValueError(f"gate policy '{policy}': use parity, none or budget=<share in (0, 1]>")
+    return budget
+
+
+def token_budget(objective: str) -> Optional[float]:
+    """``tokens=300`` → 300.0; ``accuracy`` → None; anything else is a ValueError."""
+    if objective == "accuracy":
+        return None
+    budget = _named_number(objective, "tokens")
+    if budget is None or budget <= 0:
+        raise ValueError(f"objective '{objective}': use accuracy or tokens=<mean prompt tokens, > 0>")
     return budget

@@ -9,14 +9,24 @@ rerun, so a fit killed at any point resumes where it stopped):
 4. **probe**: hidden states at each candidate layer, an MLP per layer, the best on dev kept;
 5. **gate**: β for the policy, chosen on dev (``parity`` must be shown at ``parity_confidence``:
    the upper bound of the accuracy lost by skipping stays within the tolerance);
-6. **prefs**: Inc = Conf(Q+C) − Conf(Q) over the candidates; top-5 / bottom-5 per train question;
+6. **prefs**: Inc = Conf(Q+C) − Conf(Q) over the candidates; top-5 / bottom-5 per train question.
+   An endpoint LLM (``openai:URL#model``, no local copy) has no hidden states: the probe and the
+   gate are skipped, and a passage is preferred when the LLM answers right with it alone and
+   wrong closed-book (negatives: the passages it answers wrong with);
 7. **rerank**: the reranker fine-tuned on those preferences (InfoNCE) from the shipped base, kept
    only if it ranks the dev candidates that contain an answer no worse (MRR@10, paired bootstrap)
    than the reranker it started from (else the sieve keeps that one, and says so);
 8. **grade**: the reranker's score threshold calibrated on dev (a passage that contains a gold
    answer counts as relevant);
-9. **evaluate** on the test split: closed-book, plain top-k and the sieve, with 95 % intervals and
-   McNemar, the probe's AUROC with a bootstrap interval; written into ``sieve.json``.
+9. **select** the configuration by the LLM's answers on dev (:mod:`ragsieve.fit.select`): k ∈ {0 (closed
+   book), 1, 2, 3, 5} × order (retriever / the start reranker / the aligned one if kept) × grade (off /
+   thresholds) × passage placement × gate β; most accurate wins, ties go to fewer prompt tokens
+   (``select.objective: tokens=<budget>`` trades accuracy for context). Do no harm: on test the
+   choice is compared with closed book and with the best plain configuration (chosen on dev), by
+   exact McNemar and a paired-bootstrap interval; if it is measurably worse, the plain one ships;
+10. **evaluate**: ``sieve.json`` with the whole grid, the frontier (accuracy against prompt tokens and
+   LLM seconds; also plotted to ``frontier.png``), the choice, the test comparison with Wilson
+   intervals, and the probe's AUROC with a bootstrap interval.
 
 Example::
 
@@ -43,6 +53,7 @@ from ragsieve.fit.config import FitConfig, gate_budget
 from ragsieve.pipeline.sieve_config import SieveConfig
 
 if TYPE_CHECKING:
+    from ragsieve.fit.select import Choice
     from ragsieve.models.llm import LocalLLM
     from ragsieve.probe.model import ConfidenceProbe
     from ragsieve.prompts.builder import PromptBuilder
@@ -51,7 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: phase name → what it does, in order (progress reports use these names)
-PHASES = ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "grade", "evaluate")
+PHASES = ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "grade", "select", "evaluate")
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
@@ -70,22 +81,21 @@ class Fit:
     def __init__(self, config: FitConfig, progress: Optional[Progress] = None):
         from ragsieve.models.specs import ModelSpec
 
-        if ModelSpec.parse(config.llm).scheme == "openai":
-            raise RagsieveError(
-                f"fit reads the LLM's hidden states, which '{config.llm}' (an endpoint) does not expose; "
-                "give the same model as a local HF path or id"
-            )
+        # an endpoint only: answers, no hidden states (no probe, no gate, preferences from answers)
+        self.endpoint_only = ModelSpec.parse(config.llm).scheme == "openai"
         self.config = config
         self.progress = progress or (lambda phase, done, total: None)
         self.out = Path(config.out)
         self.work = config.work
         self.timings: dict[str, float] = {}
         self._bearing: dict[str, set[int]] = {}  # question id → answer-bearing candidate indices
+        self._rankers: dict[str, Any] = {}  # reranker spec → loaded reranker
+        self._rankings: dict[str, dict[str, list[tuple[int, float]]]] = {}  # spec → question id → ranking
 
     # -- shared parts, loaded once ---------------------------------------------------------------
     def load(self) -> None:
         from ragsieve.data.qa_files import read_qa_file
-        from ragsieve.models import load_local_llm
+        from ragsieve.models import load_llm, load_local_llm
         from ragsieve.prompts.builder import PromptBuilder
         from ragsieve.retrieve import load_index
 
@@ -93,15 +103,22 @@ class Fit:
         if self.config.max_questions:
             self.questions = self.questions[: self.config.max_questions]
         self.retriever: "Retriever" = load_index(self.config.index)
-        self.llm: "LocalLLM" = load_local_llm(self.config.llm)
-        if self.config.generator:
-            from ragsieve.models import load_llm
-
-            self.generator = load_llm(self.config.generator)
+        if self.endpoint_only:
+            self.llm = self.generator = load_llm(self.config.llm)
+            ignored = [name for name in ("generator", "ray") if getattr(self.config, name)]
+            if ignored:
+                log.warning("fit: %s ignored: the LLM is an endpoint, which answers every prompt",
+                            " and ".join(ignored))
         else:
-            self.generator = self.llm
+            self.llm: "LocalLLM" = load_local_llm(self.config.llm)
+            self.generator = load_llm(self.config.generator) if self.config.generator else self.llm
         self.builder: "PromptBuilder" = PromptBuilder(self.llm, None, self.config.max_prompt_tokens)
         self.work.mkdir(parents=True, exist_ok=True)
+        from ragsieve.fit.select import AnswerCache
+
+        # every answer the selection (and answer preferences) asks for, once per unique prompt
+        self.answers = AnswerCache(self.work / "answers.sqlite", self.generator, self.builder,
+                                   max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size)
 
     def run(self) -> SieveConfig:
         self.load()
@@ -134,10 +151,13 @@ class Fit:
             done["n"] += n
             self.progress(phase, done["n"], len(requests))
 
-        if self.config.ray and not self.config.generator:
+        if self.config.ray and not self.config.generator and not self.endpoint_only:
             self._ray_label(requests, path)
+        from ragsieve.fit.select import CachedGenerator
+
+        # through the answer cache: the selection reuses these answers (closed book, the retriever's top k)
         return label_generations(
-            self.generator, self.builder, requests, path, max_new_tokens=self.config.max_new_tokens,
+            CachedGenerator(self.answers), self.builder, requests, path, max_new_tokens=self.config.max_new_tokens,
             batch_size=self.config.batch_size, progress=advance,
         )
 
@@ -192,6 +212,11 @@ class Fit:
         from ragsieve.probe.train import train_probe_head
 
         probe_dir = self.out / "probe"
+        self.probe: Optional["ConfidenceProbe"] = None
+        if self.endpoint_only:
+            log.warning("fit: %s is an endpoint (no hidden states): probe and gate skipped, the sieve always "
+                        "retrieves and its reranker learns from answers", self.config.llm)
+            return
         if not (probe_dir / "probe_config.json").is_file():
             layers = sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
             by_layer: dict[int, float] = {}
@@ -218,7 +243,7 @@ class Fit:
             ConfidenceProbe(self.llm, heads[best], config).save(probe_dir)
         from ragsieve.probe.cache import StateCache
 
-        self.probe: "ConfidenceProbe" = ConfidenceProbe.load(
+        self.probe = ConfidenceProbe.load(
             probe_dir, self.llm, batch_size=self.config.batch_size, cache=StateCache(self.work / "states.sqlite")
         )
 
@@ -231,6 +256,9 @@ class Fit:
 
         dev = self.splits["dev"]
         self.gate_dev: Optional[dict] = None
+        if self.probe is None:  # an endpoint: no Conf(Q)
+            self.beta = None
+            return
         conf = self._conf_q(dev)
         closed = np.array([self.closed[q.id] for q in dev])
         plain = np.array([self.plain[q.id] for q in dev])
@@ -253,6 +281,9 @@ class Fit:
         from ragsieve.data.jsonl import append_jsonl, read_jsonl
         from ragsieve.prefs.preferences import select_preferences
 
+        if self.probe is None:
+            self._answer_preferences()
+            return
         path = self.work / "shifts.jsonl"
         done = {row["question_id"]: row for row in read_jsonl(path, skip_bad=True)} if path.exists() else {}
         questions = self.splits["train"] + self.splits["dev"]
@@ -275,6 +306,33 @@ class Fit:
                 if rec is not None:
                     records.append(rec)
             self.prefs[name] = records
+
+    def _answer_preferences(self) -> None:
+        """Preference groups from answers (no probe): each candidate alone in the prompt; positives are
+        the passages the LLM answers right with, for a question it answers wrong closed-book; negatives
+        the ones it answers wrong with (retrieval order first: the hardest)."""
+        from ragsieve.eval.qa import contains_answer
+        from ragsieve.prefs.preferences import PreferenceRecord
+        from ragsieve.prompts import first_line
+
+        limit = self.config.align.answer_candidates or self.config.candidates
+        questions = self.splits["train"] + self.splits["dev"]
+        texts = [self.builder.with_context(q.text, [p]).text for q in questions for p in self.candidates[q.id][:limit]]
+        answers = iter(self.answers.answers(texts, lambda done, total: self.progress("prefs", done, total)))
+        n_pos, n_neg = self.config.align.n_pos, self.config.align.n_neg
+        self.prefs = {"train": [], "dev": []}
+        for name in ("train", "dev"):
+            for q in self.splits[name]:
+                cands = self.candidates[q.id][:limit]
+                right = [contains_answer(first_line(next(answers)[0]), q.answers) for _ in cands]
+                if self.closed[q.id]:
+                    continue  # right without any passage: no passage is shown to help
+                pos = [p for p, ok in zip(cands, right) if ok][:n_pos]
+                neg = [p for p, ok in zip(cands, right) if not ok][:n_neg]
+                if pos and neg:
+                    self.prefs[name].append(PreferenceRecord(
+                        q.text, [p.full_text for p in pos], [p.full_text for p in neg], [1.0] * len(pos),
+                        [0.0] * len(neg), q.id, [p.id for p in pos], [p.id for p in neg]))
 
     def _confidence_scores(self, questions: list[Question]):
         """(question, [Conf(Q), Conf(Q+C_1), ...]) for each: on Ray when configured, else one question at a time."""
@@ -303,7 +361,7 @@ class Fit:
     # -- 7. rerank --------------------------------------------------------------------------------
     def phase_rerank(self) -> None:
         from ragsieve.registry import reranker_folder
-        from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
+        from ragsieve.rerank.training.trainer import train_cross_encoder
 
         target = self.out / "reranker"
         check_file = self.work / "align_check.json"
@@ -322,22 +380,20 @@ class Fit:
                 self.reranker_spec = self.config.align.init
                 return
             a = self.config.align
+            t = a.train
             init = reranker_folder(a.init, "align.init")
             # the forgetting guards (issue #18): gold groups are the candidates that contain an answer
-            replay = self._gold_groups("train") if a.replay_ratio > 0 else None
+            replay = self._gold_groups("train") if t.replay_ratio > 0 else None
             # early stopping reads dev, which the relevance check below reads too: it favours passing it
-            dev = self._gold_groups("dev") if a.eval_steps > 0 else None
-            replay_ratio = a.replay_ratio if replay else 0.0
-            eval_steps = a.eval_steps if dev else 0
-            if a.replay_ratio > 0 and not replay:
+            dev = self._gold_groups("dev") if t.eval_steps > 0 else None
+            replay_ratio = t.replay_ratio if replay else 0.0
+            eval_steps = t.eval_steps if dev else 0
+            if t.replay_ratio > 0 and not replay:
                 log.warning("fit: no train question has an answer-bearing and another candidate: no replay")
-            if a.eval_steps > 0 and not dev:
+            if t.eval_steps > 0 and not dev:
                 log.warning("fit: no dev question has an answer-bearing and another candidate: no early stopping")
-            config = CrossEncoderTrainConfig(init=init, group_size=1 + a.n_neg, lr=a.lr, epochs=a.epochs,
-                                             batch_size=a.batch_size, max_length=a.max_length, seed=self.config.seed,
-                                             save_fp16=True, replay_ratio=replay_ratio,
-                                             distill_weight=a.distill_weight, lora_r=a.lora_r, eval_steps=eval_steps,
-                                             cosine_mix=a.cosine_mix)
+            config = a.train.model_copy(update={"init": init, "group_size": 1 + a.n_neg, "seed": self.config.seed,
+                                                "replay_ratio": replay_ratio, "eval_steps": eval_steps})
             import shutil
 
             from ragsieve.atomic import atomic_directory
@@ -395,22 +451,20 @@ class Fit:
         """MRR@10 of the dev candidates that contain a gold answer: aligned vs the reranker it started
         from, per question, with a paired bootstrap; ``kept`` says whether alignment may stay."""
         from ragsieve.eval.stats import paired_bootstrap
-        from ragsieve.registry import load_reranker
 
         qs = [q for q in self.splits["dev"] if self._answer_bearing(q)]
         if len(qs) < 5:
             return {"kept": True, "n": len(qs), "why": "fewer than 5 dev questions with an answer-bearing candidate"}
 
         def reciprocal_ranks(spec: str) -> list[float]:
-            ranker = load_reranker(spec)
             out = []
             for q in qs:
-                order = [r.index for r in ranker.rank(q.text, self.candidates[q.id]).results][:10]
+                order = [idx for idx, _ in self._ranked(spec, q)][:10]
                 first = next((rank for rank, idx in enumerate(order) if idx in self._answer_bearing(q)), None)
                 out.append(0.0 if first is None else 1.0 / (first + 1))
             return out
 
-        aligned_rr = reciprocal_ranks(str(aligned))
+        aligned_rr = reciprocal_ranks("reranker")  # the folder ``aligned``, before the verdict moves it
         base_rr = reciprocal_ranks(self.config.align.init)
         result = paired_bootstrap(aligned_rr, base_rr).to_dict()
         worse = result["diff"] < -self.config.align.max_mrr_drop or result["high"] < 0
@@ -418,103 +472,196 @@ class Fit:
                 "start_mrr": result["b"], "start": self.config.align.init, "kept": not worse,
                 "max_mrr_drop": self.config.align.max_mrr_drop}
 
-    def _reranker(self):
+    def _ranked(self, spec: str, q: Question) -> list[tuple[int, float]]:
+        """``q``'s candidates as (index, score) in the order of reranker ``spec`` (``reranker``: the sieve's
+        aligned folder), scored once per fit run: the relevance check, the grade threshold and the selection
+        all read the same rankings (a cross-encoder pass over every candidate is the costly part)."""
         from ragsieve.registry import load_reranker
-        from ragsieve.pipeline.sieve_config import resolve_component
 
-        if not hasattr(self, "_ranker"):
-            self._ranker = load_reranker(resolve_component(self.out, self.reranker_spec))
-        return self._ranker
+        if spec not in self._rankers:
+            self._rankers[spec] = load_reranker(self._ranker_base(spec))
+        memo = self._rankings.setdefault(spec, {})
+        if q.id not in memo:
+            ranked = self._rankers[spec].rank(q.text, self.candidates[q.id]).results if self.candidates[q.id] else []
+            memo[q.id] = [(r.index, float(r.score)) for r in ranked]
+        return memo[q.id]
 
     # -- 8. grade ---------------------------------------------------------------------------------
     def phase_grade(self) -> None:
-        from ragsieve.registry import new_grader
+        """The F1-best relevance threshold of the sieve's reranker on dev (a passage with a gold answer is
+        relevant): one of the grade thresholds the selection tries."""
+        from ragsieve.eval.classification import best_threshold
 
-        self.grader_spec = None
+        self.f1_thresholds: dict[str, float] = {}
         if not self.config.grade:
             return
-        queries, passages, labels = [], [], []
+        scores, labels = [], []
         for q in self.splits["dev"]:  # every candidate, not only the top-k: both labels, more of them
-            for i, p in enumerate(self.candidates[q.id]):
-                queries.append(q.text)
-                passages.append(p.full_text)
-                labels.append(int(i in self._answer_bearing(q)))
+            for i, score in self._ranked(self.reranker_spec, q):
+                if self.candidates[q.id][i].text.strip():  # an empty passage is never graded relevant
+                    scores.append(score)
+                    labels.append(int(i in self._answer_bearing(q)))
         if len(set(labels)) < 2:
             log.warning("fit: dev passages are all %s: no grader threshold can be calibrated",
                         "relevant" if labels and labels[0] else "irrelevant")
             return
-        # the sieve's own reranker folder, or what the guard kept instead (a spec or an outside folder)
-        inside = self.reranker_spec == "reranker"
-        base = str(self.out / "reranker") if inside else self.reranker_spec
-        grader = new_grader("ranker", base=base)
-        grader.fit(queries, passages, labels)
-        # the grader names its ranker relative to the sieve, so the folder can move
-        grader.config = grader.config.model_copy(update={"base": "../reranker" if inside else base})
-        grader.save(self.out / "grader")
-        self.grader_spec = "grader"
+        # what RankerGrader.fit_threshold computes, on the scores the selection ranks by
+        self.f1_thresholds[self.reranker_spec] = float(best_threshold(labels, scores, "f1"))
         self.progress("grade", 1, 1)
 
-    # -- 9. evaluate ------------------------------------------------------------------------------
+    def _ranker_base(self, spec: str) -> str:
+        """A reranker named in ``sieve.json`` as something loadable from here: the sieve's own folder, or
+        what the guard kept instead (a spec or an outside folder)."""
+        return str(self.out / "reranker") if spec == "reranker" else spec
+
+    def _save_grader(self, choice: "Choice", how: str = "dev answer accuracy") -> Optional[str]:
+        """The grader folder of the shipped configuration (its order's reranker and threshold), or None;
+        ``how`` the threshold was chosen (recorded in the grader's config)."""
+        import shutil
+
+        from ragsieve.registry import new_grader
+
+        shutil.rmtree(self.out / "grader", ignore_errors=True)
+        if choice.threshold is None or choice.k == 0:
+            return None
+        grader = new_grader("ranker", base=self._ranker_base(choice.order))
+        trained = {"threshold_metric": f"{how} ({choice.grade})",
+                   **({"ranker_weights": grader.ranker_weights} if grader.ranker_weights else {})}
+        # the grader names its ranker relative to the sieve, so the folder can move
+        base = "../reranker" if choice.order == "reranker" else choice.order
+        grader.config = grader.config.model_copy(update={"threshold": choice.threshold, "trained": trained,
+                                                         "base": base})
+        grader.save(self.out / "grader")
+        return "grader"
+
+    # -- 9. select --------------------------------------------------------------------------------
+    def phase_select(self) -> None:
+        """The configuration chosen by the LLM's answers on dev, checked on test against closed book and
+        the best plain configuration (see :mod:`ragsieve.fit.select`)."""
+        from ragsieve.fit.select import RETRIEVER, Choice, Selection, choose, do_no_harm
+
+        c = self.config.select
+        dev, test = self.splits["dev"], self.splits["test"]
+        selection = Selection(self.builder, self.answers, self.candidates, c,
+                              progress=lambda done, total: self.progress("select", done, total))
+        sources = [RETRIEVER, self.config.align.init] + (["reranker"] if self.reranker_spec == "reranker" else [])
+        selection.add_ranking(RETRIEVER, dev + test)
+        for name in sources[1:]:
+            selection.rankings[name] = {q.id: self._ranked(name, q) for q in dev + test}
+        if self.probe is not None:
+            selection.confidence = dict(zip([q.id for q in dev + test], self._conf_q(dev + test).tolist()))
+        # the user's gate policy bounds the grid: none = no gate, a budget = every retrieval behind its β
+        gates = "off" if self.config.gate == "none" else "policy" if gate_budget(self.config.gate) else "choose"
+        grid = selection.grid(sources, dev, self.f1_thresholds, self.beta, gates)
+        if not self.config.grade:
+            grid = [g for g in grid if g.threshold is None]
+        start = self.answers.stats()
+        rows = selection.evaluate(grid, dev)
+        plain_rows = selection.evaluate(selection.plain(c.plain_ks), dev)
+        used = {k: v - start[k] for k, v in self.answers.stats().items()}
+        chosen, best_plain = choose(rows, c.objective), choose(plain_rows)
+        closed_row = selection.evaluate([Choice(0)], dev)[0]
+        on_test = dict(zip(("chosen", "best_plain", "closed_book"), selection.evaluate(
+            [chosen["choice"], best_plain["choice"], Choice(0)], test)))
+        self.do_no_harm = do_no_harm(on_test, alpha=c.alpha, n_boot=c.n_boot, seed=self.config.seed)
+        shipped, note = self.do_no_harm["shipped"], self.do_no_harm["note"]
+        if note:
+            log.warning("fit: %s", note)
+        self.shipped_key = shipped
+        self.shipped: Choice = on_test[shipped]["choice"]
+        self._confidence = selection.confidence
+        self.selection_rows, self.selection_marks = rows, {"chosen": chosen, "best plain": best_plain,
+                                                           "closed book": closed_row}
+        self.test_rows = on_test
+        self.selection = {
+            "objective": c.objective, "n_dev": len(dev), "n_configurations": len(rows),
+            # an endpoint's tokenizer is not at hand: its prompt tokens are estimated (PromptBuilder)
+            "prompt_tokens_from": "characters / 4" if self.endpoint_only else "the LLM's tokenizer",
+            "chosen": chosen["name"], "best_plain": best_plain["name"], "shipped": on_test[shipped]["name"],
+            "note": note,
+            "dev": {name: _row_summary(row) for name, row in (("chosen", chosen), ("best_plain", best_plain),
+                                                              ("closed_book", closed_row))},
+            "answer_cache": used,
+            "unique_prompts_per_dev_question": round(selection.unique_prompts(grid, dev) / max(len(dev), 1), 2),
+        }
+        self.progress("select", 1, 1)
+
+    # -- 10. evaluate -----------------------------------------------------------------------------
     def phase_evaluate(self) -> None:
         from ragsieve.eval.classification import accuracy_interval
-        from ragsieve.eval.stats import bootstrap_metric, mcnemar_exact
+        from ragsieve.eval.stats import bootstrap_metric
+        from ragsieve.fit.select import RETRIEVER, plot_frontier, public_rows
         from ragsieve.pipeline.sieve import Sieve
-        from ragsieve.probe.labels import LabelRequest
 
+        shipped = self.shipped
+        gated = shipped.beta is not None and shipped.k > 0
+        policy = (self.config.gate if shipped.gate == "policy" else f"dev accuracy ({shipped.gate})") if gated else ""
         sieve = SieveConfig(
-            llm=self.config.llm, probe="probe", layer=self.probe.config.layer, beta=self.beta, policy=self.config.gate,
-            reranker=self.reranker_spec, grader=self.grader_spec, top_k=self.config.top_k,
+            llm=self.config.llm, probe="probe" if self.probe is not None else None,
+            layer=self.probe.config.layer if self.probe is not None else None, beta=shipped.beta if gated else None,
+            policy=policy,
+            reranker=None if shipped.order == RETRIEVER or shipped.k == 0 else shipped.order,
+            grader=self._save_grader(shipped), top_k=shipped.k, passage_order=shipped.placement,
             candidates=self.config.candidates, max_prompt_tokens=self.config.max_prompt_tokens,
             max_new_tokens=self.config.max_new_tokens,
         )
-        Sieve(sieve).save(self.out)
-        stages = Sieve.load(self.out, llm=self.llm)
         test = self.splits["test"]
-        conf = self._conf_q(test)
-        requests, retrieved = [], []
-        for q, c in zip(test, conf):
-            go = self.beta is None or c <= self.beta
-            retrieved.append(go)
-            kept = stages.filter(q.text, self.candidates[q.id]).kept if go else []
-            requests.append(LabelRequest(q.id, q.text, q.answers, "sieve", kept))
-        gens = self._label(requests, self.work / "generations_test_sieve.jsonl", "evaluate")
-        sieve_ok = np.array([g.correct for g in gens])
-        closed = np.array([self.closed[q.id] for q in test])
-        plain = np.array([self.plain[q.id] for q in test])
+        shipped_key = self.shipped_key
 
-        def acc(x: np.ndarray) -> dict:
+        def acc(correct) -> dict:
+            x = np.asarray(correct)
             lo, hi = accuracy_interval(int(x.sum()), len(x))
             return {"accuracy": float(x.mean()), "ci95": [lo, hi], "n": len(x)}
 
+        plain_k = np.array([self.plain[q.id] for q in test])
         metrics: dict[str, Any] = {
             "n_questions": {k: len(v) for k, v in self.splits.items()},
-            "test": {"closed_book": acc(closed), f"plain_top{self.config.top_k}": acc(plain), "sieve": acc(sieve_ok)},
-            "retrieval_rate": float(np.mean(retrieved)),
-            "sieve_vs_plain": mcnemar_exact(sieve_ok, plain).to_dict(),
+            "test": {"closed_book": acc(self.test_rows["closed_book"]["correct"]),
+                     f"plain_top{self.config.top_k}": acc(plain_k),
+                     "best_plain": acc(self.test_rows["best_plain"]["correct"]),
+                     "sieve": acc(self.test_rows[shipped_key]["correct"])},
+            "configurations": {"best_plain": self.test_rows["best_plain"]["name"],
+                               "sieve": self.test_rows[shipped_key]["name"]},
+            "retrieval_rate": float(np.mean([shipped.k > 0 and (not gated or self._confidence[q.id] <= shipped.beta)
+                                             for q in test])),
+            "do_no_harm": self.do_no_harm,
+            "selection": {**self.selection, "grid": public_rows(self.selection_rows)},
             "preference_groups": {k: len(v) for k, v in self.prefs.items()},
+            "preferences_from": "answers" if self.probe is None else "confidence shifts",
         }
-        try:
-            from sklearn.metrics import roc_auc_score
+        if self.probe is not None:
+            try:
+                from sklearn.metrics import roc_auc_score
 
-            layer = self.probe.config.layer
-            states, y = self._probe_data([layer], "test")
-            est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(states[layer]))
-            metrics["probe_test_auroc"] = {"auroc": est, "ci95": [lo, hi], "n": len(y)}
-        except ValueError:
-            metrics["probe_test_auroc"] = None  # one class only in the test split
-        metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
+                layer = self.probe.config.layer
+                states, y = self._probe_data([layer], "test")
+                est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(states[layer]))
+                metrics["probe_test_auroc"] = {"auroc": est, "ci95": [lo, hi], "n": len(y)}
+            except ValueError:
+                metrics["probe_test_auroc"] = None  # one class only in the test split
+            metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
+        else:
+            metrics["skipped"] = f"{self.config.llm} is an endpoint (no hidden states): no probe, no gate"
         metrics["gate_dev"] = self.gate_dev
         # the relevance guard's verdict on the aligned reranker (None: guard off or nothing aligned)
         metrics["alignment_check"] = self.align_check
-        metrics["alignment_guards"] = self.config.align.model_dump(
-            include={"distill_weight", "replay_ratio", "lora_r", "eval_steps", "cosine_mix", "guard", "max_mrr_drop"})
+        metrics["alignment_guards"] = {
+            **self.config.align.train.model_dump(
+                include={"distill_weight", "replay_ratio", "lora_r", "eval_steps", "cosine_mix"}),
+            **self.config.align.model_dump(include={"guard", "max_mrr_drop"})}
         metrics["seconds_by_phase"] = self.timings
+        plot = plot_frontier(self.selection_rows, self.out / "frontier.png", self.selection_marks)
+        metrics["selection"]["plot"] = plot.name
         self.sieve = sieve.model_copy(update={
             "metrics": metrics, "versions": _versions(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         })
         Sieve(self.sieve).save(self.out)
         self.progress("evaluate", len(test), len(test))
+
+
+def _row_summary(row: dict) -> dict:
+    return {k: row[k] for k in ("name", "accuracy", "ci95", "n", "prompt_tokens", "llm_seconds")}
 
 
 def _versions() -> dict[str, str]:

@@ -7,7 +7,7 @@ refused here, in one line, before a model is loaded or a folder is created.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,7 @@ class PipelineConfig(StrictConfig):
     index: Optional[str] = None  # index folder; None = closed-book only
     sieve: Optional[str] = None  # a fitted sieve folder: its gate, reranker, grader and sizes
     top_k: int = Field(3, ge=1, description="passages that reach the LLM")
+    passage_order: Literal["best_first", "best_last"] = "best_first"
     candidates: int = Field(20, ge=1, description="passages retrieved for the reranker to choose from")
     reranker: Optional[str] = None  # reranker spec, e.g. embedded:base
     grader: Optional[str] = None  # grader folder or embedded:<name>
@@ -60,10 +61,12 @@ class PipelineConfig(StrictConfig):
             return resolve_component(folder, value) if value else None
 
         gated = sc.probe is not None and sc.beta is not None
+        # a sieve's top_k may be 0 (fit found closed book best): model_copy keeps it unvalidated, on purpose
         return self.model_copy(update={
             "sieve": None, "llm": sc.llm, "probe": part(sc.probe) if gated else self.probe,
             "cbdr_beta": sc.beta if gated else None, "reranker": part(sc.reranker), "grader": part(sc.grader),
-            "top_k": sc.top_k, "candidates": max(sc.candidates, sc.top_k), "max_prompt_tokens": sc.max_prompt_tokens,
+            "top_k": sc.top_k, "passage_order": sc.passage_order, "candidates": max(sc.candidates, sc.top_k),
+            "max_prompt_tokens": sc.max_prompt_tokens,
             "max_new_tokens": sc.max_new_tokens,
         })
 

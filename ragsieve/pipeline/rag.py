@@ -20,7 +20,7 @@ from ragsieve.pipeline.config import PipelineConfig
 from ragsieve.pipeline.stages import CandidateTrace, FilterResult, SieveStages
 from ragsieve.prompts import QAPrompts
 from ragsieve.prompts import first_line
-from ragsieve.prompts.builder import PromptBuilder
+from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
 
 if TYPE_CHECKING:
     from ragsieve.gate.cbdr import CBDRGate
@@ -113,6 +113,7 @@ class RAGPipeline:
             llm, retriever, top_k=config.top_k, max_prompt_tokens=config.max_prompt_tokens,
             max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, gate=gate,
             reranker=stages.reranker, candidates=config.candidates, grader=stages.grader,
+            passage_order=config.passage_order,
         )
 
     def __init__(
@@ -129,9 +130,10 @@ class RAGPipeline:
         reranker: "BaseRanker | None" = None,
         candidates: int = 20,
         grader: "Grader | None" = None,
+        passage_order: str = "best_first",
     ):
-        if top_k < 1:
-            raise RagsieveError(f"top_k must be >= 1, got {top_k}")
+        if top_k < 0:
+            raise RagsieveError(f"top_k must be >= 0 (0: closed book), got {top_k}")
         if reranker is not None and candidates < top_k:
             raise RagsieveError(f"candidates ({candidates}) must be >= top_k ({top_k}) when reranking")
         self.llm = llm
@@ -143,6 +145,7 @@ class RAGPipeline:
         self.reranker = reranker
         self.candidates = candidates
         self.grader = grader
+        self.passage_order = passage_order
         self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
 
     def with_retriever(self, retriever: "Retriever | None") -> "RAGPipeline":
@@ -179,6 +182,7 @@ class RAGPipeline:
         # The gate answers confident questions closed-book; only the rest retrieve.
         decisions = self.gate.decide_many(questions) if (self.gate and retrieve) else None
         needs = [d.retrieve for d in decisions] if decisions else [retrieve] * len(questions)
+        needs = [flag and self.top_k > 0 for flag in needs]  # top_k 0: a sieve that answers closed-book
         contexts: list[list[Passage]] = [[] for _ in questions]
         traces: list[list[CandidateTrace]] = [[] for _ in questions]
         graded_out = [0] * len(questions)
@@ -188,7 +192,9 @@ class RAGPipeline:
             for i, selected in zip(to_retrieve, self._retrieve_selected([questions[i] for i in to_retrieve])):
                 result = stages.grade(selected)
                 contexts[i], traces[i], graded_out[i] = result.kept, result.trace(), result.graded_out
-        built = [self.builder.with_context(q, c) for q, c in zip(questions, contexts)]
+        # the kept passages stay best first everywhere else; only the prompt may put the best last
+        built = [self.builder.with_context(q, in_prompt_order(c, self.passage_order))
+                 for q, c in zip(questions, contexts)]
         texts = self.llm.generate(
             [b.text for b in built],
             system=self.builder.prompts.system,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -12,7 +12,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
 
 SIEVE_FILE = "sieve.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: top_k may be 0 (closed book) and passage_order (issue #39)
 
 
 class SieveConfig(StrictConfig):
@@ -24,9 +24,10 @@ class SieveConfig(StrictConfig):
     layer: Optional[int] = None  # the probe's layer (1-based), recorded for the reader
     beta: Optional[float] = Field(None, ge=0.0, le=1.0)
     policy: str = ""  # how β was chosen: "parity", "budget=0.6", "fixed"
-    reranker: Optional[str] = None
+    reranker: Optional[str] = None  # None: the retriever's order
     grader: Optional[str] = None
-    top_k: int = Field(3, ge=1)
+    top_k: int = Field(3, ge=0)  # 0: closed book (the LLM answered best without passages)
+    passage_order: Literal["best_first", "best_last"] = "best_first"  # where the best passage goes in the prompt
     candidates: int = Field(20, ge=1)
     max_prompt_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(16, ge=1)

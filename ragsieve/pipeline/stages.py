@@ -118,8 +118,8 @@ class SieveStages:
     threshold: float | None = None  # overrides the grader's; without a grader, thresholds the reranker's scores
 
     def __post_init__(self):
-        if self.top_k is not None and self.top_k < 1:
-            raise RagsieveError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_k is not None and self.top_k < 0:  # 0: a sieve fitted to answer closed-book keeps nothing
+            raise RagsieveError(f"top_k must be >= 0, got {self.top_k}")
 
     @classmethod
     def from_config(cls, config: Any, reranker: BaseRanker | None, grader: "Grader | None") -> "SieveStages":

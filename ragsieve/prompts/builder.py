@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from ragsieve.models.llm import Generator
 
 
+#: where the best passage goes in the prompt: first (rank order) or last (next to the question)
+PASSAGE_ORDERS = ("best_first", "best_last")
+
+
+def in_prompt_order(passages: Sequence[Passage], order: str = "best_first") -> list[Passage]:
+    """Passages given best first, as the prompt lists them: unchanged, or reversed for ``best_last``.
+
+    A small LLM may use a passage better when it sits next to the question; ``ragsieve fit``
+    chooses the order by the LLM's answers.
+    """
+    if order not in PASSAGE_ORDERS:
+        raise RagsieveError(f"passage order '{order}': use {' or '.join(PASSAGE_ORDERS)}")
+    return list(passages)[::-1] if order == "best_last" else list(passages)
+
+
 @dataclass
 class BuiltPrompt:
     text: str

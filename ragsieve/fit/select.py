@@ -1,0 +1,374 @@
+"""Choosing the sieve by the LLM's answers (issue #39), and checking on test that it does no harm.
+
+A *configuration* is what reaches the prompt: ``k`` passages (0 = closed book) in an order (the
+retriever's, or a reranker's), optionally graded (a passage whose reranker score is below a
+threshold is dropped), listed best first or best last, optionally behind the CBDR gate (β).
+:class:`Selection` answers every configuration of a grid on the dev questions with the user's
+LLM and keeps the most accurate (ties: fewer prompt tokens). Many configurations put the same
+passages in the prompt (a grader keeps a prefix of the reranker's top k, i.e. a smaller k; the
+gate only swaps in the closed-book prompt), so answers are stored per unique prompt in an
+:class:`AnswerCache` (SQLite under the fit's work folder): the grid pays only for prompts it has
+not seen, and a killed fit resumes.
+
+Example::
+
+    selection = Selection(builder, AnswerCache(work / "answers.sqlite", llm, builder), candidates, config)
+    selection.add_ranking("retriever", questions)             # the retriever's order
+    selection.add_ranking("embedded:base", questions, load_reranker("embedded:base"))
+    rows = selection.evaluate(selection.grid(["retriever", "embedded:base"]), dev)
+    best = choose(rows, "accuracy")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ragsieve.data.records import Passage, Question
+from ragsieve.fit.config import SelectConfig, token_budget
+from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
+
+if TYPE_CHECKING:
+    from ragsieve.models.llm import Generator
+    from ragsieve.rerank.base import BaseRanker
+
+RETRIEVER = "retriever"  # the order source that keeps the retriever's ranking (no reranker)
+
+
+class AnswerCache:
+    """The LLM's answer to each unique prompt, in SQLite: a rerun (or another configuration with the
+    same prompt) reads it instead of asking again. Keyed by the LLM spec, ``max_new_tokens``, the system
+    prompt and the user message; each answer keeps the seconds it cost (its batch's time / batch size).
+
+    ``requested`` counts prompts asked for (repeats included), ``unique`` the distinct ones,
+    ``answered`` those the LLM answered now; ``unique - answered`` were cache hits.
+    """
+
+    def __init__(self, path: str | Path, llm: "Generator", builder: PromptBuilder, *, max_new_tokens: int = 16,
+                 batch_size: int = 8):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.llm, self.builder = llm, builder
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self._db = sqlite3.connect(self.path)
+        self._db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT, seconds REAL)")
+        self._db.commit()
+        self.requested = self.unique = self.answered = 0
+
+    def _key(self, text: str) -> str:
+        ident = [self.llm.spec, self.max_new_tokens, self.builder.prompts.system, text]
+        return hashlib.sha256(json.dumps(ident).encode()).hexdigest()
+
+    def _stored(self, keys: Sequence[str]) -> dict[str, tuple[str, float]]:
+        out: dict[str, tuple[str, float]] = {}
+        keys = list(keys)
+        for lo in range(0, len(keys), 500):  # SQLite caps the parameters of one statement
+            chunk = keys[lo : lo + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT key, answer, seconds FROM answers WHERE key IN ({marks})", chunk)
+            out.update({k: (a, s) for k, a, s in rows})
+        return out
+
+    def answers(self, texts: Sequence[str], progress: Optional[Callable[[int, int], None]] = None
+                ) -> list[tuple[str, float]]:
+        """``(answer, seconds)`` for each user message; only the ones not stored are answered (in batches of
+        similar length, each committed as it finishes)."""
+        keys = [self._key(t) for t in texts]
+        stored = self._stored(set(keys))
+        todo = sorted({k: t for k, t in zip(keys, texts) if k not in stored}.items(), key=lambda kv: len(kv[1]))
+        self.requested += len(texts)
+        self.unique += len(set(keys))
+        for lo in range(0, len(todo), self.batch_size):
+            batch = todo[lo : lo + self.batch_size]
+            start = time.perf_counter()
+            got = self.llm.generate([t for _, t in batch], system=self.builder.prompts.system,
+                                    max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
+            each = (time.perf_counter() - start) / len(batch)
+            rows = [(k, a, each) for (k, _), a in zip(batch, got)]
+            self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?)", rows)
+            self._db.commit()  # a kill loses at most this batch
+            stored.update({k: (a, s) for k, a, s in rows})
+            self.answered += len(batch)
+            if progress:
+                progress(min(lo + len(batch), len(todo)), len(todo))
+        return [stored[k] for k in keys]
+
+    def stats(self) -> dict[str, int]:
+        return {"requested": self.requested, "unique": self.unique, "answered": self.answered,
+                "hits": self.unique - self.answered}
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class CachedGenerator:
+    """``cache``'s LLM behind the :class:`~ragsieve.models.llm.Generator` interface, answering through the
+    cache: the labelling prompts fit answers first (closed book, the retriever's top k) are then free for the
+    selection. A call with another system prompt or answer length goes to the LLM directly."""
+
+    def __init__(self, cache: AnswerCache):
+        self.cache = cache
+        self.spec = cache.llm.spec
+
+    def generate(self, user_messages: Sequence[str], *, system: str | None = None, max_new_tokens: int = 32,
+                 batch_size: int = 8) -> list[str]:
+        if system != self.cache.builder.prompts.system or max_new_tokens != self.cache.max_new_tokens:
+            return self.cache.llm.generate(user_messages, system=system, max_new_tokens=max_new_tokens,
+                                           batch_size=batch_size)
+        return [answer for answer, _ in self.cache.answers(user_messages)]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One configuration of the grid (see the module docstring)."""
+
+    k: int
+    order: str = RETRIEVER
+    threshold: Optional[float] = None  # grade: drop passages whose ``order`` reranker score is below
+    grade: str = "off"  # where the threshold came from: off | f1 | q0.50 ...
+    placement: str = "best_first"
+    beta: Optional[float] = None  # gate: answer closed-book when Conf(Q) > β
+    gate: str = "off"  # policy | q0.50 ... | off
+
+    @property
+    def name(self) -> str:
+        if self.k == 0:
+            return "closed book"
+        parts = [f"top{self.k}", self.order]
+        if self.grade != "off":
+            parts.append(f"grade {self.grade}")
+        if self.placement != "best_first":
+            parts.append(self.placement.replace("_", " "))
+        if self.gate != "off":
+            parts.append(f"gate {self.gate}")
+        return ", ".join(parts)
+
+    @property
+    def plain(self) -> bool:
+        """Plain retrieval: the retriever's top k, best first, no grade, no gate."""
+        return self.k > 0 and self.order == RETRIEVER and self.grade == "off" and self.gate == "off" \
+            and self.placement == "best_first"
+
+    @property
+    def simplicity(self) -> tuple:
+        """Smaller is simpler: the last tie-break (fewer parts, then fewer passages)."""
+        return (self.gate != "off", self.grade != "off", self.order != RETRIEVER, self.placement != "best_first",
+                self.k)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "k": self.k, "order": self.order, "grade": self.grade,
+                "threshold": self.threshold, "placement": self.placement, "gate": self.gate, "beta": self.beta}
+
+
+class Selection:
+    """The grid over one set of candidates: rankings per order source, prompts, answers, accuracy."""
+
+    def __init__(self, builder: PromptBuilder, cache: AnswerCache, candidates: dict[str, list[Passage]],
+                 config: SelectConfig, progress: Optional[Callable[[int, int], None]] = None):
+        self.builder, self.cache, self.candidates, self.config = builder, cache, candidates, config
+        self.progress = progress
+        # source → question id → [(candidate index, score)] in rank order
+        self.rankings: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        self.confidence: dict[str, float] = {}  # question id → Conf(Q), when a probe exists
+        self._prompts: dict[tuple, str] = {}
+        self._tokens: dict[str, int] = {}
+
+    def add_ranking(self, source: str, questions: Sequence[Question], ranker: "BaseRanker | None" = None) -> None:
+        """Rank each question's candidates with ``ranker`` (None: keep the retriever's order) under ``source``."""
+        rows = self.rankings.setdefault(source, {})
+        for q in questions:
+            if q.id in rows:
+                continue
+            cands = self.candidates[q.id]
+            if ranker is None or not cands:
+                rows[q.id] = [(i, float(-i)) for i in range(len(cands))]
+            else:
+                rows[q.id] = [(r.index, float(r.score)) for r in ranker.rank(q.text, cands).results]
+
+    # -- the grid ----------------------------------------------------------------------------------
+    def grid(self, sources: Sequence[str], dev: Sequence[Question], f1_thresholds: Optional[dict[str, float]] = None,
+             policy_beta: Optional[float] = None, gates: str = "choose") -> list[Choice]:
+        """Every configuration: k × order × grade × placement × gate, without duplicates that cannot differ
+        (one closed book; one placement for a single passage; no grade for the retriever's order, which has
+        no score; no gate without Conf(Q)).
+
+        ``gates``: ``choose`` tries no gate, ``policy_beta`` and the dev Conf(Q) quantiles; ``policy`` keeps
+        every retrieving configuration behind ``policy_beta`` (a retrieval budget the user set); ``off`` none.
+        """
+        c = self.config
+        top = max(c.ks)
+        betas: list[tuple[Optional[float], str]] = [(None, "off")]
+        if self.confidence and dev and gates != "off":
+            conf = np.array([self.confidence[q.id] for q in dev])
+            policy = [(float(policy_beta), "policy")] if policy_beta is not None and policy_beta < 1.0 else []
+            if gates == "policy":
+                betas = policy or betas
+            else:
+                betas += policy + [(float(np.quantile(conf, share)), f"q{share:.2f}") for share in c.gate_quantiles]
+        choices = [Choice(0)] if 0 in c.ks else []
+        for source in sources:
+            grades: list[tuple[Optional[float], str]] = [(None, "off")]
+            if source != RETRIEVER and top > 0:
+                scores = np.array([s for q in dev for _, s in self.rankings[source][q.id][:top]])
+                if len(scores):
+                    grades += [(float(np.quantile(scores, share)), f"q{share:.2f}") for share in c.grade_quantiles]
+                if f1_thresholds and source in f1_thresholds:
+                    grades.append((float(f1_thresholds[source]), "f1"))
+            for k in (k for k in c.ks if k > 0):
+                for threshold, grade in grades:
+                    for placement in (c.placements if k > 1 else ["best_first"]):
+                        for beta, gate in betas:
+                            choices.append(Choice(k, source, threshold, grade, placement, beta, gate))
+        return choices
+
+    def plain(self, ks: Sequence[int]) -> list[Choice]:
+        """Plain retrieval at each k (the do-no-harm baseline's candidates)."""
+        return [Choice(k) for k in ks if k > 0]
+
+    # -- prompts and answers ------------------------------------------------------------------------
+    def passages(self, choice: Choice, q: Question) -> list[Passage]:
+        """What ``choice`` puts in ``q``'s prompt, best first."""
+        if choice.k == 0 or (choice.beta is not None and self.confidence[q.id] > choice.beta):
+            return []
+        ranked = self.rankings[choice.order][q.id][: choice.k]
+        if choice.threshold is not None:
+            ranked = [(i, s) for i, s in ranked if s >= choice.threshold]
+        return [self.candidates[q.id][i] for i, _ in ranked]
+
+    def prompt(self, choice: Choice, q: Question) -> str:
+        passages = self.passages(choice, q)
+        placement = choice.placement if len(passages) > 1 else "best_first"
+        key = (q.id, tuple(p.id for p in passages), placement)
+        if key not in self._prompts:
+            self._prompts[key] = self.builder.with_context(q.text, in_prompt_order(passages, placement)).text
+        return self._prompts[key]
+
+    def tokens(self, text: str) -> int:
+        if text not in self._tokens:
+            self._tokens[text] = self.builder.prompt_tokens(text)
+        return self._tokens[text]
+
+    def unique_prompts(self, choices: Sequence[Choice], questions: Sequence[Question]) -> int:
+        return len({self.prompt(c, q) for c in choices for q in questions})
+
+    def evaluate(self, choices: Sequence[Choice], questions: Sequence[Question]) -> list[dict[str, Any]]:
+        """One row per configuration on ``questions``: accuracy with its Wilson 95 % interval, mean prompt
+        tokens, LLM seconds per question and the per-question outcomes (``correct``, for paired tests)."""
+        from ragsieve.eval.classification import accuracy_interval
+        from ragsieve.eval.qa import contains_answer
+        from ragsieve.prompts import first_line
+
+        prompts = [[self.prompt(c, q) for q in questions] for c in choices]
+        flat = [t for row in prompts for t in row]
+        answered = dict(zip(flat, self.cache.answers(flat, self.progress)))  # the cache asks once per unique prompt
+        right: dict[tuple[str, str], int] = {}
+        rows = []
+        for choice, texts in zip(choices, prompts):
+            correct = []
+            for q, text in zip(questions, texts):
+                if (q.id, text) not in right:
+                    right[q.id, text] = int(contains_answer(first_line(answered[text][0]), q.answers))
+                correct.append(right[q.id, text])
+            hits, n = int(sum(correct)), len(correct)
+            rows.append({**choice.to_dict(), "n": n, "correct_count": hits, "accuracy": hits / n if n else 0.0,
+                         "ci95": list(accuracy_interval(hits, n)) if n else [0.0, 1.0],
+                         "prompt_tokens": float(np.mean([self.tokens(t) for t in texts])) if n else 0.0,
+                         "llm_seconds": float(np.mean([answered[t][1] for t in texts])) if n else 0.0,
+                         "correct": correct, "choice": choice})
+        return rows
+
+
+def choose(rows: Sequence[dict[str, Any]], objective: str = "accuracy") -> dict[str, Any]:
+    """The most accurate row (``tokens=<budget>``: among those within the budget of mean prompt tokens, or
+    the cheapest if none is); ties go to fewer prompt tokens, then to the simpler configuration."""
+    budget = token_budget(objective)
+    pool = list(rows)
+    if budget is not None:
+        within = [r for r in pool if r["prompt_tokens"] <= budget]
+        pool = within or [min(pool, key=lambda r: r["prompt_tokens"])]
+    return min(pool, key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))
+
+
+def frontier(rows: Sequence[dict[str, Any]], cost: str) -> list[int]:
+    """Indices of the rows no other row beats on both accuracy and ``cost`` (the Pareto frontier), cheapest first."""
+    order = sorted(range(len(rows)), key=lambda i: (rows[i][cost], -rows[i]["accuracy"]))
+    out, best = [], -1.0
+    for i in order:
+        if rows[i]["accuracy"] > best:
+            out.append(i)
+            best = rows[i]["accuracy"]
+    return out
+
+
+def compare(a: Sequence[int], b: Sequence[int], *, alpha: float = 0.05, n_boot: int = 2000,
+            seed: int = 0) -> dict[str, Any]:
+    """A minus B on the same questions: exact McNemar and the accuracy difference with a paired-bootstrap
+    95 % interval; ``measurably_worse`` when A loses with McNemar p < ``alpha``."""
+    from ragsieve.eval.stats import mcnemar_exact, paired_bootstrap
+
+    test = mcnemar_exact(a, b)
+    diff = paired_bootstrap(np.asarray(a, float), np.asarray(b, float), n_boot=n_boot, seed=seed)
+    return {"n": test.n, "a_correct": test.a_correct, "b_correct": test.b_correct, "a_only": test.a_only,
+            "b_only": test.b_only, "p_value": test.p_value, "diff": diff.diff, "ci95": [diff.low, diff.high],
+            "verdict": test.verdict, "measurably_worse": bool(test.p_value < alpha and test.diff < 0)}
+
+
+def do_no_harm(on_test: dict[str, dict[str, Any]], *, alpha: float = 0.05, n_boot: int = 2000,
+               seed: int = 0) -> dict[str, Any]:
+    """The test comparison of the configuration chosen on dev (``on_test["chosen"]``) with the best plain one
+    and closed book (rows of :meth:`Selection.evaluate` on the same test questions). ``shipped`` is
+    ``best_plain`` when the choice answers measurably worse than it (exact McNemar p < ``alpha``), with a
+    one-line ``note`` saying so; else ``chosen``."""
+    chosen, plain = on_test["chosen"], on_test["best_plain"]
+    vs_plain = compare(chosen["correct"], plain["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
+    vs_closed = compare(chosen["correct"], on_test["closed_book"]["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
+    worse = vs_plain["measurably_worse"]
+    note = (f"the configuration chosen on dev ({chosen['name']}) answers measurably worse than the best plain one "
+            f"({plain['name']}) on test ({vs_plain['diff']:+.3f}, McNemar p = {vs_plain['p_value']:.3g}): fit ships "
+            "the plain configuration") if worse else ""
+    return {"n_test": vs_plain["n"], "shipped": "best_plain" if worse else "chosen", "note": note,
+            "chosen_vs_best_plain": vs_plain, "chosen_vs_closed_book": vs_closed, "alpha": alpha}
+
+
+def public_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as ``sieve.json`` records them: no per-question outcomes, frontier membership marked."""
+    on_tokens, on_seconds = set(frontier(rows, "prompt_tokens")), set(frontier(rows, "llm_seconds"))
+    return [{**{k: v for k, v in r.items() if k not in ("correct", "choice")},
+             "frontier_tokens": i in on_tokens, "frontier_seconds": i in on_seconds} for i, r in enumerate(rows)]
+
+
+def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[str, dict[str, Any]]) -> Path:
+    """Dev accuracy against mean prompt tokens and against LLM seconds per question: every configuration,
+    the frontier as a line, and the ``marks`` (label → row: chosen, best plain, closed book) named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, cost, label in zip(axes, ("prompt_tokens", "llm_seconds"),
+                               ("mean prompt tokens", "LLM seconds per question")):
+        ax.scatter([r[cost] for r in rows], [r["accuracy"] for r in rows], s=10, color="0.7", label="configuration")
+        line = [rows[i] for i in frontier(rows, cost)]
+        ax.plot([r[cost] for r in line], [r["accuracy"] for r in line], color="C0", marker="o", ms=3, label="frontier")
+        for (name, row), color in zip(marks.items(), ("C3", "C2", "C1", "C4")):
+            ax.scatter([row[cost]], [row["accuracy"]], s=60, marker="*", color=color, label=f"{name}: {row['name']}",
+                       zorder=3)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"dev accuracy (n = {rows[0]['n'] if rows else 0})")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Accuracy against cost for every configuration of the grid")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+

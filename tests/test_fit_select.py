@@ -1,0 +1,257 @@
+"""``ragsieve fit`` chooses the sieve by the LLM's answers (issue #39): the grid, the answer cache, the
+tie-break by prompt tokens, the token objective, the frontier, the do-no-harm test; and an endpoint-only
+fit against a real OpenAI-compatible server on loopback serving the embedded SmolLM2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragsieve.data.records import Passage, Question
+
+TOPICS = ["comets", "violins", "glaciers", "tigers", "bridges", "lanterns", "orchids", "harbors"]
+FILLER = "It is long and says nothing that would help anyone answer a question about any topic at all."
+
+
+def _setup(tmp_path, chat_server_factory, select=None):
+    """Eight questions whose answer is in one candidate, retrieved second; an "LLM" on loopback that answers
+    right exactly when that passage is in the prompt."""
+    from ragsieve.fit import SelectConfig
+    from ragsieve.fit.select import AnswerCache, Selection
+    from ragsieve.models.llm import OpenAIChatLLM
+    from ragsieve.prompts.builder import PromptBuilder
+    from ragsieve.registry import load_reranker
+
+    def reply(body):
+        asked = body["messages"][-1]["content"]
+        return next((t for t in TOPICS if f"The {t} passage" in asked), "I am not sure.")
+
+    server = chat_server_factory(reply)
+    llm = OpenAIChatLLM(f"openai:{server.url}#tiny")
+    builder = PromptBuilder(llm, None, 600)
+    questions = [Question(f"q{i}", f"what do you know about {t}?", (t,)) for i, t in enumerate(TOPICS)]
+    candidates = {q.id: [Passage(f"{q.id}-a", f"Weather report. {FILLER}", "weather"),
+                         Passage(f"{q.id}-b", f"The {t} passage: all about {t}.", t),
+                         Passage(f"{q.id}-c", f"Cooking notes. {FILLER}", "cooking")]
+                  for q, t in zip(questions, TOPICS)}
+    cache = AnswerCache(tmp_path / "answers.sqlite", llm, builder, max_new_tokens=4, batch_size=4)
+    selection = Selection(builder, cache, candidates, select or SelectConfig(ks=[0, 1, 2, 3], plain_ks=[1, 2, 3]))
+    selection.add_ranking("retriever", questions)
+    selection.add_ranking("bm25", questions, load_reranker("bm25"))
+    return server, llm, builder, questions, candidates, cache, selection
+
+
+def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, chat_server_factory):
+    from ragsieve.fit.select import (AnswerCache, CachedGenerator, Selection, choose, frontier, plot_frontier,
+                                     public_rows)
+    from ragsieve.probe.labels import LabelRequest, label_generations
+
+    server, llm, builder, questions, candidates, cache, selection = _setup(tmp_path, chat_server_factory)
+    grid = selection.grid(["retriever", "bm25"], questions)
+    names = [c.name for c in grid]
+    assert len(names) == len(set(names)) and names.count("closed book") == 1
+    assert not any(c.grade != "off" for c in grid if c.order == "retriever")  # the retriever has no score
+    assert not any(c.placement == "best_last" for c in grid if c.k == 1)  # one passage: one placement
+    assert not any(c.gate != "off" for c in grid)  # no probe, no Conf(Q): no gate
+    selection.confidence = {q.id: i / 10 for i, q in enumerate(questions)}
+    gated = selection.grid(["retriever"], questions, policy_beta=0.35)
+    assert {c.gate for c in gated if c.k} == {"off", "policy", "q0.25", "q0.50", "q0.75"}
+    assert {c.gate for c in selection.grid(["retriever"], questions, policy_beta=0.35, gates="policy") if c.k} \
+        == {"policy"}
+    assert {c.gate for c in selection.grid(["retriever"], questions, policy_beta=0.35, gates="off")} == {"off"}
+    selection.confidence = {}
+
+    # fit labels closed-book answers first, through the cache: the grid finds them there
+    labels = label_generations(CachedGenerator(cache), builder, [LabelRequest(q.id, q.text, q.answers, "closed")
+                                                                 for q in questions], tmp_path / "gens.jsonl",
+                               max_new_tokens=4)
+    assert len(server.calls) == len(questions) and not any(g.correct for g in labels)
+    rows = selection.evaluate(grid, questions)
+    unique = selection.unique_prompts(grid, questions)
+    # many configurations share prompts: the LLM is asked once per unique prompt, never per configuration
+    assert len(server.calls) == cache.answered == unique < len(grid) * len(questions)
+    assert cache.unique == unique + len(questions)  # the closed-book prompts, asked twice, answered once
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["closed book"]["accuracy"] == 0.0 and by_name["top1, retriever"]["accuracy"] == 0.0
+    assert by_name["top2, retriever"]["accuracy"] == 1.0 and by_name["top1, bm25"]["accuracy"] == 1.0
+    assert all(len(r["ci95"]) == 2 and r["ci95"][0] <= r["accuracy"] <= r["ci95"][1] for r in rows)
+    assert by_name["top1, bm25"]["prompt_tokens"] < by_name["top2, bm25"]["prompt_tokens"]
+
+    best = choose(rows)  # every 100 % row ties: the fewest prompt tokens wins
+    assert best["name"] == "top1, bm25"
+    plain = selection.evaluate(selection.plain([1, 2, 3]), questions)
+    assert choose(plain)["name"] == "top2, retriever"  # top2 and top3 tie: fewer tokens
+    assert len(server.calls) == unique  # the plain rows were all in the grid: no new prompt
+    # a token budget below every retrieval prompt leaves closed book (the cheapest)
+    closed_tokens = by_name["closed book"]["prompt_tokens"]
+    assert choose(rows, f"tokens={closed_tokens + 1}")["name"] == "closed book"
+
+    cheapest_first = [rows[i]["name"] for i in frontier(rows, "prompt_tokens")]
+    assert cheapest_first == ["closed book", "top1, bm25"]
+    table = public_rows(rows)
+    assert sum(r["frontier_tokens"] for r in table) == 2 and "correct" not in table[0]
+    json.dumps(table)  # what sieve.json records
+    png = plot_frontier(rows, tmp_path / "frontier.png", {"chosen": best, "closed book": by_name["closed book"]})
+    assert png.stat().st_size > 1000
+
+    # a rerun (a new process, the same cache file) asks the LLM nothing
+    cache.close()
+    again = AnswerCache(tmp_path / "answers.sqlite", llm, builder, max_new_tokens=4, batch_size=4)
+    rerun = Selection(builder, again, candidates, selection.config)
+    rerun.rankings = selection.rankings
+    assert [r["correct"] for r in rerun.evaluate(grid, questions)] == [r["correct"] for r in rows]
+    assert len(server.calls) == unique and again.stats() == {"requested": len(grid) * len(questions),
+                                                             "unique": unique, "answered": 0, "hits": unique}
+
+
+def test_grades_drop_low_scores_and_best_last_reverses_the_prompt(tmp_path, chat_server_factory):
+    from ragsieve.fit.select import Choice
+
+    _, _, _, questions, candidates, _, selection = _setup(tmp_path, chat_server_factory)
+    q = questions[0]
+    top = selection.rankings["bm25"][q.id]
+    first, second = top[0][1], top[1][1]
+    graded = Choice(3, "bm25", threshold=(first + second) / 2, grade="q0.50")
+    assert [p.id for p in selection.passages(graded, q)] == [candidates[q.id][top[0][0]].id]  # only the best
+    best_first, best_last = Choice(2, "bm25"), Choice(2, "bm25", placement="best_last")
+    gold = "The comets passage"
+    other = candidates[q.id][top[1][0]].text
+    text_first, text_last = selection.prompt(best_first, q), selection.prompt(best_last, q)
+    assert text_first.index(gold) < text_first.index(other) and text_last.index(gold) > text_last.index(other)
+    selection.confidence = {q.id: 0.9}  # Conf(Q) above β: the gate answers closed-book
+    assert selection.prompt(Choice(2, "bm25", beta=0.5, gate="q0.50"), q) == selection.prompt(Choice(0), q)
+
+
+def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
+    from ragsieve.fit.select import Choice, compare, do_no_harm
+
+    worse = compare([0] * 10 + [1] * 30, [1] * 40, n_boot=500)  # 10 questions lost, none won
+    assert worse["measurably_worse"] and worse["p_value"] < 0.05 and worse["ci95"][1] < 0
+    assert worse["diff"] == pytest.approx(-0.25)
+    slightly = compare([0] * 2 + [1] * 38, [1] * 40, n_boot=500)  # 2 lost: p = 0.5, not measurable
+    assert not slightly["measurably_worse"] and slightly["verdict"] == "no measurable difference"
+    better = compare([1] * 40, [0] * 10 + [1] * 30, n_boot=500)
+    assert not better["measurably_worse"] and better["verdict"] == "A better"
+
+    def row(choice, correct):
+        return {"name": choice.name, "choice": choice, "correct": correct}
+
+    sieve, plain, closed = Choice(3, "embedded:base", 0.5, "q0.50"), Choice(1), Choice(0)
+    lost = do_no_harm({"chosen": row(sieve, [0] * 10 + [1] * 30), "best_plain": row(plain, [1] * 40),
+                       "closed_book": row(closed, [0] * 40)}, n_boot=200)
+    assert lost["shipped"] == "best_plain" and "fit ships the plain configuration" in lost["note"]
+    assert "\n" not in lost["note"] and "top1, retriever" in lost["note"]
+    assert lost["chosen_vs_closed_book"]["verdict"] == "A better"
+    kept = do_no_harm({"chosen": row(sieve, [0] * 2 + [1] * 38), "best_plain": row(plain, [1] * 40),
+                       "closed_book": row(closed, [0] * 40)}, n_boot=200)
+    assert kept["shipped"] == "chosen" and kept["note"] == "" and kept["n_test"] == 40
+
+
+def test_every_fit_experiment_file_validates():
+    """experiments/sieve_*.yaml are FitConfig files (bench/fit.py --config): their schema follows FitConfig's."""
+    from pathlib import Path
+
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.fit import FitConfig
+
+    files = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("sieve_*.yaml"))
+    assert {"sieve_default.yaml", "sieve_endpoint.yaml"} <= {f.name for f in files}
+    for path in files:
+        values = {**read_mapping(path), "index": "idx", "questions": "qa.jsonl", "out": "out"}
+        config = build_config(FitConfig, values, source=str(path))
+        assert config.align.train.cosine_mix and config.align.train.distill_weight == 1.0  # fit's guards kept
+
+
+def test_select_config_refuses_bad_objectives_in_one_line(tmp_path, cli):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "q", "answers": ["a"]}\n')
+    result = cli("fit", "--index", tmp_path, "--questions", qa, "--out", tmp_path / "s", "--objective", "cheap")
+    assert result.code == 2 and "objective 'cheap'" in result.err
+
+
+def test_the_pipeline_applies_top_k_0_and_passage_order(tmp_path, chat_server_factory):
+    """What a chosen sieve sets reaches the prompt: top_k 0 answers closed-book, best_last reverses the passages."""
+    from ragsieve.models.llm import OpenAIChatLLM
+    from ragsieve.pipeline.rag import RAGPipeline
+    from ragsieve.retrieve import build_index, load_index
+
+    server = chat_server_factory(lambda body: "comets")
+    build_index([Passage("a", "Comets are icy bodies. Comets have tails.", "comets"),
+                 Passage("b", "Comets orbit the sun.", "orbits"), Passage("c", "Violins have strings.", "violins")],
+                tmp_path / "idx", kind="bm25")
+    retriever, llm = load_index(tmp_path / "idx"), OpenAIChatLLM(f"openai:{server.url}#tiny")
+    closed = RAGPipeline(llm, retriever, top_k=0).answer("what are comets?")
+    assert closed.contexts == [] and not closed.retrieved and "Comets" not in server.messages[-1]
+    first = RAGPipeline(llm, retriever, top_k=2).answer("what are comets?")
+    last = RAGPipeline(llm, retriever, top_k=2, passage_order="best_last").answer("what are comets?")
+    assert [p.id for p in first.contexts] == [p.id for p in last.contexts]  # the same passages, best first
+    best = first.contexts[0].text
+    other = first.contexts[1].text
+    assert server.messages[-2].index(best) < server.messages[-2].index(other)
+    assert server.messages[-1].index(best) > server.messages[-1].index(other)
+    prompts = {0: server.messages[0], 2: server.messages[-1]}  # closed book; top 2, best last
+
+    # a fitted sieve carries both to the pipeline it builds
+    from ragsieve.pipeline.config import PipelineConfig
+    from ragsieve.pipeline.sieve import Sieve
+    from ragsieve.pipeline.sieve_config import SieveConfig
+
+    for top_k, order in ((0, "best_first"), (2, "best_last")):
+        folder = Sieve(SieveConfig(llm=llm.spec, top_k=top_k, passage_order=order)).save(tmp_path / f"sieve{top_k}")
+        pipe = RAGPipeline.from_config(PipelineConfig(sieve=str(folder)), llm=llm, retriever=retriever)
+        answer = pipe.answer("what are comets?")
+        assert len(answer.contexts) == top_k and answer.retrieved == (top_k > 0)
+        assert server.messages[-1] == prompts[top_k]
+
+
+@pytest.mark.integration
+def test_endpoint_only_fit_with_smollm2_on_loopback(tmp_path, smollm2, tiny_cross_encoder_dir, cli):
+    """A real fit with no local copy of the LLM: SmolLM2 behind a FastAPI OpenAI-compatible server."""
+    import importlib.util
+    from pathlib import Path
+
+    from ragsieve.retrieve import build_index
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "llm_server.py"  # also what a real endpoint run uses
+    spec = importlib.util.spec_from_file_location("llm_server", script)
+    llm_server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llm_server)
+
+    topics = ["Paris", "Hamlet", "Jupiter", "Everest", "Einstein", "Amazon", "Tokyo", "Mozart", "Nile", "Python"]
+    facts = {"Paris": ("What is the capital of France?", "The capital of France is Paris."),
+             "Hamlet": ("Who wrote the play about the prince of Denmark?", "Hamlet was written by Shakespeare."),
+             "Jupiter": ("What is the largest planet?", "Jupiter is the largest planet of the solar system."),
+             "Everest": ("What is the highest mountain?", "Mount Everest is the highest mountain on Earth."),
+             "Einstein": ("Who proposed relativity?", "Albert Einstein proposed the theory of relativity."),
+             "Amazon": ("What is the largest rainforest?", "The Amazon is the largest rainforest."),
+             "Tokyo": ("What is the capital of Japan?", "Tokyo is the capital of Japan."),
+             "Mozart": ("Who composed The Magic Flute?", "The Magic Flute was composed by Mozart."),
+             "Nile": ("What is the longest river in Africa?", "The Nile is the longest river in Africa."),
+             "Python": ("Which language did Guido van Rossum create?", "Guido van Rossum created Python.")}
+    passages = [Passage(f"p{i}", facts[t][1], t) for i, t in enumerate(topics)]
+    index = tmp_path / "idx"
+    build_index(passages, index, kind="bm25")
+    qa = tmp_path / "qa.jsonl"
+    asked = [(facts[t][0], t) for t in topics]
+    qa.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": [t]}) + "\n"
+                          for i, (q, t) in enumerate(asked)))
+    config = tmp_path / "fit.yaml"
+    config.write_text(
+        f"split: {{train: 0.4, dev: 0.3, test: 0.3}}\nseed: 1\nmax_new_tokens: 4\nmax_prompt_tokens: 192\n"
+        f"candidates: 2\ntop_k: 1\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 1, train: {{lr: 0.001, batch_size: 2,"
+        f" max_length: 64}}}}\nselect: {{ks: [0, 1, 2], plain_ks: [1, 2], grade_quantiles: [0.5], n_boot: 200}}\n")
+    with llm_server.serve_in_background(smollm2) as server:
+        endpoint = f"openai:{server.url}/v1#smollm2"
+        result = cli("fit", "--index", index, "--questions", qa, "--llm", endpoint, "--out", tmp_path / "sieve",
+                     "--config", config, "--objective", "accuracy")
+    assert result.code == 0, result.err
+    written = json.loads((tmp_path / "sieve" / "sieve.json").read_text())
+    metrics = written["metrics"]
+    assert written["llm"] == endpoint and written["probe"] is None and written["beta"] is None
+    assert "no probe, no gate" in metrics["skipped"] and metrics["preferences_from"] == "answers"
+    assert metrics["selection"]["n_configurations"] == len(metrics["selection"]["grid"]) >= 5
+    assert {"chosen_vs_best_plain", "chosen_vs_closed_book"} <= set(metrics["do_no_harm"])
+    assert (tmp_path / "sieve" / "frontier.png").is_file()
+    assert metrics["selection"]["answer_cache"]["answered"] <= metrics["selection"]["answer_cache"]["unique"]
