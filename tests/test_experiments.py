@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -197,8 +198,9 @@ def test_study_configs_validate(name):
     if name.startswith("probe"):
         assert cfg.n_questions == 0 and cfg.layer_sweep == "all" and cfg.n_boot >= 1000
         assert cfg.state_cache.startswith(f"results/{name}/work/")  # git-ignored, next to the run
-        for path in cfg.compare_to:  # a compared probe is committed next to the run
-            assert (REPO / path / "probe_config.json").is_file()
+        for path in cfg.compare_to:  # a compared probe is a git-ignored training output next to the run, by sha256
+            rel = Path(path).relative_to(f"results/{name}")
+            assert f"{rel}/probe.safetensors" in json.loads((REPO / f"results/{name}/artifacts.json").read_text())
     if name.startswith("cbdr"):
         assert cfg.min_questions >= 500 and cfg.reuse_probe_generations
         assert cfg.probe_results == f"results/probe_{name.removeprefix('cbdr_')}"

@@ -27,7 +27,7 @@ ID_KEYS = ("id",)
 LLM_OUTPUT_KEYS = {"generation", "prediction"}
 LLM_OUTPUT_MAX_WORDS = 60
 # Keys of our own prose in result JSON (notes on a measurement, a rule, a split's description).
-OWN_PROSE_KEYS = {"note", "llm_share_note", "why", "rule", "split", "protocol", "synthetic_method"}
+OWN_PROSE_KEYS = {"note", "llm_share_note", "why", "rule", "split", "protocol", "synthetic_method", "intervals"}
 # Keys that hold dataset text in the formats ragsieve writes: any non-empty string there is text.
 TEXT_KEYS = {"query", "question", "passage", "passages", "pos", "neg", "context", "premise", "hypothesis", "claim",
              "document", "text", "title", "answers_gold"}

@@ -84,7 +84,7 @@ def test_ask_with_sieve_explains_and_speaks_json(sieve_dir, tmp_path, cli):
     assert data["retrieved"] and data["beta"] == pytest.approx(float(conf.mean()))
     assert {c["id"] for c in data["candidates"]} <= {"stuffed", "answer", "off"}
     both = cli("ask", question, "--index", tmp_path / "idx", "--sieve", folder, "--reranker", "bm25")
-    assert both.code == 2 and "either sieve or those" in both.err
+    assert both.code == 2 and "drop --reranker" in both.err
 
 
 def test_not_a_sieve_is_one_line(tmp_path):

@@ -51,8 +51,8 @@ def fit_cmd(
     if objective is not None:
         values["select"] = {**(values.get("select") or {}), "objective": objective}
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads
-    check_fit_questions(cfg)  # too few questions: one line, before the output folder and any phase
     output_dir(out, overwrite=overwrite)
+    check_fit_questions(cfg)  # too few questions: one line, before any phase
     with resumable_directory(out, overwrite=overwrite, exists_hint="pass --overwrite to fit it again") as work:
         with progress_bar(err_console) as bar:
             tasks = {name: bar.add_task(f"fit {name}", total=None) for name in PHASES}
