@@ -70,7 +70,7 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
     config.write_text(
         "split: {train: 0.5, dev: 0.25, test: 0.25}\nlayers: [1]\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
         "candidates: 4\nbatch_size: 2\nprobe: {hidden: 8, epochs: 2, lr: 0.01}\n"
-        f"align: {{init: {tiny_cross_encoder_dir}, lr: 0.001, batch_size: 4, max_length: 64, n_pos: 1, n_neg: 1}}\n"
+        f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 1, train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
     )
     sieve = tmp_path / "sieve"
     code, out, err = _ragsieve("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", sieve,
