@@ -143,10 +143,14 @@ class CautiousDPO(EvolveMethod):
     objective = "dpo"
     replays = True
     uses_gold = False
+    #: False when the model's confident verdicts failed the labeller check (judges.check_labellers):
+    #: it then neither self-labels nor votes, and only the judges label
+    trust_self: bool = True
 
     def label(self, examples, verdicts, round_id, labels, history=()):
         cfg = self.config
-        confident = verdicts.confidence >= cfg.tau if cfg.gating else np.zeros(len(examples), dtype=bool)
+        gated = cfg.gating and self.trust_self
+        confident = verdicts.confidence >= cfg.tau if gated else np.zeros(len(examples), dtype=bool)
         own = verdicts.predictions
         decided: dict[int, tuple[int, str]] = {}
         to_vote = []
@@ -155,14 +159,14 @@ class CautiousDPO(EvolveMethod):
                 decided[i] = (int(labels[x.id]), "gold")
             elif confident[i]:
                 decided[i] = (int(own[i]), "self")
-            elif cfg.jury:
+            elif cfg.jury and (self.judges or self.trust_self):
                 to_vote.append(i)
         ties = 0
         if to_vote:
             batch = [examples[i] for i in to_vote]
             ballots = [judge.votes(batch) for judge in self.judges]
             for j, i in enumerate(to_vote):
-                votes = [b[j] for b in ballots if b[j] is not None] + [int(own[i])]
+                votes = [b[j] for b in ballots if b[j] is not None] + ([int(own[i])] if self.trust_self else [])
                 yes = sum(votes)
                 if 2 * yes == len(votes):
                     ties += 1

@@ -30,6 +30,7 @@ class ServeConfig(StrictConfig):
     candidates: int = Field(20, ge=1, description="/v1/ask: passages retrieved for the reranker")
     max_new_tokens: int = Field(16, ge=1)
     feedback_store: str | None = None  # evolve store directory that /v1/feedback appends to
+    log_traffic: bool = False  # also write every served (query, documents) to feedback_store as unlabelled traffic
 
     # limits: over-limit requests are answered 413 with a JSON error naming the field
     max_documents: int = Field(1000, ge=1)
