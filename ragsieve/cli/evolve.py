@@ -116,12 +116,17 @@ def init_cmd(
 
 
 def _check_label_words(cfg) -> None:
-    """A user's template: each label word must be one token at the answer position of the store's LLM."""
-    from ragsieve.models.llm import load_local_llm
+    """A user's template: each label word must be one token at the answer position of the store's LLM
+    (its tokenizer only: no weights load)."""
+    from functools import partial
+
+    from transformers import AutoTokenizer
+
+    from ragsieve.models.llm import chat_prompt, resolve_llm_path
     from ragsieve.prompts.verdicts import check_single_token_words
 
-    llm = load_local_llm(cfg.llm)
-    check_single_token_words(llm.tokenizer, cfg.verdict_template(), llm.format_prompt)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_llm_path(cfg.llm))
+    check_single_token_words(tokenizer, cfg.verdict_template(), partial(chat_prompt, tokenizer))
 
 
 @evolve_app.command("step")

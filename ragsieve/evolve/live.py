@@ -200,13 +200,15 @@ def append_traffic(store_dir: str | Path, pairs: Sequence[tuple[str, str]]) -> i
         room = store.config.max_traffic
         with store.transaction() as conn:
             waiting = conn.execute("SELECT COUNT(*) FROM live_traffic WHERE round IS NULL").fetchone()[0]
-            before = conn.total_changes
-            for query, document in pairs[: max(0, room - waiting)]:
-                conn.execute(
+            written = 0
+            for query, document in pairs:
+                if waiting + written >= room:
+                    break
+                written += conn.execute(
                     "INSERT OR IGNORE INTO live_traffic (query, document, key, added_at) VALUES (?, ?, ?, ?)",
                     (query, document, traffic_key(query, document), _now()),
-                )
-            return conn.total_changes - before
+                ).rowcount
+            return written
 
 
 def promote_traffic(store_dir: str | Path) -> int | None:
