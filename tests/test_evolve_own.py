@@ -16,6 +16,7 @@ import pytest
 from ragsieve.errors import RagsieveError
 from ragsieve.serve import ServeConfig, create_app
 from ragsieve.serve.runner import BackgroundServer
+from tests.conftest import REPO, requires_data
 
 ROWS = [
     ("is it the fox?", "the fox jumps over the lazy dog", 1),
@@ -307,3 +308,39 @@ def test_own_data_serve_feedback_step_reload_changes_the_fed_back_scores(tmp_pat
         assert [r[0] for r in s.conn.execute("SELECT round FROM pairs WHERE round > 0 GROUP BY round")] == [1]
     finally:
         s.close()
+
+
+# --------------------------------------------------------------------------- the study, on tiny sizes
+
+
+@requires_data
+def test_own_data_study_runs_resumes_and_reports_on_tiny_sizes(tmp_path, tiny_llm_dir):
+    """experiments/evolve_own_data.yaml's code paths with the tiny LLM: file path vs --dataset, the
+    checked and unguarded cells, the paired report; a rerun redoes nothing."""
+    from rich.console import Console
+
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.studies.evolve_own_data import EvolveOwnDataConfig, EvolveOwnDataStudy
+
+    params = read_mapping(REPO / "experiments" / "evolve_own_data.yaml")["params"]
+    build_config(EvolveOwnDataConfig, params)  # the committed config validates
+    cfg = build_config(EvolveOwnDataConfig, {
+        **params, "llm": str(tiny_llm_dir), "datasets": ["pubmedqa"], "file_path_dataset": "pubmedqa",
+        "rounds": 2, "sizes": {"initial": 8, "per_round": 8}, "size_overrides": {}, "test_size": 8,
+        "check_size": 4, "max_prompt_tokens": 300, "m0_train_overrides": {}, "n_boot": 50, "threads": 1,
+        "m0_train": {"lr": 2e-2, "epochs": 1, "batch_size": 4}, "train": {"lr": 1e-2, "batch_size": 4},
+        "judges": ["reranker:bm25"], "hotpot_source": "sample100",
+    })
+    out = tmp_path / "out"
+    console = Console(file=open(tmp_path / "log.txt", "w"), width=200)
+    metrics = EvolveOwnDataStudy().run(cfg, out, console)
+    fp = metrics["file_path"]["pubmedqa"]
+    assert fp["n"] == 8 and {"file", "dataset", "mcnemar", "auroc_paired"} <= set(fp)
+    assert fp["templates"] == {"dataset": "pubmedqa", "file": "relevance"}
+    check = metrics["labeller_check"]["pubmedqa"]
+    assert {"m0", "cautious-dpo", "checked-cautious-dpo", "checked_vs_unguarded"} <= set(check)
+    rounds = check["checked-cautious-dpo"]["rounds"]
+    assert len(rounds) == 2 and all(r["used"] is not None for r in rounds)
+    assert not list(out.glob("file_path/*.jsonl")) and (out / "work" / ".gitignore").exists()  # rows stay in work/
+    again = EvolveOwnDataStudy().run(cfg, out, console)  # everything finished: nothing reruns
+    assert again["file_path"] == metrics["file_path"] and again["labeller_check"] == metrics["labeller_check"]
