@@ -2,7 +2,7 @@
 
 Example::
 
-    ragsieve evolve init --store state/mine --examples labels.jsonl --test-size 100   # your rows {query, passage, label}
+    ragsieve evolve init --store state/mine --examples labels.jsonl --test-size 100   # rows {query, passage, label}
     ragsieve evolve init --store state/fever --dataset fever --judge reranker:bi-encoder   # a benchmark simulation
     ragsieve evolve step --store state/fever          # round 0 (M0), then one round per call
     ragsieve evolve feedback gold.jsonl --store state/fever    # {id, label}: gold labels of queued examples
@@ -36,7 +36,8 @@ def init_cmd(
     store: Path = StoreOption,
     examples: Optional[Path] = typer.Option(
         None, "--examples",
-        help="Your labelled rows, jsonl {query, passage, label} (+ id, query_id, extra template fields): they train M0."),
+        help="Your labelled rows, jsonl {query, passage, label} (+ id, query_id, extra template fields): "
+             "they train M0."),
     template: Optional[str] = typer.Option(
         None, "--template",
         help="Verdict template for --examples: 'relevance' (default), another packaged name, or your YAML file."),
@@ -199,14 +200,21 @@ def status_cmd(store: Path = StoreOption, as_json: bool = typer.Option(False, "-
         print(json.dumps(status, indent=1))
         return
     table = Table(title=f"{status['store']} ({status['template']}, {status['llm']})")
-    for col in ("round", "mode", "accuracy", "f1", "n", "new pairs", "pseudo-label acc", "seconds"):
+    for col in ("round", "mode", "accuracy", "f1", "n", "new pairs", "pseudo-label acc", "labellers used",
+                "test acc", "seconds"):
         table.add_column(col)
     for r in status["rounds"]:
         labels = r.get("labels") or {}
+        check = r.get("labeller_check")
         table.add_row(
             str(r["round"]), r["mode"], _fmt(r.get("accuracy")), _fmt(r.get("f1")), _fmt(r.get("n")),
-            _fmt(r.get("n_new_pairs")), _fmt(labels.get("accuracy")), _fmt((r.get("seconds") or {}).get("total")),
+            _fmt(r.get("n_new_pairs")), _fmt(labels.get("accuracy")),
+            "-" if check is None else (", ".join(check["used"]) or "none"),
+            _fmt((r.get("test") or {}).get("accuracy")), _fmt((r.get("seconds") or {}).get("total")),
         )
     console.print(table)
+    for r in status["rounds"]:
+        if r.get("skipped"):
+            console.print(f"round {r['round']} skipped: {r['skipped']}")
     for q in status["queued"]:
         console.print(f"queued round {q['round']}: {q['examples']} examples, {q['feedback']} with feedback")

@@ -1,22 +1,28 @@
-"""Feedback that arrives while a reranker is served, appended to its evolve store.
+"""Feedback and traffic that arrive while a reranker is served, appended to its evolve store.
 
-Rows come from ``POST /v1/feedback`` or ``ragsieve feedback add FILE``: a pointwise label
-``{query, document, label}`` or a preference ``{query, chosen, rejected}`` (stored as a
-positive and a negative row sharing a ``pair_id``), each with a ``source`` tag. They go
-into the ``live_feedback`` table of ``<store>/evolve.sqlite`` (WAL mode: many writers,
-one transaction per call, a busy writer waits instead of failing).
+Feedback rows come from ``POST /v1/feedback`` or ``ragsieve feedback add FILE``: a pointwise
+label ``{query, document, label}`` or a preference ``{query, chosen, rejected}`` (stored as a
+positive and a negative row sharing a ``pair_id``), each with a ``source`` tag. They go into
+the ``live_feedback`` table of ``<store>/evolve.sqlite`` (WAL mode: many writers, one
+transaction per call, a busy writer waits instead of failing).
 
-:func:`promote_feedback` turns every row that arrived since the last promotion into one
-queued round whose examples all carry gold labels, so the next ``run_step`` trains it as
-a full-feedback round; with no new feedback nothing is queued and a queued unlabelled
-round runs as CautiousDPO as before. Promotion is one transaction (examples, labels, and
-the rows marked with their round), so a kill leaves either all of it or none.
+Traffic (``ragsieve serve --log-traffic``): every served (query, document) pair, once
+(:func:`traffic_key`), into ``live_traffic``, at most the store's ``max_traffic`` waiting;
+:class:`TrafficLog` writes it from a background thread, never on the request path.
+
+:func:`promote_feedback` turns every feedback row since the last promotion into one queued
+round whose examples all carry gold labels, placed AHEAD of any queued round with unlabelled
+examples (those move back one), so the next ``run_step`` trains on what the user said before
+anything the model labels itself. :func:`promote_traffic` turns the traffic since the last
+promotion into one unlabelled round at the end of the queue (CautiousDPO labels it). Each
+promotion is one transaction, so a kill leaves either all of it or none.
 
 Example::
 
-    append_feedback("state/fever", [FeedbackItem(query="claim", document="evidence", label=1, source="ui")])
-    promote_feedback("state/fever")     # -> the queued round id, or None when nothing new arrived
-    run_step("state/fever")             # trains it as a full-feedback round
+    append_feedback("state/mine", [FeedbackItem(query="claim", document="evidence", label=1, source="ui")])
+    promote_feedback("state/mine")     # -> the queued round id, or None when nothing new arrived
+    promote_traffic("state/mine")      # served pairs since the last round -> an unlabelled round
+    run_step("state/mine")             # the feedback round first
 """
 
 from __future__ import annotations

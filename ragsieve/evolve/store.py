@@ -1,28 +1,35 @@
 """Deployment state of an evolving reranker in one SQLite file, advanced a round at a time.
 
-``<store>/evolve.sqlite`` holds the configuration, the incoming examples by round (with
-hidden gold labels when simulating from a benchmark, for the round log only), feedback
-labels, the replay buffer (every training pair with its round and source: gold / self /
-jury) and the round log; ``<store>/adapters/round-NNN`` holds each round's LoRA delta.
-The model after round t is the base LLM with the deltas of rounds 0..t merged in order.
+``<store>/evolve.sqlite`` holds the configuration (the verdict template too, saved whole when
+it is the user's own file), the incoming examples by round (with hidden gold labels when
+simulating from a benchmark, for the round log only), feedback labels, an optional test split
+(``evolve init --test-size``), the replay buffer (every training pair with its round and
+source: gold / self / jury), each round's verdicts of the model before it trained on them
+(``verdicts``: what the labeller check judges the model by) and the round log;
+``<store>/adapters/round-NNN`` holds each round's LoRA delta. The model after round t is the
+base LLM with the deltas of rounds 0..t merged in order.
 
+A store starts from the user's rows (:func:`init_store_from_examples`, ``evolve init
+--examples``) or from a benchmark (:func:`init_store_from_dataset`, a simulation).
 :func:`run_step` runs the next round: round 0 fine-tunes M0 on the labelled SFT set;
-round t >= 1 evaluates M_{t-1} on D_t and trains M_t with CautiousDPO (self-labels +
-jury), or with the feedback method when every example of D_t has feedback. All of a
-round's rows (its pairs and its log entry) are written in ONE transaction at the end, and
-the adapter folder is renamed into place before that; so a process killed at any moment
-(kill -9 included) leaves either the whole round or none of it, and rerunning
-``run_step`` redoes exactly the unfinished round: no pair is duplicated or lost. A file
-lock keeps two steps from running at once.
+round t >= 1 trains M_t with the feedback method when every example of D_t has feedback,
+else with CautiousDPO (self-labels + jury) after the labeller check (``judge_check``,
+:func:`_check_labellers`): a labeller that does not clear chance on the labelled feedback
+does not label, and with none left (and no feedback in D_t) the round is recorded as
+``skipped`` with its reason. With a test split, M_t is scored on it after every round. All of
+a round's rows (its pairs, verdicts and log entry) are written in ONE transaction at the end,
+and the adapter folder is renamed into place before that; so a process killed at any moment
+(kill -9 included) leaves either the whole round or none of it, and rerunning ``run_step``
+redoes exactly the unfinished round: no pair is duplicated or lost. A file lock keeps two
+steps from running at once.
 
 Example::
 
-    init_store_from_dataset("state/fever", "fever", EvolveStoreConfig(template="fever"),
-                            initial_size=128, round_size=64)
-    run_step("state/fever")                # round 0: M0
-    add_feedback("state/fever", "labels.jsonl")
+    init_store_from_examples("state/mine", "labels.jsonl", EvolveStoreConfig(template="relevance"), test_size=100)
+    run_step("state/mine")                 # round 0: M0
+    add_feedback("state/fever", "labels.jsonl")   # gold labels of queued examples (a simulation's rounds)
     run_step("state/fever")                # round 1, a full-feedback round if labels.jsonl covers it
-    store_status("state/fever")
+    store_status("state/mine")
 """
 
 from __future__ import annotations

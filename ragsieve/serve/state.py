@@ -73,7 +73,7 @@ class ServeState:
     config: ServeConfig
     models: ServedModels
     name: str
-    traffic: "TrafficLog | None" = None  # --log-traffic: served pairs → the evolve store, written off the request path
+    traffic: "TrafficLog | None" = None  # --log-traffic: served pairs → the evolve store, off the request path
 
     @classmethod
     def load(cls, config: ServeConfig, models: ServedModels | None = None) -> "ServeState":
