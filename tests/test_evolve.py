@@ -548,7 +548,7 @@ def test_judge_specs_factory_and_calibration():
 def test_replay_share_and_method_registry():
     from ragsieve.evolve.methods import METHODS, MethodConfig, Pair, build_method
 
-    assert set(METHODS) == {"sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo"}
+    assert set(METHODS) == {"sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo", "checked-cautious-dpo"}
     new = [Pair(x, x.label, "gold", 2) for x in synthetic_examples(14, prefix="n")]
     history = [Pair(x, x.label, "gold", 1) for x in synthetic_examples(40, prefix="h")]
     replay = build_method(MethodConfig(kind="replay-dpo", alpha=0.7))
