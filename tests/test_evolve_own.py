@@ -186,8 +186,8 @@ def test_traffic_is_deduplicated_bounded_and_becomes_an_unlabelled_round(tmp_pat
     finally:
         s.close()
     assert got[0] == ("q1", "a", -1, {"query": "q1", "passage": "a"}) and len(got) == 4
-    with pytest.raises(RagsieveError, match="--log-traffic needs --feedback-store"):
-        create_app(ServeConfig(reranker="bm25", log_traffic=True))
+    with pytest.raises(ValueError, match="needs feedback_store"):
+        ServeConfig(reranker="bm25", log_traffic=True)
 
 
 def test_served_requests_are_logged_when_asked_and_only_then(tmp_path):
@@ -237,6 +237,27 @@ def test_labeller_check_uses_wilson_against_the_majority_share():
     assert rows[SELF_LABELLER]["n"] == 20  # its unconfident (and wrong) verdicts are not its labels
     empty = check_labellers([], [right], {}, tau=0.9)
     assert empty["used"] == [] and all(r["n"] == 0 for r in empty["labellers"])
+
+
+def test_checked_cautious_dpo_checks_on_a_labelled_sample_of_each_batch():
+    from ragsieve.data.records import LabeledPair
+    from ragsieve.evolve.methods import CheckedCautiousDPO, MethodConfig, build_method, check_sample
+    from ragsieve.models.verdict import VerdictScores
+
+    items = [LabeledPair(f"e{i:02d}", f"e{i:02d}", "q", "p", i % 2) for i in range(60)]
+    sample = check_sample(items, 10, "1")
+    assert len(sample) == 10 and sum(x.label for x in sample) == 5 and sample == check_sample(items, 10, "1")
+    p = np.full(60, 0.6)  # never confident: the model is not a labeller here
+    verdicts = VerdictScores(np.log(p), np.log(1 - p))
+    right, wrong = FixedJudge("right", {x.id: x.label for x in items}), FixedJudge("wrong", {x.id: 1 for x in items})
+    method = build_method(MethodConfig(kind="checked-cautious-dpo", tau=0.9), [right, wrong])
+    assert isinstance(method, CheckedCautiousDPO)
+    method.check_size = 40
+    out = method.label(items, verdicts, 1, {})
+    assert out.stats["labeller_check"]["used"] == ["right"] and out.stats["accuracy"] == 1.0
+    alone = build_method(MethodConfig(kind="checked-cautious-dpo", tau=0.9), [wrong])
+    skipped = alone.label(items, verdicts, 1, {})
+    assert skipped.pairs == [] and "no labeller clears chance on 50 labelled examples" in skipped.stats["skipped"]
 
 
 def test_an_unchecked_model_neither_self_labels_nor_votes():

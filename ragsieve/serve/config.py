@@ -48,6 +48,13 @@ class ServeConfig(StrictConfig):
     api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)
 
     @model_validator(mode="after")
+    def _traffic_needs_a_store(self) -> "ServeConfig":
+        if self.log_traffic and not self.feedback_store:  # refused before any model loads
+            raise ValueError("log_traffic (--log-traffic) needs feedback_store (--feedback-store): the evolve store "
+                             "the traffic goes to")
+        return self
+
+    @model_validator(mode="after")
     def _sieve_or_stages(self) -> "ServeConfig":
         given = self.model_fields_set & _SIEVE_FIELDS
         if self.sieve and given:
