@@ -35,7 +35,7 @@ from pydantic import Field
 from rich.console import Console
 
 from ragsieve.studies.common import write_json
-from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
+from ragsieve.studies.evolve import WORK_GITIGNORE, EvolveExperiment, EvolveExperimentConfig, plan_cells
 
 CHECKED, UNGUARDED = "checked-cautious-dpo", "cautious-dpo"
 
@@ -85,7 +85,7 @@ class EvolveOwnDataStudy(EvolveExperiment):
             return json.loads(path.read_text())
         work = out_dir / "work" / "file_path" / ds
         work.mkdir(parents=True, exist_ok=True)
-        (out_dir / "work" / ".gitignore").write_text("*\n")  # the rows file is dataset text: never committed
+        (out_dir / "work" / ".gitignore").write_text(WORK_GITIGNORE)  # rows and stores hold dataset text: ignored
         task = self._task(cfg, ds)
         store_cfg = {"llm": cfg.llm, "max_prompt_tokens": cfg.max_prompt_tokens, "batch_size": cfg.eval_batch_size,
                      "m0_train": cfg.m0_train_for(ds), "seed": cfg.seed, "judge_check": False}
