@@ -320,6 +320,7 @@ def test_own_data_serve_feedback_step_reload_changes_the_fed_back_scores(tmp_pat
     third = cli("evolve", "step", "--store", store)
     assert third.code == 0 and "round 2 (skipped): 4 examples, 0 accepted labels" in third.out, third.out
     assert "no labeller clears chance on 6 labelled feedback example(s)" in third.out
+    assert "labeller check on 6 labelled feedback example(s): self (confident) " in third.out and "not used" in third.out
     status = cli("evolve", "status", "--store", store)
     assert status.code == 0 and "round 2 skipped: no labeller clears chance" in status.out, status.out
     record = store_status(store)["rounds"][-1]

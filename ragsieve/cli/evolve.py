@@ -162,7 +162,9 @@ def step_cmd(
         if report.round is None:
             console.print("no queued round: post feedback, serve with --log-traffic or `evolve ingest` a batch")
             return
-        console.print(report.summary(), soft_wrap=True)
+        console.print(report.summary(), soft_wrap=True, markup=False)
+        if report.check_line():
+            console.print(report.check_line(), soft_wrap=True, markup=False)
         if not all_rounds:
             return
 

@@ -136,6 +136,19 @@ class StepReport:
             line += f"; skipped: {rec['skipped']}"
         return line
 
+    def check_line(self) -> str | None:
+        """The labeller check of a CautiousDPO round, one line: each labeller's accuracy on the labelled
+        feedback, its Wilson interval, the chance it had to clear and whether it labelled."""
+        check = (self.record or {}).get("labeller_check")
+        if not check:
+            return None
+        parts = []
+        for r in check["labellers"]:
+            acc = "no labels" if not r["n"] else (f"{r['accuracy']:.2f} [{r['low']:.2f}, {r['high']:.2f}] on {r['n']} "
+                                                  f"vs chance {r['chance']:.2f}")
+            parts.append(f"{r['labeller']} {acc}: {'used' if r['used'] else 'not used'}")
+        return f"  labeller check on {check['n_labelled']} labelled feedback example(s): " + "; ".join(parts)
+
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
