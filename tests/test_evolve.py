@@ -79,12 +79,12 @@ def synthetic_examples(n: int, dataset: str = "pubmedqa", prefix: str = "ex") ->
 
 def test_templates_are_the_issue_texts_with_label_words():
     templates = load_templates()
-    assert {name: t.template for name, t in templates.items()} == ISSUE_TEXTS
+    assert {name: t.template for name, t in templates.items() if name != "relevance"} == ISSUE_TEXTS
     words = {name: (t.true_word, t.false_word) for name, t in templates.items()}
     assert words == {
         "anli": ("entailment", "contradiction"), "fever": ("SUPPORTS", "REFUTES"),
         "hotpotqa-distractor": ("True", "False"), "multirc": ("true", "false"), "pubmedqa": ("yes", "no"),
-        "bioasq": ("true", "false"),
+        "bioasq": ("true", "false"), "relevance": ("true", "false"),
     }
     with pytest.raises(RagsieveError, match="no verdict template 'nope'"):
         get_template("nope")
@@ -116,7 +116,7 @@ def test_smollm2_label_words_take_the_no_space_variant_after_the_chat_template()
         tok.convert_tokens_to_ids("True"), tok.convert_tokens_to_ids("False"))
     assert tok.convert_tokens_to_ids("ĠTrue") != ids["hotpotqa-distractor"].true_id  # not the leading-space token
     single = {n for n, t in ids.items() if not t.multi_token}
-    assert single == {"hotpotqa-distractor", "multirc", "pubmedqa", "bioasq"}
+    assert single == {"hotpotqa-distractor", "multirc", "pubmedqa", "bioasq", "relevance"}
     assert tok.decode([ids["fever"].true_id, ids["fever"].false_id]) == "SREF"  # first tokens of SUPPORTS / REFUTES
 
 
@@ -530,7 +530,8 @@ def test_judge_specs_factory_and_calibration():
     args = ScoreJudge.reranker_args
     assert args(JudgeSpec.model_validate("cross-encoder:embedded:base"), template) == ("embedded:base", {})
     assert args(JudgeSpec.model_validate("cross-encoder:models/ce"), template) == ("cross-encoder:models/ce", {})
-    assert args(JudgeSpec.model_validate("llm:tiny"), template)[0] == "pointwise:pubmedqa"
+    assert args(JudgeSpec.model_validate("llm:tiny"), template) == (
+        "pointwise", {"template": template, "llm": "tiny", "max_prompt_tokens": 384})
     (bm25,) = build_judges(["reranker:bm25"], "pubmedqa")
     with pytest.raises(RagsieveError, match="never calibrated"):
         bm25.votes(synthetic_examples(2))
@@ -547,7 +548,7 @@ def test_judge_specs_factory_and_calibration():
 def test_replay_share_and_method_registry():
     from ragsieve.evolve.methods import METHODS, MethodConfig, Pair, build_method
 
-    assert set(METHODS) == {"sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo"}
+    assert set(METHODS) == {"sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo", "checked-cautious-dpo"}
     new = [Pair(x, x.label, "gold", 2) for x in synthetic_examples(14, prefix="n")]
     history = [Pair(x, x.label, "gold", 1) for x in synthetic_examples(40, prefix="h")]
     replay = build_method(MethodConfig(kind="replay-dpo", alpha=0.7))
@@ -569,6 +570,7 @@ def _store_config(tiny_llm_dir):
         llm=str(tiny_llm_dir), template="pubmedqa", max_prompt_tokens=300, judges=[f"llm:{tiny_llm_dir}"],
         method={"kind": "cautious-dpo", "tau": 0.501, "alpha": 0.5},
         m0_train={"lr": 2e-2, "epochs": 2, "batch_size": 4}, train={"lr": 1e-2, "batch_size": 4},
+        judge_check=False,  # no feedback here to check the judges on: the unguarded loop is what is tested
     )
 
 
@@ -646,7 +648,8 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path, cli):
     assert s.config.method.balance  # the collapse guard is a deployed store's default
     s.close()
     assert "round 0 (sft)" in invoke("step", "--store", store)
-    assert "round 1 (cautious)" in invoke("step", "--store", store)
+    skipped = invoke("step", "--store", store)  # no labelled feedback yet: no labeller is checked, the round skips
+    assert "round 1 (skipped)" in skipped and "no labelled feedback yet" in skipped, skipped
     s = EvolveStore(store)
     round2 = s.examples(2)
     s.close()
@@ -659,7 +662,7 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path, cli):
     batch.write_text(json.dumps({"id": "new1", "fields": {"question": "q?", "context": "c"}}) + "\n")
     assert "round 3" in invoke("ingest", batch, "--store", store)
     status = json.loads(invoke("status", "--store", store, "--json"))
-    assert [r["mode"] for r in status["rounds"]] == ["sft", "cautious", "feedback"]
+    assert [r["mode"] for r in status["rounds"]] == ["sft", "skipped", "feedback"]
     assert {b["source"] for b in status["replay_buffer"] if b["round"] == 2} == {"gold"}
     assert status["queued"] == [{"round": 3, "examples": 1, "feedback": 0}]
     assert "round" in invoke("status", "--store", store)

@@ -2,7 +2,8 @@
 
 Example::
 
-    ragsieve evolve init --store state/fever --dataset fever --judge reranker:bi-encoder
+    ragsieve evolve init --store state/mine --examples labels.jsonl --test-size 100   # rows {query, passage, label}
+    ragsieve evolve init --store state/fever --dataset fever --judge reranker:bi-encoder   # a benchmark simulation
     ragsieve evolve step --store state/fever          # round 0 (M0), then one round per call
     ragsieve evolve feedback gold.jsonl --store state/fever    # {id, label}: gold labels of queued examples
     ragsieve evolve status --store state/fever
@@ -33,53 +34,100 @@ def _fmt(value) -> str:
 @evolve_app.command("init")
 def init_cmd(
     store: Path = StoreOption,
-    dataset: str = typer.Option(..., help="Benchmark simulated as the incoming stream (its template too)."),
+    examples: Optional[Path] = typer.Option(
+        None, "--examples",
+        help="Your labelled rows, jsonl {query, passage, label} (+ id, query_id, extra template fields): "
+             "they train M0."),
+    template: Optional[str] = typer.Option(
+        None, "--template",
+        help="Verdict template for --examples: 'relevance' (default), another packaged name, or your YAML file."),
+    test_size: int = typer.Option(
+        0, "--test-size", help="Examples of whole queries held out as the store's test split (scored every round)."),
+    dataset: Optional[str] = typer.Option(
+        None, help="Instead of --examples: a benchmark simulated as the incoming stream (its template too)."),
     llm: str = typer.Option(DEFAULT_LLM, help="Local causal LM spec of the reranker."),
-    initial_size: int = typer.Option(128, help="Labelled SFT examples (round 0)."),
-    round_size: int = typer.Option(64, help="Examples per later round."),
-    rounds: int = typer.Option(4, help="Queued rounds."),
+    initial_size: int = typer.Option(128, help="--dataset: labelled SFT examples (round 0)."),
+    round_size: int = typer.Option(64, help="--dataset: examples per later round."),
+    rounds: int = typer.Option(4, help="--dataset: queued rounds."),
     judge: Optional[list[str]] = typer.Option(None, "--judge", help="Judge spec kind:model (repeatable)."),
     tau: float = typer.Option(0.9, help="CautiousDPO confidence gate."),
     balance: bool = typer.Option(
         True, "--balance/--no-balance",
         help="CautiousDPO: keep accepted labels in the gold label prior (collapse guard; on by default, "
              "see results/evolve: without it BioASQ collapsed to one verdict at every tau)."),
+    judge_check: bool = typer.Option(
+        True, "--judge-check/--no-judge-check",
+        help="Before a CautiousDPO round, drop every labeller whose accuracy on the labelled feedback "
+             "does not clear chance (Wilson 95 %); with none left the round is skipped."),
     alpha: float = typer.Option(0.7, help="Share of new pairs in a round's training set (replay)."),
     max_prompt_tokens: int = typer.Option(320, help="Prompt budget; the passage field is cut to fit."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Benchmark data folder."),
     overwrite: bool = OverwriteOption,
 ) -> None:
-    """Create a store from a benchmark: SFT set + queued rounds (gold kept for the log only)."""
+    """Create a store from your labelled rows (--examples) or a benchmark (--dataset, a simulation)."""
     from ragsieve.atomic import atomic_directory
     from ragsieve.checks import non_negative_int, output_dir, positive_int, unit_interval
     from ragsieve.config import build_config, read_mapping
+    from ragsieve.errors import RagsieveError
 
     # every value is checked before the store folder exists
+    if (examples is None) == (dataset is None):
+        raise RagsieveError("give either --examples (your labelled rows) or --dataset (a benchmark simulation)")
+    if template is not None and dataset is not None:
+        raise RagsieveError("--template goes with --examples; a --dataset brings its own template")
     positive_int(initial_size, "--initial-size")
     positive_int(round_size, "--round-size")
     non_negative_int(rounds, "--rounds")
+    non_negative_int(test_size, "--test-size")
     unit_interval(tau, "--tau")
     unit_interval(alpha, "--alpha")
     output_dir(store, overwrite=overwrite)
     from ragsieve.evolve.methods import MethodConfig
-    from ragsieve.evolve.store import EvolveStoreConfig, init_store_from_dataset
+    from ragsieve.evolve.store import EvolveStoreConfig, init_store_from_dataset, init_store_from_examples
+    from ragsieve.prompts.verdicts import GENERIC_TEMPLATE, resolve_template, template_mapping
 
     data = {
-        "llm": llm, "template": dataset, "max_prompt_tokens": max_prompt_tokens,
+        "llm": llm, "template": dataset, "max_prompt_tokens": max_prompt_tokens, "judge_check": judge_check,
         "method": MethodConfig(kind="cautious-dpo", alpha=alpha, tau=tau, balance=balance).model_dump(),
         "feedback_method": MethodConfig(kind="replay-dpo", alpha=alpha).model_dump(),
         "judges": list(judge or []),
     }
+    if examples is not None:
+        chosen = resolve_template(template or GENERIC_TEMPLATE)
+        data["template"] = chosen.name
+        if template is not None and Path(template).is_file():  # a user's file is saved whole in the store
+            data["template_spec"] = template_mapping(chosen)
     if config is not None:
         data.update(read_mapping(config))
     cfg = build_config(EvolveStoreConfig, data, source=str(config or "evolve init"))
+    if cfg.template_spec:
+        _check_label_words(cfg)
     with atomic_directory(store, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
+        if examples is not None:
+            _, n_sft, n_test = init_store_from_examples(building, examples, cfg, test_size=test_size)
+            console.print(f"initialised {store}: {examples} ({cfg.template} template), SFT set {n_sft}, "
+                          f"test split {n_test}; serve it with --log-traffic and post feedback to grow it")
+            return
         init_store_from_dataset(
             building, dataset, cfg, initial_size=initial_size, round_size=round_size, rounds=rounds,
-            data_dir=str(data_dir) if data_dir else None,
+            data_dir=str(data_dir) if data_dir else None, test_size=test_size,
         )
     console.print(f"initialised {store}: {dataset}, SFT set {initial_size}, {rounds} rounds of {round_size}")
+
+
+def _check_label_words(cfg) -> None:
+    """A user's template: each label word must be one token at the answer position of the store's LLM
+    (its tokenizer only: no weights load)."""
+    from functools import partial
+
+    from transformers import AutoTokenizer
+
+    from ragsieve.models.llm import chat_prompt, resolve_llm_path
+    from ragsieve.prompts.verdicts import check_single_token_words
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_llm_path(cfg.llm))
+    check_single_token_words(tokenizer, cfg.verdict_template(), partial(chat_prompt, tokenizer))
 
 
 @evolve_app.command("step")
@@ -87,16 +135,19 @@ def step_cmd(
     store: Path = StoreOption,
     all_rounds: bool = typer.Option(False, "--all", help="Keep stepping until no round is queued."),
 ) -> None:
-    """Run the next round (resumes an interrupted one from scratch, never twice)."""
-    from ragsieve.evolve.live import promote_feedback
+    """Run the next round: waiting feedback first, then queued rounds, then served traffic (one line each)."""
+    from ragsieve.evolve.live import promote_feedback, promote_traffic
     from ragsieve.evolve.store import run_step
     from ragsieve.progress import reporting
     from ragsieve.progress import progress_bar
 
-    # live feedback (/v1/feedback, `feedback add`) since the last round becomes a full-feedback round
+    # feedback since the last round goes ahead of any unlabelled round; traffic since then queues last
     promoted = promote_feedback(store)
     if promoted is not None:
         console.print(f"live feedback queued as round {promoted}")
+    traffic = promote_traffic(store)
+    if traffic is not None:
+        console.print(f"served traffic queued as round {traffic}")
     while True:
         with progress_bar(err_console) as bar:
             tasks: dict[str, int] = {}
@@ -109,13 +160,11 @@ def step_cmd(
             with reporting(show):  # scoring batches and training steps, as they finish
                 report = run_step(store)
         if report.round is None:
-            console.print("no queued round: ingest a batch (`evolve ingest`) to continue")
+            console.print("no queued round: post feedback, serve with --log-traffic or `evolve ingest` a batch")
             return
-        rec = report.record or {}
-        console.print(
-            f"round {report.round} ({report.mode}): accuracy {_fmt(rec.get('accuracy'))}, f1 {_fmt(rec.get('f1'))}, "
-            f"{rec.get('n_new_pairs', 0)} new pairs, {report.seconds:.1f}s"
-        )
+        console.print(report.summary(), soft_wrap=True, markup=False)
+        if report.check_line():
+            console.print(report.check_line(), soft_wrap=True, markup=False)
         if not all_rounds:
             return
 
@@ -153,14 +202,21 @@ def status_cmd(store: Path = StoreOption, as_json: bool = typer.Option(False, "-
         print(json.dumps(status, indent=1))
         return
     table = Table(title=f"{status['store']} ({status['template']}, {status['llm']})")
-    for col in ("round", "mode", "accuracy", "f1", "n", "new pairs", "pseudo-label acc", "seconds"):
+    for col in ("round", "mode", "accuracy", "f1", "n", "new pairs", "pseudo-label acc", "labellers used",
+                "test acc", "seconds"):
         table.add_column(col)
     for r in status["rounds"]:
         labels = r.get("labels") or {}
+        check = r.get("labeller_check")
         table.add_row(
             str(r["round"]), r["mode"], _fmt(r.get("accuracy")), _fmt(r.get("f1")), _fmt(r.get("n")),
-            _fmt(r.get("n_new_pairs")), _fmt(labels.get("accuracy")), _fmt((r.get("seconds") or {}).get("total")),
+            _fmt(r.get("n_new_pairs")), _fmt(labels.get("accuracy")),
+            "-" if check is None else (", ".join(check["used"]) or "none"),
+            _fmt((r.get("test") or {}).get("accuracy")), _fmt((r.get("seconds") or {}).get("total")),
         )
     console.print(table)
+    for r in status["rounds"]:
+        if r.get("skipped"):
+            console.print(f"round {r['round']} skipped: {r['skipped']}")
     for q in status["queued"]:
         console.print(f"queued round {q['round']}: {q['examples']} examples, {q['feedback']} with feedback")

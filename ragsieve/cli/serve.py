@@ -35,6 +35,10 @@ def serve_cmd(
     feedback_store: Optional[Path] = typer.Option(
         None, "--feedback-store", help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`)."
     ),
+    log_traffic: bool = typer.Option(
+        False, "--log-traffic",
+        help="Write served (query, documents) to --feedback-store as unlabelled examples for `evolve step`.",
+    ),
     config: Optional[Path] = typer.Option(
         None, "--config", "-c", help="YAML/JSON of ServeConfig fields (limits, batching, ...)."
     ),
@@ -67,6 +71,7 @@ def serve_cmd(
         "cbdr_beta": cbdr_beta,
         "index": str(index) if index else None,
         "feedback_store": str(feedback_store) if feedback_store else None,
+        "log_traffic": log_traffic or None,
     }
     values.update({k: v for k, v in options.items() if v is not None})  # options override the file
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))

@@ -117,7 +117,8 @@ class ScoreJudge(Judge):
         from ragsieve.registry import RERANKERS
 
         if spec.kind == "llm":
-            return f"pointwise:{template.name}", {"llm": spec.model, "max_prompt_tokens": spec.max_prompt_tokens}
+            # the template object, not its name: a user's own template is in no packaged file
+            return "pointwise", {"template": template, "llm": spec.model, "max_prompt_tokens": spec.max_prompt_tokens}
         if spec.kind == "cross-encoder" and spec.model.partition(":")[0] not in RERANKERS:
             return f"cross-encoder:{spec.model}", {}
         return spec.model, {}
@@ -194,3 +195,59 @@ def build_judges(specs: Sequence[JudgeSpec | str | dict], template: VerdictTempl
             raise RagsieveError(f"unknown judge kind '{spec.kind}'; known: {', '.join(sorted(JUDGES))}") from None
         judges.append(cls(spec, template))
     return judges
+
+
+# --------------------------------------------------------------------------- the check before labelling
+
+#: the labeller name of the model's own confident verdicts in a check
+SELF_LABELLER = "self (confident)"
+
+
+def labeller_accuracy(name: str, gold: Sequence[int], guesses: Sequence[Vote]) -> dict[str, Any]:
+    """One labeller against the gold labels it did not abstain on: accuracy, its Wilson 95 % interval,
+    and whether the interval's low end clears chance.
+
+    Chance is the accuracy of always answering the majority label of those same examples
+    (``max(prior, 1 - prior)``), not 0.5: on feedback that is 80 % "relevant", a labeller that
+    calls everything relevant is right 80 % of the time and teaches nothing. With no labelled
+    example the interval is [0, 1] and the labeller is not used.
+
+    >>> r = labeller_accuracy("j", [1, 1, 0, 0] * 10, [1, 1, 0, 0] * 10)
+    >>> r["used"], r["chance"], round(r["low"], 2)
+    (True, 0.5, 0.91)
+    >>> labeller_accuracy("always-true", [1, 1, 1, 0] * 10, [1] * 40)["used"]
+    False
+    """
+    from ragsieve.eval.stats import proportion_interval
+
+    known = [(g, v) for g, v in zip(gold, guesses) if v is not None]
+    n = len(known)
+    if not n:
+        return {"labeller": name, "n": 0, "accuracy": None, "low": 0.0, "high": 1.0, "chance": 0.5, "used": False}
+    correct = [int(g == v) for g, v in known]
+    accuracy, low, high = proportion_interval(correct)  # every example its own unit: Wilson
+    prior = sum(g for g, _ in known) / n
+    chance = max(prior, 1.0 - prior)
+    return {"labeller": name, "n": n, "accuracy": accuracy, "low": low, "high": high, "chance": chance,
+            "used": bool(low > chance)}
+
+
+def check_labellers(
+    examples: Sequence[LabeledPair], judges: Sequence[Judge], self_verdicts: dict[str, tuple[int, float]], tau: float
+) -> dict[str, Any]:
+    """Measure every judge, and the model's confident verdicts, on labelled ``examples``.
+
+    ``self_verdicts`` maps an example id to the model's (verdict, confidence) from BEFORE it
+    trained on that label (an example without one is not counted for the model); only
+    verdicts with confidence >= ``tau`` count, the ones CautiousDPO would self-label.
+    Returns ``{"n_labelled", "labellers": [...], "used": [names]}`` (see :func:`labeller_accuracy`).
+    """
+    gold = [x.label for x in examples]
+    rows = []
+    for judge in judges:
+        rows.append(labeller_accuracy(judge.name, gold, judge.votes(examples) if examples else []))
+    own = [(x.label, self_verdicts[x.id][0]) for x in examples
+           if x.id in self_verdicts and self_verdicts[x.id][1] >= tau]
+    rows.append(labeller_accuracy(SELF_LABELLER, [g for g, _ in own], [v for _, v in own]))
+    return {"n_labelled": len(examples), "chance": "majority share of the labels each labeller answered",
+            "labellers": rows, "used": [r["labeller"] for r in rows if r["used"]]}

@@ -1,27 +1,38 @@
-"""Feedback that arrives while a reranker is served, appended to its evolve store.
+"""Feedback and traffic that arrive while a reranker is served, appended to its evolve store.
 
-Rows come from ``POST /v1/feedback`` or ``ragsieve feedback add FILE``: a pointwise label
-``{query, document, label}`` or a preference ``{query, chosen, rejected}`` (stored as a
-positive and a negative row sharing a ``pair_id``), each with a ``source`` tag. They go
-into the ``live_feedback`` table of ``<store>/evolve.sqlite`` (WAL mode: many writers,
-one transaction per call, a busy writer waits instead of failing).
+Feedback rows come from ``POST /v1/feedback`` or ``ragsieve feedback add FILE``: a pointwise
+label ``{query, document, label}`` or a preference ``{query, chosen, rejected}`` (stored as a
+positive and a negative row sharing a ``pair_id``), each with a ``source`` tag. They go into
+the ``live_feedback`` table of ``<store>/evolve.sqlite`` (WAL mode: many writers, one
+transaction per call, a busy writer waits instead of failing).
 
-:func:`promote_feedback` turns every row that arrived since the last promotion into one
-queued round whose examples all carry gold labels, so the next ``run_step`` trains it as
-a full-feedback round; with no new feedback nothing is queued and a queued unlabelled
-round runs as CautiousDPO as before. Promotion is one transaction (examples, labels, and
-the rows marked with their round), so a kill leaves either all of it or none.
+Traffic (``ragsieve serve --log-traffic``): every served (query, document) pair, once
+(:func:`traffic_key`), into ``live_traffic``, at most the store's ``max_traffic`` waiting;
+:class:`TrafficLog` writes it from a background thread, never on the request path.
+
+:func:`promote_feedback` turns every feedback row since the last promotion into one queued
+round whose examples all carry gold labels, placed AHEAD of any queued round with unlabelled
+examples (those move back one), so the next ``run_step`` trains on what the user said before
+anything the model labels itself. :func:`promote_traffic` turns the traffic since the last
+promotion into one unlabelled round at the end of the queue (CautiousDPO labels it). Each
+promotion is one transaction, so a kill leaves either all of it or none.
 
 Example::
 
-    append_feedback("state/fever", [FeedbackItem(query="claim", document="evidence", label=1, source="ui")])
-    promote_feedback("state/fever")     # -> the queued round id, or None when nothing new arrived
-    run_step("state/fever")             # trains it as a full-feedback round
+    append_feedback("state/mine", [FeedbackItem(query="claim", document="evidence", label=1, source="ui")])
+    promote_feedback("state/mine")     # -> the queued round id, or None when nothing new arrived
+    promote_traffic("state/mine")      # served pairs since the last round -> an unlabelled round
+    run_step("state/mine")             # the feedback round first
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import queue
+import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +53,11 @@ CREATE TABLE IF NOT EXISTS live_feedback (
     source TEXT NOT NULL, pair_id TEXT, fields TEXT, added_at TEXT NOT NULL, round INTEGER
 );
 CREATE INDEX IF NOT EXISTS live_feedback_round ON live_feedback(round);
+CREATE TABLE IF NOT EXISTS live_traffic (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, query TEXT NOT NULL, document TEXT NOT NULL, key TEXT NOT NULL UNIQUE,
+    added_at TEXT NOT NULL, round INTEGER
+);
+CREATE INDEX IF NOT EXISTS live_traffic_round ON live_traffic(round);
 """
 
 
@@ -116,12 +132,29 @@ def pending_feedback(store_dir: str | Path) -> int:
         return store.conn.execute("SELECT COUNT(*) FROM live_feedback WHERE round IS NULL").fetchone()[0]
 
 
-def promote_feedback(store_dir: str | Path) -> int | None:
-    """Queue the feedback since the last promotion as one fully labelled round; its id, or None."""
-    from ragsieve.prompts.verdicts import get_template
+def _feedback_slot(conn: sqlite3.Connection) -> int:
+    """The round a new feedback round takes: right after the queued full-feedback rounds, before any
+    round with unlabelled examples (traffic, an ingested batch, a benchmark round), which move back
+    one. Feedback is what the user said; it trains before anything the model labels itself."""
+    done = [r[0] for r in conn.execute("SELECT round FROM rounds")]
+    first_open = max(done) + 1 if done else 0
+    queued = conn.execute(
+        "SELECT e.round, COUNT(*), COUNT(f.example_id) FROM examples e LEFT JOIN feedback f ON f.example_id = e.id"
+        " WHERE e.round >= ? GROUP BY e.round ORDER BY e.round", (first_open,)
+    ).fetchall()
+    slot = next((r for r, n, labelled in queued if labelled < n), None)
+    if slot is None:
+        return max([first_open, *[r + 1 for r, _, _ in queued]])
+    for table in ("examples", "live_feedback", "live_traffic"):  # descending: no transient clash
+        conn.execute(f"UPDATE {table} SET round = round + 1 WHERE round >= ?", (slot,))
+    return slot
 
+
+def promote_feedback(store_dir: str | Path) -> int | None:
+    """Queue the feedback since the last promotion as one fully labelled round, ahead of any queued
+    unlabelled round (:func:`_feedback_slot`); its id, or None."""
     with _live(store_dir) as store:
-        template = get_template(store.config.template)
+        template = store.config.verdict_template()
         with store.transaction() as conn:
             rows = conn.execute(
                 "SELECT id, query, document, label, source, pair_id, fields FROM live_feedback"
@@ -129,8 +162,7 @@ def promote_feedback(store_dir: str | Path) -> int | None:
             ).fetchall()
             if not rows:
                 return None
-            rounds = [r[0] for r in conn.execute("SELECT round FROM examples UNION SELECT round FROM rounds")]
-            round_id = max([r + 1 for r in rounds] or [0])
+            round_id = _feedback_slot(conn)
             examples = []
             for rowid, query, document, label, source, pair_id, extra in rows:
                 fields = {f: "" for f in template.fields}
@@ -155,3 +187,137 @@ def promote_feedback(store_dir: str | Path) -> int | None:
             )
             conn.executemany("UPDATE live_feedback SET round = ? WHERE id = ?", [(round_id, r[0]) for r in rows])
         return round_id
+
+
+# --------------------------------------------------------------------------- served traffic
+
+log = logging.getLogger("ragsieve.serve")
+
+
+def traffic_key(query: str, document: str) -> str:
+    """One served pair's identity: the same (query, document) is logged once, however often it is served."""
+    return hashlib.sha256(f"{query}\x00{document}".encode("utf-8", "replace")).hexdigest()
+
+
+def append_traffic(store_dir: str | Path, pairs: Sequence[tuple[str, str]]) -> int:
+    """Write served (query, document) pairs as unlabelled traffic, deduplicated, while fewer than the
+    store's ``max_traffic`` wait for the next round; returns the number of new rows."""
+    with _live(store_dir) as store:
+        room = store.config.max_traffic
+        with store.transaction() as conn:
+            waiting = conn.execute("SELECT COUNT(*) FROM live_traffic WHERE round IS NULL").fetchone()[0]
+            written = 0
+            for query, document in pairs:
+                if waiting + written >= room:
+                    break
+                written += conn.execute(
+                    "INSERT OR IGNORE INTO live_traffic (query, document, key, added_at) VALUES (?, ?, ?, ?)",
+                    (query, document, traffic_key(query, document), _now()),
+                ).rowcount
+            return written
+
+
+def promote_traffic(store_dir: str | Path) -> int | None:
+    """Queue the traffic since the last promotion as one unlabelled round (CautiousDPO labels it);
+    its id, or None when nothing new arrived."""
+    with _live(store_dir) as store:
+        template = store.config.verdict_template()
+        with store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT id, query, document FROM live_traffic WHERE round IS NULL ORDER BY id"
+            ).fetchall()
+            if not rows:
+                return None
+            rounds = [r[0] for r in conn.execute("SELECT round FROM examples UNION SELECT round FROM rounds")]
+            round_id = max([r + 1 for r in rounds] or [0])
+            examples = []
+            for rowid, query, document in rows:
+                fields = {f: "" for f in template.fields}
+                fields.update(template.fields_for(query, document))
+                examples.append(LabeledPair(f"traffic-{rowid}", f"traffic-q:{traffic_key(query, '')[:16]}",
+                                            query, document, -1, fields, group="traffic", dataset=template.name))
+            store._insert_examples(conn, examples, round_id)
+            conn.executemany("UPDATE live_traffic SET round = ? WHERE id = ?", [(round_id, r[0]) for r in rows])
+        return round_id
+
+
+class TrafficLog:
+    """Served (query, documents) → the store's traffic table, off the request path.
+
+    :meth:`record` only puts the request on a bounded in-memory queue (never waits; a full queue
+    drops the request and counts it); one daemon thread writes what has queued up in one
+    transaction per batch (:func:`append_traffic`). A write error is logged, never raised into
+    a request.
+
+    Example::
+
+        traffic = TrafficLog("state/mine")
+        traffic.record("who wrote hamlet", ["Shakespeare wrote Hamlet.", "Paris"])
+        traffic.flush(); traffic.close()
+    """
+
+    def __init__(self, store_dir: str | Path, max_queued: int = 1024, max_documents: int = 100):
+        pending_feedback(store_dir)  # a missing or damaged store fails at start-up, not in the writer
+        self.store_dir = str(store_dir)
+        self.max_documents = max_documents  # per request: a 1,000-document request logs its first 100
+        self.queue: queue.Queue = queue.Queue(maxsize=max_queued)
+        self.dropped = 0
+        self.written = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name="ragsieve-traffic", daemon=True)
+        self._thread.start()
+
+    def record(self, query: str, documents: Sequence[str]) -> None:
+        self._idle.clear()
+        try:
+            self.queue.put_nowait([(query, d) for d in documents[: self.max_documents]])
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self.queue.get(timeout=0.2)
+            except queue.Empty:
+                self._idle.set()
+                continue
+            if item is None:
+                self._idle.set()
+                return
+            batch = list(item)
+            while len(batch) < 2000:
+                try:
+                    more = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self.queue.put(None)  # seen after this batch is written
+                    break
+                batch += more
+            try:
+                self.written += append_traffic(self.store_dir, batch)
+            except Exception as exc:  # noqa: BLE001 - the service keeps serving; the log says why
+                log.error("traffic log: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything recorded so far is written (tests; shutdown)."""
+        deadline = threading.Event()
+        for _ in range(int(timeout / 0.05)):
+            if self.queue.empty() and self._idle.is_set():
+                return
+            deadline.wait(0.05)
+
+    def close(self) -> None:
+        self.flush()
+        self.queue.put(None)
+        self._thread.join(timeout=5)
+
+
+def traffic_log(store_dir: str | None, enabled: bool) -> TrafficLog | None:
+    """The service's traffic log (``ragsieve serve --log-traffic``), which needs a feedback store."""
+    if not enabled:
+        return None
+    if not store_dir:
+        raise DataError("--log-traffic needs --feedback-store (the evolve store the traffic goes to)")
+    return TrafficLog(store_dir)

@@ -15,6 +15,8 @@ name               objective   training set of round t
 ``cautious-dpo``   dpo         no labels after M0: M_{t-1}'s own label where its confidence
                                >= ``tau`` (source ``self``), else the majority vote of the
                                judges plus M_{t-1} (source ``jury``), ties skipped
+``checked-``       dpo         ``cautious-dpo`` whose labellers are first checked on the gold labels
+``cautious-dpo``               of a sample of the batch (a simulated user's; used for nothing else)
 =================  ==========  ===================================================================
 
 CautiousDPO ablations: ``gating: false`` sends every example to the vote (no confidence
@@ -143,10 +145,14 @@ class CautiousDPO(EvolveMethod):
     objective = "dpo"
     replays = True
     uses_gold = False
+    #: False when the model's confident verdicts failed the labeller check (judges.check_labellers):
+    #: it then neither self-labels nor votes, and only the judges label
+    trust_self: bool = True
 
     def label(self, examples, verdicts, round_id, labels, history=()):
         cfg = self.config
-        confident = verdicts.confidence >= cfg.tau if cfg.gating else np.zeros(len(examples), dtype=bool)
+        gated = cfg.gating and self.trust_self
+        confident = verdicts.confidence >= cfg.tau if gated else np.zeros(len(examples), dtype=bool)
         own = verdicts.predictions
         decided: dict[int, tuple[int, str]] = {}
         to_vote = []
@@ -155,14 +161,14 @@ class CautiousDPO(EvolveMethod):
                 decided[i] = (int(labels[x.id]), "gold")
             elif confident[i]:
                 decided[i] = (int(own[i]), "self")
-            elif cfg.jury:
+            elif cfg.jury and (self.judges or self.trust_self):
                 to_vote.append(i)
         ties = 0
         if to_vote:
             batch = [examples[i] for i in to_vote]
             ballots = [judge.votes(batch) for judge in self.judges]
             for j, i in enumerate(to_vote):
-                votes = [b[j] for b in ballots if b[j] is not None] + [int(own[i])]
+                votes = [b[j] for b in ballots if b[j] is not None] + ([int(own[i])] if self.trust_self else [])
                 yes = sum(votes)
                 if 2 * yes == len(votes):
                     ties += 1
@@ -175,6 +181,49 @@ class CautiousDPO(EvolveMethod):
             extra["dropped_for_balance"], decided = len(decided) - len(kept), kept
         pairs = [Pair(examples[i], lab, src, round_id) for i, (lab, src) in sorted(decided.items())]
         return LabelOutcome(pairs, {**pseudo_label_stats(examples, decided, ties), **extra})
+
+
+class CheckedCautiousDPO(CautiousDPO):
+    """CautiousDPO behind the deployment store's labeller check, for simulations (the studies).
+
+    In a store the check runs on the user's labelled feedback (``store._check_labellers``). A
+    simulation has none, so each round a user is taken to label ``check_size`` of the incoming
+    examples (a seeded sample, balanced by their hidden gold labels): those labels check every
+    judge and M_{t-1}'s confident verdicts (:func:`~ragsieve.evolve.judges.check_labellers`) and
+    are used for nothing else, so the one difference to ``cautious-dpo`` is the check. A labeller
+    that fails does not label this round; with none left the round adds no pair.
+    """
+
+    check_size: ClassVar[int] = 50
+
+    def label(self, examples, verdicts, round_id, labels, history=()):
+        from ragsieve.evolve.judges import SELF_LABELLER, check_labellers
+
+        if not hasattr(self, "all_judges"):
+            self.all_judges, self.base_config = list(self.judges), self.config
+        check_set = check_sample(examples, self.check_size, f"{round_id}")
+        own = {x.id: (int(p), float(c)) for x, p, c in zip(examples, verdicts.predictions, verdicts.confidence)}
+        check = check_labellers(check_set, self.all_judges, own, self.base_config.tau)
+        self.judges = [j for j in self.all_judges if j.name in check["used"]]
+        self.trust_self = SELF_LABELLER in check["used"]
+        self.config = self.base_config if self.judges else self.base_config.model_copy(update={"jury": False})
+        if not self.judges and not self.trust_self:
+            stats = {**pseudo_label_stats(examples, {}, 0), "labeller_check": check,
+                     "skipped": f"no labeller clears chance on {len(check_set)} labelled examples"}
+            return LabelOutcome([], stats)
+        outcome = super().label(examples, verdicts, round_id, labels, history)
+        outcome.stats["labeller_check"] = check
+        return outcome
+
+
+def check_sample(examples: Sequence[LabeledPair], size: int, salt: str) -> list[LabeledPair]:
+    """A seeded sample of ``size`` labelled examples, half of each gold label where there are enough."""
+    rng = random.Random(f"check:{salt}")
+    by_label = {lab: sorted((x for x in examples if x.label == lab), key=lambda x: x.id) for lab in (0, 1)}
+    want = {1: size // 2, 0: size - size // 2}
+    short = {lab: max(0, want[lab] - len(by_label[lab])) for lab in (0, 1)}
+    want = {1: want[1] + short[0], 0: want[0] + short[1]}  # a one-sided batch gives what it has
+    return [x for lab in (0, 1) for x in rng.sample(by_label[lab], min(want[lab], len(by_label[lab])))]
 
 
 def balanced_acceptance(
@@ -240,6 +289,7 @@ METHODS: dict[str, type[EvolveMethod]] = {
     "dpo": MultiRoundDPO,
     "replay-dpo": ReplayDPO,
     "cautious-dpo": CautiousDPO,
+    "checked-cautious-dpo": CheckedCautiousDPO,
 }
 
 

@@ -1,28 +1,35 @@
 """Deployment state of an evolving reranker in one SQLite file, advanced a round at a time.
 
-``<store>/evolve.sqlite`` holds the configuration, the incoming examples by round (with
-hidden gold labels when simulating from a benchmark, for the round log only), feedback
-labels, the replay buffer (every training pair with its round and source: gold / self /
-jury) and the round log; ``<store>/adapters/round-NNN`` holds each round's LoRA delta.
-The model after round t is the base LLM with the deltas of rounds 0..t merged in order.
+``<store>/evolve.sqlite`` holds the configuration (the verdict template too, saved whole when
+it is the user's own file), the incoming examples by round (with hidden gold labels when
+simulating from a benchmark, for the round log only), feedback labels, an optional test split
+(``evolve init --test-size``), the replay buffer (every training pair with its round and
+source: gold / self / jury), each round's verdicts of the model before it trained on them
+(``verdicts``: what the labeller check judges the model by) and the round log;
+``<store>/adapters/round-NNN`` holds each round's LoRA delta. The model after round t is the
+base LLM with the deltas of rounds 0..t merged in order.
 
+A store starts from the user's rows (:func:`init_store_from_examples`, ``evolve init
+--examples``) or from a benchmark (:func:`init_store_from_dataset`, a simulation).
 :func:`run_step` runs the next round: round 0 fine-tunes M0 on the labelled SFT set;
-round t >= 1 evaluates M_{t-1} on D_t and trains M_t with CautiousDPO (self-labels +
-jury), or with the feedback method when every example of D_t has feedback. All of a
-round's rows (its pairs and its log entry) are written in ONE transaction at the end, and
-the adapter folder is renamed into place before that; so a process killed at any moment
-(kill -9 included) leaves either the whole round or none of it, and rerunning
-``run_step`` redoes exactly the unfinished round: no pair is duplicated or lost. A file
-lock keeps two steps from running at once.
+round t >= 1 trains M_t with the feedback method when every example of D_t has feedback,
+else with CautiousDPO (self-labels + jury) after the labeller check (``judge_check``,
+:func:`_check_labellers`): a labeller that does not clear chance on the labelled feedback
+does not label, and with none left (and no feedback in D_t) the round is recorded as
+``skipped`` with its reason. With a test split, M_t is scored on it after every round. All of
+a round's rows (its pairs, verdicts and log entry) are written in ONE transaction at the end,
+and the adapter folder is renamed into place before that; so a process killed at any moment
+(kill -9 included) leaves either the whole round or none of it, and rerunning ``run_step``
+redoes exactly the unfinished round: no pair is duplicated or lost. A file lock keeps two
+steps from running at once.
 
 Example::
 
-    init_store_from_dataset("state/fever", "fever", EvolveStoreConfig(template="fever"),
-                            initial_size=128, round_size=64)
-    run_step("state/fever")                # round 0: M0
-    add_feedback("state/fever", "labels.jsonl")
+    init_store_from_examples("state/mine", "labels.jsonl", EvolveStoreConfig(template="relevance"), test_size=100)
+    run_step("state/mine")                 # round 0: M0
+    add_feedback("state/fever", "labels.jsonl")   # gold labels of queued examples (a simulation's rounds)
     run_step("state/fever")                # round 1, a full-feedback round if labels.jsonl covers it
-    store_status("state/fever")
+    store_status("state/mine")
 """
 
 from __future__ import annotations
@@ -35,7 +42,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+from pydantic import Field
 
 from ragsieve.artifacts import STORE_REBUILD, damaged, sqlite_error
 from ragsieve.config import StrictConfig, build_config
@@ -46,6 +56,10 @@ from ragsieve.data.records import LabeledPair
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.rerank.evolving import DB_FILE, finished_adapters, missing_store, store_config_json
+
+if TYPE_CHECKING:
+    from ragsieve.models.verdict import VerdictScores
+    from ragsieve.prompts.verdicts import VerdictTemplate
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,6 +77,11 @@ CREATE TABLE IF NOT EXISTS pairs (
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, mode TEXT NOT NULL, adapter TEXT, record TEXT NOT NULL, finished_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS test_examples (id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS verdicts (
+    example_id TEXT NOT NULL, round INTEGER NOT NULL, logp_true REAL NOT NULL, logp_false REAL NOT NULL,
+    PRIMARY KEY (example_id, round)
+);
 """
 
 
@@ -70,7 +89,8 @@ class EvolveStoreConfig(StrictConfig):
     """How a deployed reranker evolves (saved in the store at ``init``)."""
 
     llm: str = DEFAULT_LLM
-    template: str  # a dataset name of verdicts.yaml
+    template: str  # a template name of verdicts.yaml (`relevance` for a user's own rows), or a user file's stem
+    template_spec: Optional[dict[str, str]] = None  # a user's template, saved whole (see verdicts.template_mapping)
     max_prompt_tokens: int = 320
     batch_size: int = 8
     # No feedback: CautiousDPO with replay; a full-feedback round: ReplayDPO on the gold pairs.
@@ -82,14 +102,52 @@ class EvolveStoreConfig(StrictConfig):
     m0_train: VerdictTrainConfig = VerdictTrainConfig(lr=2e-4, epochs=2)
     train: VerdictTrainConfig = VerdictTrainConfig()
     seed: int = 0
+    # Before a CautiousDPO round, each labeller (judge, and the model's confident verdicts) is
+    # measured on the labelled feedback; one whose Wilson interval does not clear the majority
+    # share does not label (see `check_labellers`). Off: the study's unguarded method.
+    judge_check: bool = True
+    # Served traffic (`ragsieve serve --log-traffic`) waiting for the next round, at most this many pairs.
+    max_traffic: int = Field(1000, ge=1)
+
+    def verdict_template(self) -> "VerdictTemplate":
+        from ragsieve.prompts.verdicts import stored_template
+
+        return stored_template(self.template, self.template_spec)
 
 
 @dataclass
 class StepReport:
     round: int | None  # None: nothing left to run
-    mode: str = "idle"  # sft | cautious | feedback | idle
+    mode: str = "idle"  # sft | cautious | feedback | skipped | idle
     record: dict[str, Any] | None = None
     seconds: float = 0.0
+
+    def summary(self) -> str:
+        """The one line `evolve step` prints per round: mode, examples, accepted labels, seconds, test accuracy."""
+        rec = self.record or {}
+        labels = rec.get("labels") or {}
+        accepted = labels.get("accepted", rec.get("n_new_pairs", 0))
+        line = (f"round {self.round} ({self.mode}): {rec.get('n_examples', labels.get('n', 0))} examples, "
+                f"{accepted} accepted labels, {self.seconds:.1f}s")
+        test = rec.get("test") or {}
+        if test.get("accuracy") is not None:
+            line += f", test accuracy {test['accuracy']:.3f} (n = {test['n']})"
+        if rec.get("skipped"):
+            line += f"; skipped: {rec['skipped']}"
+        return line
+
+    def check_line(self) -> str | None:
+        """The labeller check of a CautiousDPO round, one line: each labeller's accuracy on the labelled
+        feedback, its Wilson interval, the chance it had to clear and whether it labelled."""
+        check = (self.record or {}).get("labeller_check")
+        if not check:
+            return None
+        parts = []
+        for r in check["labellers"]:
+            acc = "no labels" if not r["n"] else (f"{r['accuracy']:.2f} [{r['low']:.2f}, {r['high']:.2f}] on {r['n']} "
+                                                  f"vs chance {r['chance']:.2f}")
+            parts.append(f"{r['labeller']} {acc}: {'used' if r['used'] else 'not used'}")
+        return f"  labeller check on {check['n_labelled']} labelled feedback example(s): " + "; ".join(parts)
 
 
 def _now() -> str:
@@ -174,6 +232,19 @@ class EvolveStore:
         rows = self.conn.execute("SELECT data FROM examples WHERE round = ? ORDER BY rowid", (round_id,))
         return [LabeledPair.from_json(json.loads(r[0])) for r in rows]
 
+    def test_examples(self) -> list[LabeledPair]:
+        """The store's test split (``evolve init --test-size``): scored after every round, never trained on."""
+        rows = self.conn.execute("SELECT data FROM test_examples ORDER BY rowid")
+        return [LabeledPair.from_json(json.loads(r[0])) for r in rows]
+
+    def recorded_verdicts(self) -> dict[str, tuple[float, float]]:
+        """M_{t-1}'s (logp_true, logp_false) on each example of round t, recorded before round t trained."""
+        rows = self.conn.execute(
+            "SELECT v.example_id, v.logp_true, v.logp_false FROM verdicts v JOIN examples e"
+            " ON e.id = v.example_id AND e.round = v.round"
+        )
+        return {i: (float(t), float(f)) for i, t, f in rows}
+
     def example_rounds(self) -> list[int]:
         return [r[0] for r in self.conn.execute("SELECT DISTINCT round FROM examples ORDER BY round")]
 
@@ -222,11 +293,21 @@ class EvolveStore:
             {"round": r, "mode": m, "adapter": a, "finished_at": f, **json.loads(rec)} for r, m, a, rec, f in rows
         ]
 
-    def commit_round(self, round_id: int, mode: str, adapter: Path | None, record: dict, pairs: Sequence[Pair]) -> None:
-        """Write the round's pairs and log entry in one transaction: all or nothing."""
+    def commit_round(
+        self, round_id: int, mode: str, adapter: Path | None, record: dict, pairs: Sequence[Pair],
+        verdicts: tuple[Sequence[LabeledPair], "VerdictScores"] | None = None,
+    ) -> None:
+        """Write the round's pairs, M_{t-1}'s verdicts on its examples and its log entry in one transaction."""
         rel = str(adapter.relative_to(self.dir)) if adapter is not None else None
         with self.transaction() as conn:
             self._insert_pairs(conn, pairs)
+            if verdicts is not None:
+                examples, scores = verdicts
+                conn.executemany(
+                    "INSERT OR REPLACE INTO verdicts (example_id, round, logp_true, logp_false) VALUES (?, ?, ?, ?)",
+                    [(x.id, round_id, float(t), float(f))
+                     for x, t, f in zip(examples, scores.logp_true, scores.logp_false)],
+                )
             conn.execute(
                 "INSERT INTO rounds (round, mode, adapter, record, finished_at) VALUES (?, ?, ?, ?, ?)",
                 (round_id, mode, rel, json.dumps(record), _now()),
@@ -259,11 +340,11 @@ def init_store(
     config: EvolveStoreConfig,
     initial: Sequence[LabeledPair],
     rounds: Sequence[Sequence[LabeledPair]] = (),
+    test: Sequence[LabeledPair] = (),
 ) -> Path:
-    """Create a store: ``initial`` (labelled) becomes round 0, ``rounds`` the queued batches."""
-    from ragsieve.prompts.verdicts import get_template
-
-    get_template(config.template)  # fail now, not at the first step
+    """Create a store: ``initial`` (labelled) becomes round 0, ``rounds`` the queued batches,
+    ``test`` (labelled) the split scored after every round."""
+    config.verdict_template()  # fail now, not at the first step
     if (Path(store_dir) / DB_FILE).is_file():
         raise RagsieveError(f"{store_dir} already holds an evolve store; use another directory")
     if not initial or len({x.label for x in initial}) < 2:
@@ -278,6 +359,10 @@ def init_store(
         )
         for t, batch in enumerate(rounds, start=1):
             store._insert_examples(conn, batch, t)
+        conn.executemany(
+            "INSERT INTO test_examples (id, data) VALUES (?, ?)",
+            [(x.id, json.dumps(x.to_json(), ensure_ascii=False)) for x in test],
+        )
     return Path(store_dir)
 
 
@@ -290,14 +375,65 @@ def init_store_from_dataset(
     round_size: int = 64,
     rounds: int = 4,
     data_dir: str | None = None,
+    test_size: int = 0,
 ) -> Path:
     """Simulate a deployment on a benchmark: its SFT set and rounds (gold hidden from training)."""
     from ragsieve.evolve.tasks import build_task_rounds
 
     task = build_task_rounds(
-        dataset, initial_size=initial_size, round_size=round_size, rounds=rounds, seed=config.seed, data_dir=data_dir
+        dataset, initial_size=initial_size, round_size=round_size, rounds=rounds, seed=config.seed, data_dir=data_dir,
+        test_size=test_size,
     )
-    return init_store(store_dir, config, task.initial, task.rounds)
+    return init_store(store_dir, config, task.initial, task.rounds, task.test)
+
+
+def read_labelled_examples(path: str | Path, template: "VerdictTemplate") -> list[LabeledPair]:
+    """A user's rows ``{query, passage, label}`` (+ ``id``, ``query_id``, extra template slots);
+    a bad row is one error naming ``file:line``.
+
+    ``label`` is 0/1, true/false or one of the template's label words. Extra slots (a template
+    with more than ``{query}`` and ``{passage}``) come from the row's keys of the same name.
+    """
+    words = {template.true_word.lower(): 1, template.false_word.lower(): 0, "true": 1, "false": 0}
+    out, seen = [], set()
+    for where, row in _read_rows(path):
+        for key in ("query", "passage"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise DataError(f"{where}: '{key}' must be a non-empty string")
+        if "label" not in row:
+            raise DataError(f"{where}: missing 'label' (0/1 or {template.true_word}/{template.false_word})")
+        fields = template.fields_for(row["query"], row["passage"])
+        for slot in template.fields:
+            if slot not in fields:
+                if not isinstance(row.get(slot), str):
+                    raise DataError(f"{where}: template '{template.name}' needs field '{slot}' (a string)")
+                fields[slot] = row[slot]
+        example_id = str(row.get("id", f"row-{where.rsplit(':', 1)[1]}"))
+        if example_id in seen:
+            raise DataError(f"{where}: duplicate id {example_id!r}")
+        seen.add(example_id)
+        out.append(LabeledPair(
+            example_id, str(row.get("query_id", row["query"])), row["query"], row["passage"],
+            _label_value(row["label"], where, words), fields, dataset=template.name,
+        ))
+    return out
+
+
+def init_store_from_examples(
+    store_dir: str | Path, path: str | Path, config: EvolveStoreConfig, *, test_size: int = 0
+) -> tuple[Path, int, int]:
+    """Start a store from the user's labelled rows: all of them train M0 (round 0), but
+    ``test_size`` examples of whole queries (balanced) held out as the test split.
+    Returns the store, the SFT size and the test size."""
+    from ragsieve.evolve.tasks import select_test
+
+    examples = read_labelled_examples(path, config.verdict_template())
+    test: list[LabeledPair] = []
+    if test_size:
+        test, used = select_test(examples, test_size, config.seed, True, str(path))
+        examples = [x for x in examples if x.query_id not in used]
+    init_store(store_dir, config, examples, test=test)
+    return Path(store_dir), len(examples), len(test)
 
 
 def _read_rows(path: str | Path) -> list[tuple[str, dict]]:
@@ -319,10 +455,8 @@ def _label_value(value: Any, where: str, words: dict[str, int]) -> int:
 
 def ingest(store_dir: str | Path, path: str | Path) -> int:
     """Queue a new batch (one round) from jsonl rows ``{id, fields: {...}, label?}``; returns its round."""
-    from ragsieve.prompts.verdicts import get_template
-
     with _open(store_dir) as store:
-        template = get_template(store.config.template)
+        template = store.config.verdict_template()
         words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
         batch = []
         for where, row in _read_rows(path):
@@ -349,10 +483,8 @@ def add_feedback(store_dir: str | Path, path: str | Path) -> dict[str, int]:
     feedback is used as gold inside a CautiousDPO round. Re-adding a label replaces it,
     so feeding the same file twice changes nothing. Labels for finished rounds are refused.
     """
-    from ragsieve.prompts.verdicts import get_template
-
     with _open(store_dir) as store:
-        template = get_template(store.config.template)
+        template = store.config.verdict_template()
         words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
         round_of = dict(store.conn.execute("SELECT id, round FROM examples"))
         first_open = store.next_round()
@@ -388,8 +520,7 @@ def run_step(store_dir: str | Path) -> StepReport:
 
 
 def _run_next_round(store: EvolveStore) -> StepReport:
-    from ragsieve.evolve.judges import build_judges
-    from ragsieve.evolve.methods import build_method, evolve_round
+    from ragsieve.evolve.methods import build_method, evolve_round, verdict_metrics
     from ragsieve.rerank.pointwise import PointwiseLLMReranker
     from ragsieve.evolve.train import train_round
 
@@ -400,11 +531,12 @@ def _run_next_round(store: EvolveStore) -> StepReport:
     if not examples:
         return StepReport(None)
     ranker = PointwiseLLMReranker(
-        cfg.template, cfg.llm, adapters=store.adapters(), max_prompt_tokens=cfg.max_prompt_tokens,
+        cfg.verdict_template(), cfg.llm, adapters=store.adapters(), max_prompt_tokens=cfg.max_prompt_tokens,
         batch_size=cfg.batch_size,
     )
     labels = store.feedback([x.id for x in examples])
     adapter = store.adapter_dir(round_id)
+    before = None  # M_{t-1}'s verdicts on D_t, kept for later labeller checks
     if round_id == 0:
         mode = "sft"
         pairs = [Pair(x, labels[x.id], "gold", 0) for x in examples if x.id in labels]
@@ -413,31 +545,94 @@ def _run_next_round(store: EvolveStore) -> StepReport:
             cfg.m0_train.model_copy(update={"seed": cfg.seed}), save_dir=adapter,
         )
         result.truncated_passages = ranker.prompter.truncated  # a fresh ranker: only these prompts
-        record: dict[str, Any] = {"n_new_pairs": len(pairs), "train": result.summary()}
+        record: dict[str, Any] = {"n_new_pairs": len(pairs), "labels": {"n": len(examples), "accepted": len(pairs)},
+                                  "train": result.summary()}
         trained = result.steps > 0
     else:
         full_feedback = len(labels) == len(examples)
         mode = "feedback" if full_feedback else "cautious"
         method_cfg = cfg.feedback_method if full_feedback else cfg.method
-        judges = []
-        if method_cfg.kind == "cautious-dpo" and method_cfg.jury and cfg.judges:
-            judges = build_judges(cfg.judges, ranker.template)
-            # Judges are calibrated on the labelled SFT set, the only labels CautiousDPO may use.
-            initial = store.examples(0)
-            gold0 = store.feedback([x.id for x in initial])
-            calibration = [replace(x, label=gold0[x.id]) for x in initial if x.id in gold0]
-            for judge in judges:
-                judge.calibrate(calibration)
+        before = ranker.predict(examples)
+        judges, check = [], None
+        if method_cfg.kind == "cautious-dpo":
+            judges = _calibrated_judges(store, cfg, ranker.template) if method_cfg.jury else []
+            if cfg.judge_check:
+                check, judges, trust_self = _check_labellers(store, cfg, judges, examples, before, method_cfg.tau)
+                if not judges:  # no checked judge: an unconfident model's own vote is not checked either
+                    method_cfg = method_cfg.model_copy(update={"jury": False})
+                if not judges and not trust_self and not labels:
+                    reason = (f"no labeller clears chance on {check['n_labelled']} labelled feedback example(s)"
+                              if check["n_labelled"] else
+                              "no labelled feedback yet to check the labellers on (post some to /v1/feedback)")
+                    record = {"round": round_id, **verdict_metrics(examples, before), "n_examples": len(examples),
+                              "labels": {"n": len(examples), "accepted": 0}, "n_new_pairs": 0,
+                              "labeller_check": check, "skipped": reason}
+                    store.commit_round(round_id, "skipped", None, record, [], (examples, before))
+                    return StepReport(round_id, "skipped", record, time.perf_counter() - start)
         method = build_method(method_cfg, judges)
+        if check is not None:
+            method.trust_self = trust_self  # type: ignore[attr-defined]
         history = store.pairs(before_round=round_id)
         rec, pairs = evolve_round(
             ranker, method, examples, history, round_id=round_id, labels=labels, train_config=cfg.train,
-            save_dir=adapter, seed=cfg.seed,
+            save_dir=adapter, seed=cfg.seed, verdicts=before,
         )
         record = rec.to_json()
+        if check is not None:
+            record["labeller_check"] = check
         trained = bool(rec.train.get("steps"))
-    store.commit_round(round_id, mode, adapter if trained else None, record, pairs)
+    record["n_examples"] = len(examples)
+    test = store.test_examples()
+    if test:  # M_t on the test split (never trained on)
+        record["test"] = verdict_metrics(test, ranker.predict(test))
+    store.commit_round(round_id, mode, adapter if trained else None, record, pairs,
+                       (examples, before) if before is not None else None)
     return StepReport(round_id, mode, record, time.perf_counter() - start)
+
+
+def _calibrated_judges(store: EvolveStore, cfg: EvolveStoreConfig, template: "VerdictTemplate") -> list:
+    """The configured judges, thresholds calibrated on the labelled SFT set (the only labels CautiousDPO may use)."""
+    from ragsieve.evolve.judges import build_judges
+
+    if not cfg.judges:
+        return []
+    judges = build_judges(cfg.judges, template)
+    initial = store.examples(0)
+    gold0 = store.feedback([x.id for x in initial])
+    calibration = [replace(x, label=gold0[x.id]) for x in initial if x.id in gold0]
+    for judge in judges:
+        judge.calibrate(calibration)
+    return judges
+
+
+def _check_labellers(
+    store: EvolveStore, cfg: EvolveStoreConfig, judges: list, examples: Sequence[LabeledPair],
+    verdicts: "VerdictScores", tau: float,
+) -> tuple[dict[str, Any], list, bool]:
+    """The labeller check (:func:`ragsieve.evolve.judges.check_labellers`) on the store's labelled feedback.
+
+    The labels are every gold label past round 0 (live feedback rounds, ``evolve feedback`` on
+    queued examples, this round's partial feedback): round 0 trained M0 and calibrated the
+    judges, so it would flatter both. The model is judged by its verdicts from before it
+    trained on each label (recorded per round), or by M_{t-1}'s on this round's examples.
+    Returns the record, the judges that passed and whether the model's confident verdicts did.
+    """
+    from ragsieve.evolve.judges import SELF_LABELLER, check_labellers
+
+    rows = store.conn.execute(
+        "SELECT e.data, f.label FROM feedback f JOIN examples e ON e.id = f.example_id WHERE e.round >= 1"
+        " ORDER BY e.round, e.rowid"
+    )
+    labelled = [replace(LabeledPair.from_json(json.loads(data)), label=int(label)) for data, label in rows]
+    from ragsieve.models.verdict import VerdictScores
+
+    recorded = store.recorded_verdicts()
+    earlier = VerdictScores(np.array([v[0] for v in recorded.values()]), np.array([v[1] for v in recorded.values()]))
+    own = {i: (int(p), float(c)) for i, p, c in zip(recorded, earlier.predictions, earlier.confidence)}
+    own.update({x.id: (int(p), float(c)) for x, p, c in zip(examples, verdicts.predictions, verdicts.confidence)})
+    check = check_labellers(labelled, judges, own, tau)
+    passed = [j for j in judges if j.name in check["used"]]
+    return check, passed, SELF_LABELLER in check["used"]
 
 
 def store_status(store_dir: str | Path) -> dict[str, Any]:
@@ -457,6 +652,7 @@ def store_status(store_dir: str | Path) -> dict[str, Any]:
             "store": str(store.dir),
             "llm": cfg.llm,
             "template": cfg.template,
+            "test_examples": store.conn.execute("SELECT COUNT(*) FROM test_examples").fetchone()[0],
             "next_round": store.next_round() if queued else None,
             "rounds": store.round_log(),
             "queued": [{"round": r, "examples": sizes.get(r, 0), "feedback": fb.get(r, 0)} for r in queued],

@@ -94,11 +94,7 @@ class LocalLLM:
     # -- prompts --------------------------------------------------------------
     def format_prompt(self, user_message: str, system: str | None = None) -> str:
         """Apply the chat template (with generation prompt) when the tokenizer has one."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            return f"{system}\n\n{user_message}\n" if system else f"{user_message}\n"
-        messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": user_message})
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return chat_prompt(self.tokenizer, user_message, system)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -447,6 +443,16 @@ def _convert_gguf_to_cache(name: str) -> Path:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
     return target
+
+
+def chat_prompt(tokenizer: "PreTrainedTokenizerBase", user_message: str, system: str | None = None) -> str:
+    """The prompt a local LLM sees: its chat template with the generation prompt, when it has one
+    (a tokenizer alone is enough, e.g. to check label words without loading weights)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return f"{system}\n\n{user_message}\n" if system else f"{user_message}\n"
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user_message})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def resolve_llm_path(spec: str) -> str:

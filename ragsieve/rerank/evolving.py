@@ -54,7 +54,10 @@ def load_evolving_reranker(store_dir: str) -> PointwiseLLMReranker:
         raise sqlite_error(db, exc, STORE_REBUILD) from None
     finally:
         conn.close()
+    from ragsieve.prompts.verdicts import stored_template
+
+    template = stored_template(config["template"], config.get("template_spec"))  # a user's template is saved whole
     return PointwiseLLMReranker(
-        config["template"], config["llm"], adapters=adapters, max_prompt_tokens=config["max_prompt_tokens"],
+        template, config["llm"], adapters=adapters, max_prompt_tokens=config["max_prompt_tokens"],
         batch_size=config["batch_size"],
     )

@@ -30,6 +30,7 @@ class ServeConfig(StrictConfig):
     candidates: int = Field(20, ge=1, description="/v1/ask: passages retrieved for the reranker")
     max_new_tokens: int = Field(16, ge=1)
     feedback_store: str | None = None  # evolve store directory that /v1/feedback appends to
+    log_traffic: bool = False  # also write every served (query, documents) to feedback_store as unlabelled traffic
 
     # limits: over-limit requests are answered 413 with a JSON error naming the field
     max_documents: int = Field(1000, ge=1)
@@ -45,6 +46,13 @@ class ServeConfig(StrictConfig):
     max_batch_pairs: int = Field(256, ge=1)
 
     api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)
+
+    @model_validator(mode="after")
+    def _traffic_needs_a_store(self) -> "ServeConfig":
+        if self.log_traffic and not self.feedback_store:  # refused before any model loads
+            raise ValueError("log_traffic (--log-traffic) needs feedback_store (--feedback-store): the evolve store "
+                             "the traffic goes to")
+        return self
 
     @model_validator(mode="after")
     def _sieve_or_stages(self) -> "ServeConfig":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from fastapi import Request
@@ -25,6 +26,9 @@ from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError
 from ragsieve.serve.models import ServedModels
 from ragsieve.serve.schemas import Document, ErrorBody, Meta
+
+if TYPE_CHECKING:
+    from ragsieve.evolve.live import TrafficLog
 
 #: the error responses every endpoint documents in /openapi.json
 ERRORS = {
@@ -69,6 +73,7 @@ class ServeState:
     config: ServeConfig
     models: ServedModels
     name: str
+    traffic: "TrafficLog | None" = None  # --log-traffic: served pairs → the evolve store, off the request path
 
     @classmethod
     def load(cls, config: ServeConfig, models: ServedModels | None = None) -> "ServeState":
@@ -78,7 +83,11 @@ class ServeState:
             from ragsieve.evolve.live import pending_feedback
 
             pending_feedback(config.feedback_store)
-        return cls(config, models or ServedModels.load(config), config.model_name or config.reranker)
+        models = models or ServedModels.load(config)
+        from ragsieve.evolve.live import traffic_log
+
+        return cls(config, models, config.model_name or config.reranker,
+                   traffic_log(config.feedback_store, config.log_traffic))
 
     def check(self, query: str, docs: Sequence[str], field: str = "documents") -> tuple[str, list[str]]:
         """The request within the configured limits (413/422 naming the field), its text made UTF-8 safe."""
@@ -99,6 +108,8 @@ class ServeState:
     async def scores(self, query: str, docs: list[str], meta: Meta) -> np.ndarray:
         """One score per document (best chunk for long ones); ``meta`` records the chunking."""
         models = self.models  # one snapshot: a reload mid-request does not mix models
+        if self.traffic is not None:
+            self.traffic.record(query, docs)  # a queue put: the write happens off the request path
         args = (models.ranker, query, docs, self.config.max_chunks_per_doc)
         # tokenising megabytes would stall every other request on the event loop; small requests stay inline
         big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS

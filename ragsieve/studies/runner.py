@@ -25,6 +25,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.studies.cbdr_nq import CBDRExperiment
 from ragsieve.studies.evolve import EvolveExperiment
 from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep
+from ragsieve.studies.evolve_own_data import EvolveOwnDataStudy
 from ragsieve.studies.grader import GraderExperiment
 from ragsieve.studies.probe_nq import ProbeExperiment
 from ragsieve.studies.rerank_align import RerankAlignExperiment
@@ -40,6 +41,7 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "grader": GraderExperiment,
     "evolve": EvolveExperiment,
     "evolve_m0_sweep": EvolveM0Sweep,
+    "evolve_own_data": EvolveOwnDataStudy,
 }
 
 
