@@ -39,7 +39,7 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        state.models.close()
+        state.close()
 
     app = FastAPI(
         title="ragsieve serve",

@@ -89,6 +89,12 @@ class ServeState:
         return cls(config, models, config.model_name or config.reranker,
                    traffic_log(config.feedback_store, config.log_traffic))
 
+    def close(self) -> None:
+        """At shutdown: the traffic still queued is written, then the models are released."""
+        if self.traffic is not None:
+            self.traffic.close()
+        self.models.close()
+
     def check(self, query: str, docs: Sequence[str], field: str = "documents") -> tuple[str, list[str]]:
         """The request within the configured limits (413/422 naming the field), its text made UTF-8 safe."""
         cfg = self.config
