@@ -97,8 +97,17 @@ class ServeState:
         return clean_text(query), [clean_text(d) for d in docs]
 
     async def scores(self, query: str, docs: list[str], meta: Meta) -> np.ndarray:
-        """One score per document (best chunk for long ones); ``meta`` records the chunking."""
+        """One raw score per document (best chunk for long ones); ``meta`` records the chunking."""
+        return await self._raw_scores(self.models, query, docs, meta)
+
+    async def rerank_scores(self, query: str, docs: list[str], meta: Meta) -> tuple[np.ndarray, np.ndarray]:
+        """Raw scores and the [0, 1] scores clients threshold (the ranker's
+        :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores`), from one model snapshot."""
         models = self.models  # one snapshot: a reload mid-request does not mix models
+        raw = await self._raw_scores(models, query, docs, meta)
+        return raw, models.ranker.unit_scores(raw) if len(raw) else np.zeros(0)
+
+    async def _raw_scores(self, models: ServedModels, query: str, docs: list[str], meta: Meta) -> np.ndarray:
         args = (models.ranker, query, docs, self.config.max_chunks_per_doc)
         # tokenising megabytes would stall every other request on the event loop; small requests stay inline
         big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS
