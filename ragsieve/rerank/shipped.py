@@ -195,12 +195,20 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
     return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size, backend=backend or "torch")
 
 
-#: the rerankers ``embedded:<name>`` names (shipped in the package)
-EMBEDDED_RERANKERS = ("base",)
+#: the rerankers ``embedded:<name>`` names → their folder under ``ragsieve/assets/``. ``fast`` is the
+#: small single-forward student of ``experiments/rerank_distill.yaml``; it exists once that study ships it.
+EMBEDDED_RERANKERS = {"base": "base-reranker", "fast": "fast-reranker"}
+
+
+def embedded_reranker_dir(name: str) -> Path:
+    """The asset folder of ``embedded:<name>`` (which may not exist yet: see :func:`load_embedded_reranker`)."""
+    if name not in EMBEDDED_RERANKERS:
+        raise ModelNotAvailable(f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}")
+    return PACKAGE_DIR / "assets" / EMBEDDED_RERANKERS[name]
 
 
 def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
-    """``load_reranker("embedded:base")``: the base cross-encoder shipped in the package (never trains).
+    """``load_reranker("embedded:base")``: a cross-encoder shipped in the package (never trains).
 
     Keyword arguments (``backend``, ``threads``, ``batch_size``) go to :func:`load_shipped_reranker`.
 
@@ -208,9 +216,11 @@ def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
 
         load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
     """
-    if name not in EMBEDDED_RERANKERS:
-        raise ModelNotAvailable(f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}")
-    return load_shipped_reranker(**kwargs)
+    folder = embedded_reranker_dir(name)
+    if not (folder / CARD).is_file():
+        how = "reinstall ragsieve" if name == "base" else "`ragsieve run experiments/rerank_distill.yaml` ships it"
+        raise ModelNotAvailable(f"embedded:{name} is not in {folder}: {how}")
+    return load_shipped_reranker(folder, **kwargs)
 
 
 def inherited_card(start: str | Path, max_length: int) -> dict | None:
