@@ -85,8 +85,9 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
     def __init__(self, folder: str | Path = ASSET_DIR, onnx_file: str = ONNX_FILE, max_length: int = 256,
                  batch_size: int = 32, threads: int | None = None):
-        import onnxruntime as ort
         from tokenizers import Tokenizer
+
+        from ragsieve.rerank.fast import onnx_session
 
         folder = Path(folder)
         if not (folder / onnx_file).exists() or not (folder / "tokenizer.json").exists():
@@ -96,9 +97,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length, strategy="longest_first")
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or 0  # 0 = onnxruntime's default (all cores)
-        self.session = ort.InferenceSession(str(folder / onnx_file), options, providers=["CPUExecutionProvider"])
+        self.session = onnx_session(folder / onnx_file, threads)
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.batch_size = batch_size
         self.max_length = max_length
