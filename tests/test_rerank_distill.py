@@ -117,11 +117,12 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
         f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n")
     result = run_experiment_file(cfg)
     rows = result["evaluation"]["by_dataset"]["fever"]
-    assert set(rows) == {"teacher", "cosine", "fast"} and rows["fast"]["n"] == 3
+    assert set(rows) == {"teacher", "cosine", "fast", "fast-onnx-int8"} and rows["fast"]["n"] == 3
     assert {"diff", "low", "high"} <= set(rows["fast"]["vs_teacher"]) and "vs_cosine" in rows["teacher"]
     assert 0.0 <= rows["teacher"]["ece"]["mean"] <= 1.0 and 0.0 <= rows["fast"]["ece"]["mean"] <= 1.0
     verdict = result["students"]["fast"]
     assert verdict["layers"] == 1 and isinstance(verdict["ship"], bool) and verdict["why"]
+    assert verdict["backend"] in ("torch", "onnx-int8") and verdict["int8_max_ndcg10_loss"] is not None
     work = out / "work"
     assert (work / "teacher-scores" / "fever.jsonl").is_file() and (work / "students" / "fast" / "final").is_dir()
 
@@ -143,6 +144,7 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     shipped = load_shipped_reranker(folder)
     card = json.loads((folder / "ragsieve_reranker.json").read_text())
     assert card["calibration"]["temperature"] > 0 and "cosine_weight" not in card  # one forward, no MiniLM
+    assert card["default_backend"] == verdict["backend"] and (folder / "model.int8.onnx").is_file()
     p = shipped.predict_proba("who wrote hamlet", [TOPICS[0][1], TOPICS[1][1]])
     assert ((0 <= p) & (p <= 1)).all()
     again = run_experiment_file(cfg)  # everything cached: nothing trains or scores again

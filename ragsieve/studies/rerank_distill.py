@@ -17,7 +17,9 @@ ships a student only when it keeps the teacher's quality. Phases, each resumable
 4. **evaluate** — held-out nDCG@10 on the six gold sets for the teacher, MiniLM cosine and each
    student, per query; each student's paired bootstrap difference (queries resampled) to the teacher
    and to cosine, its verdict on the tolerance (``target_verdict``), and the ECE of its calibrated
-   probability (calibration fitted on the dev groups) → ``metrics.json``.
+   probability (calibration fitted on the dev groups) → ``metrics.json``. Each student is also scored
+   on its int8 per-channel ONNX forward; that backend becomes its default only if it stays within
+   ``backend_tolerance`` nDCG@10 of fp32 on every set.
 5. **ship** — a student whose difference to the teacher is above ``-tolerance`` on every set at the
    point estimate and not measurably below cosine anywhere is written to ``ragsieve/assets/<asset>``
    (fp16 safetensors, int8 ONNX, card with its calibration); ``embedded:<name>`` then resolves to it.
@@ -126,6 +128,8 @@ class RerankDistillConfig(StrictConfig):
     eval_queries: int | None = None  # held-out queries per set (None = all)
     bootstrap: int = 2000
     ece_bins: int = 10
+    # a student ships on ONNX int8 (per-channel) only if its nDCG@10 stays this close to its fp32 on every set
+    backend_tolerance: float = 0.005
     encoder: str = DEFAULT_ENCODER
     asset_root: str = ""  # where shipped students go ("" = the package's ragsieve/assets)
     data_dir: str | None = None
@@ -266,6 +270,10 @@ class RerankDistillStudy:
             except RagsieveError as exc:  # an untrained (smoke-test) student: ECE of its sigmoid instead
                 log.warning("%s: no calibration (%s)", name, exc)
             out[name] = _Remembered(student, name)
+            # the same weights on the int8 per-channel ONNX forward, with the fp32 calibration (same logit scale)
+            int8 = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length, backend="onnx-int8")
+            int8.calibration = student.calibration
+            out[f"{name}-onnx-int8"] = _Remembered(int8, f"{name}-onnx-int8")
         return out
 
     def evaluate(self, cfg: RerankDistillConfig, teacher: Path, finals: dict[str, Path], dev: list[dict],
@@ -315,7 +323,12 @@ class RerankDistillStudy:
             why = "; ".join(filter(None, [
                 f"more than {student.tolerance} below the teacher on {', '.join(short)}" if short else "",
                 f"measurably below cosine on {', '.join(below)}" if below else ""]))
-            out["verdicts"][student.name] = {"ship": not short and not below, "why": why or "within target"}
+            int8_gap = max(rows[student.name]["nDCG@10"]["mean"] - rows[f"{student.name}-onnx-int8"]["nDCG@10"]["mean"]
+                           for rows in out["by_dataset"].values())
+            out["verdicts"][student.name] = {
+                "ship": not short and not below, "why": why or "within target",
+                "backend": "onnx-int8" if int8_gap <= cfg.backend_tolerance else "torch",
+                "int8_max_ndcg10_loss": int8_gap}
         return out
 
     @staticmethod
@@ -334,7 +347,7 @@ class RerankDistillStudy:
             "recipe": {"experiment": "rerank_distill",
                        "params": cfg.model_dump(exclude={"data_dir", "asset_root"}), "student": student.model_dump()},
             "max_length": cfg.distill.max_length,
-            "default_backend": "torch",
+            "default_backend": result["evaluation"]["verdicts"].get(student.name, {}).get("backend", "torch"),
             "distilled_from": json.loads((teacher / CARD).read_text()).get("recipe", {}).get("experiment", "teacher"),
             "calibration": {"temperature": cal.temperature, "bias": cal.bias,
                             "fitted_on": f"{len(ys)} dev pairs ({int(sum(ys))} relevant), on the logit"},
