@@ -117,14 +117,14 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
         f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n")
     result = run_experiment_file(cfg)
     rows = result["evaluation"]["by_dataset"]["fever"]
-    assert set(rows) == {"teacher", "cosine", "fast", "fast-onnx-int8"} and rows["fast"]["n"] == 3
-    assert {"diff", "low", "high"} <= set(rows["fast"]["vs_teacher"]) and "vs_cosine" in rows["teacher"]
-    assert 0.0 <= rows["teacher"]["ece"]["mean"] <= 1.0 and 0.0 <= rows["fast"]["ece"]["mean"] <= 1.0
-    verdict = result["students"]["fast"]
+    assert set(rows) == {"teacher", "cosine", "fast-1l", "fast-1l-onnx-int8"} and rows["fast-1l"]["n"] == 3
+    assert {"diff", "low", "high"} <= set(rows["fast-1l"]["vs_teacher"]) and "vs_cosine" in rows["teacher"]
+    assert 0.0 <= rows["teacher"]["ece"]["mean"] <= 1.0 and 0.0 <= rows["fast-1l"]["ece"]["mean"] <= 1.0
+    verdict = result["students"]["fast-1l"]
     assert verdict["layers"] == 1 and isinstance(verdict["ship"], bool) and verdict["why"]
     assert verdict["backend"] in ("torch", "onnx-int8") and verdict["int8_max_ndcg10_loss"] is not None
     work = out / "work"
-    assert (work / "teacher-scores" / "fever.jsonl").is_file() and (work / "students" / "fast" / "final").is_dir()
+    assert (work / "teacher-scores" / "fever.jsonl").is_file() and (work / "students" / "fast-1l" / "final").is_dir()
 
     # the ship step on its own (a 2-step student rarely meets a target): dev labels its own top passage
     from ragsieve.rerank.neural import CrossEncoderRanker
@@ -133,7 +133,7 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     study, config = RerankDistillStudy(), RerankDistillStudy.Config(**{
         "teacher": str(teacher_dir), "students": [{"name": "fast", "layers": 1, "tolerance": 0.02}],
         "distill": {"max_length": 64}, "asset_root": str(tmp_path / "assets")})
-    final = work / "students" / "fast" / "final"
+    final = work / "students" / "fast-1l" / "final"
     student = CrossEncoderRanker(str(final), max_length=64)
     dev = []
     for row in _mined_rows():

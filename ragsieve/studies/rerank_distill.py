@@ -106,6 +106,11 @@ class StudentConfig(StrictConfig):
     tolerance: float  # the largest held-out nDCG@10 loss to the teacher allowed on each set
     ship: bool = True
 
+    @property
+    def key(self) -> str:
+        """Several candidates may share a name: of those within target, the one with fewest layers ships."""
+        return f"{self.name}-{self.layers}l"
+
 
 def _students() -> list[StudentConfig]:
     return [StudentConfig(name="base", layers=6, tolerance=0.005),
@@ -168,16 +173,21 @@ class RerankDistillStudy:
         result: dict = {"mined_rows": counts, "teacher": str(teacher), "students": {}}
         finals = {}
         for student in cfg.students:
-            finals[student.name] = self.train(cfg, student, teacher, train, dev, work, console)
+            finals[student.key] = self.train(cfg, student, teacher, train, dev, work, console)
         result["evaluation"] = self.evaluate(cfg, teacher, finals, dev, work, console)
-        for student in cfg.students:
-            verdict = result["evaluation"]["verdicts"][student.name]
-            result["students"][student.name] = {"layers": student.layers, "tolerance": student.tolerance, **verdict}
-            if student.ship and verdict["ship"]:
-                self.ship(cfg, student, finals[student.name], teacher, dev, work, result)
-                console.print(f"shipped embedded:{student.name}")
+        shipped: set[str] = set()
+        # fewest layers first: the fastest candidate within target takes the name
+        for student in sorted(cfg.students, key=lambda st: st.layers):
+            verdict = result["evaluation"]["verdicts"][student.key]
+            result["students"][student.key] = {"name": student.name, "layers": student.layers,
+                                               "tolerance": student.tolerance, **verdict, "shipped": False}
+            if student.ship and verdict["ship"] and student.name not in shipped:
+                self.ship(cfg, student, finals[student.key], teacher, dev, work, result)
+                shipped.add(student.name)
+                result["students"][student.key]["shipped"] = True
+                console.print(f"shipped {student.key} as embedded:{student.name}")
             else:
-                console.print(f"embedded:{student.name} not shipped: {verdict['why']}")
+                console.print(f"{student.key} not shipped: {verdict['why']}")
         result["seconds"] = time.perf_counter() - t0
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
@@ -234,12 +244,12 @@ class RerankDistillStudy:
               work: Path, console: Console) -> Path:
         from ragsieve.rerank.training.distill import train_distilled, truncated_student
 
-        out = work / "students" / student.name
+        out = work / "students" / student.key
         final = out / "final"
         if (final / "config.json").exists():
             return final
         init = truncated_student(teacher, student.layers, out / "init", cfg.distill.max_length)
-        console.print(f"training {student.name} ({student.layers} layers) on {len(train)} rows, dev {len(dev)}")
+        console.print(f"training {student.key} on {len(train)} rows, dev {len(dev)}")
         t = time.perf_counter()
         train_distilled(train, dev, cfg.distill.model_copy(update={"init": str(init)}), out)
         (out / "train_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}\n")
@@ -314,18 +324,18 @@ class RerankDistillStudy:
         for student in cfg.students:
             short, below = [], []
             for name, rows in out["by_dataset"].items():
-                d = rows[student.name]["vs_teacher"]
+                d = rows[student.key]["vs_teacher"]
                 if target_verdict(d["diff"], d["low"], d["high"], -student.tolerance) == "missed":
                     short.append(f"{name} {d['diff']:+.3f}")
-                c = rows[student.name]["vs_cosine"]
+                c = rows[student.key]["vs_cosine"]
                 if c["high"] < 0:
                     below.append(f"{name} {c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]")
             why = "; ".join(filter(None, [
                 f"more than {student.tolerance} below the teacher on {', '.join(short)}" if short else "",
                 f"measurably below cosine on {', '.join(below)}" if below else ""]))
-            int8_gap = max(rows[student.name]["nDCG@10"]["mean"] - rows[f"{student.name}-onnx-int8"]["nDCG@10"]["mean"]
+            int8_gap = max(rows[student.key]["nDCG@10"]["mean"] - rows[f"{student.key}-onnx-int8"]["nDCG@10"]["mean"]
                            for rows in out["by_dataset"].values())
-            out["verdicts"][student.name] = {
+            out["verdicts"][student.key] = {
                 "ship": not short and not below, "why": why or "within target",
                 "backend": "onnx-int8" if int8_gap <= cfg.backend_tolerance else "torch",
                 "int8_max_ndcg10_loss": int8_gap}
@@ -347,7 +357,7 @@ class RerankDistillStudy:
             "recipe": {"experiment": "rerank_distill",
                        "params": cfg.model_dump(exclude={"data_dir", "asset_root"}), "student": student.model_dump()},
             "max_length": cfg.distill.max_length,
-            "default_backend": result["evaluation"]["verdicts"].get(student.name, {}).get("backend", "torch"),
+            "default_backend": result["evaluation"]["verdicts"].get(student.key, {}).get("backend", "torch"),
             "distilled_from": json.loads((teacher / CARD).read_text()).get("recipe", {}).get("experiment", "teacher"),
             "calibration": {"temperature": cal.temperature, "bias": cal.bias,
                             "fitted_on": f"{len(ys)} dev pairs ({int(sum(ys))} relevant), on the logit"},
