@@ -243,7 +243,8 @@ def infinity_status() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default",
-                        help="default (what `ragsieve serve` serves), a reranker spec, a cross-encoder folder or minilm")
+                        help="default (what `ragsieve serve` serves), a reranker spec, a cross-encoder folder "
+                             "or minilm")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--grace", type=float, default=60.0, help="seconds in-flight requests may finish in")

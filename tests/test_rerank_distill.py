@@ -86,7 +86,8 @@ def test_truncated_student_keeps_the_first_layers_and_the_head(tmp_path, teacher
     teacher = AutoModelForSequenceClassification.from_pretrained(teacher_dir)
     assert student.config.num_hidden_layers == 1 and len(student.bert.encoder.layer) == 1
     assert torch.equal(student.classifier.weight, teacher.classifier.weight)
-    assert torch.equal(student.bert.encoder.layer[0].output.dense.weight, teacher.bert.encoder.layer[0].output.dense.weight)
+    first = [m.bert.encoder.layer[0].output.dense.weight for m in (student, teacher)]
+    assert torch.equal(*first)
     with pytest.raises(RagsieveError, match="1..2"):
         truncated_student(teacher_dir, 3, tmp_path / "too-deep")
 
@@ -139,7 +140,8 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     for row in _mined_rows():
         docs = row["pos"] + row["neg"]
         s = student.predict_logits([(row["query"], d[1]) for d in docs])
-        dev.append({**row, "pos": [docs[int(np.argmax(s))]], "neg": [d for k, d in enumerate(docs) if k != np.argmax(s)]})
+        top = int(np.argmax(s))
+        dev.append({**row, "pos": [docs[top]], "neg": [d for k, d in enumerate(docs) if k != top]})
     folder = study.ship(config, config.students[0], final, teacher_dir, dev, work, result)
     shipped = load_shipped_reranker(folder)
     card = json.loads((folder / "ragsieve_reranker.json").read_text())
