@@ -177,6 +177,16 @@ def test_scores_equal_offline_scoring_and_long_documents_are_chunked(ce_server, 
     assert all(len(tok(QUERY, t)["input_ids"]) <= 64 for t in plan.texts)
 
 
+def test_tei_raw_scores_are_logits_of_a_sigmoid_cross_encoder(ce_server, tiny_ce):
+    from scipy.special import logit
+
+    probability = tiny_ce.score(QUERY, as_passages(DOCS))
+    for raw_scores, expected in ((False, probability), (True, logit(probability))):
+        r = httpx.post(f"{ce_server.url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": raw_scores})
+        got = {x["index"]: x["score"] for x in r.json()}
+        np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expected, atol=1e-4)
+
+
 def test_concurrent_requests_share_batches_and_get_their_own_scores(ce_server, tiny_ce):
     queries = [f"{QUERY} {i}" for i in range(12)]
 

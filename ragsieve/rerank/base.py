@@ -148,6 +148,18 @@ class BaseRanker(ABC):
         items = as_passages(passages)
         return self.unit_scores(self.score(query, items)) if items else np.zeros(0)
 
+    def logit_scores(self, scores: Sequence[float]) -> np.ndarray:
+        """Raw scores on the logit scale: sigmoid outputs (``score_is_probability``) are mapped back to their
+        logit, anything else is returned as is. What TEI's ``raw_scores: true`` answers.
+
+        Example::
+
+            CrossEncoderRanker(path).logit_scores([0.5])   # array([0.])
+        """
+        from ragsieve.rerank.calibration import as_logits
+
+        return as_logits(np.asarray(scores, dtype=float), self.score_is_probability)
+
     def unit_scores(self, scores: Sequence[float]) -> np.ndarray:
         """Raw scores of this ranker mapped into [0, 1], in the same order: what the rerank APIs return.
 

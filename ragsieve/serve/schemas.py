@@ -39,7 +39,7 @@ class TEIRerankRequest(_Request):
     """Text Embeddings Inference's ``/rerank`` body.
 
     ``score`` is in [0, 1] (the calibrated probability, as for ``/v1/rerank``); ``raw_scores: true``
-    returns the ranker's raw score instead (a logit for the shipped rerankers). ``truncate`` is
+    returns the logit instead (a sigmoid-output ranker's mapped back; BM25 & co. their raw score). ``truncate`` is
     accepted for compatibility and changes nothing: long texts are chunked, never truncated.
     """
 

@@ -3,7 +3,7 @@
 Scores are in [0, 1] as those clients expect (Open WebUI's and Dify's relevance thresholds are set on
 that scale): the ranker's calibrated probability when it has a calibration (the shipped rerankers do),
 see :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores` for the others. TEI's ``raw_scores: true``
-returns the ranker's raw score (a logit for the shipped rerankers) instead.
+returns the logit instead (a sigmoid-output ranker's is mapped back; BM25 & co. answer their raw score).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ async def cohere_rerank(body: RerankRequest, request: Request, state: ServeState
     query, docs = state.check(body.query, texts(body.documents))
     meta = Meta(request_id=request_id(request))
     raw, unit = await state.rerank_scores(query, docs, meta)
-    # ordered by the raw score: the [0, 1] mapping keeps the order but may tie near 0 or 1
+    # ordered by the logit: the [0, 1] mapping keeps the order but may tie near 0 or 1
     order = np.argsort(-raw, kind="stable")[: body.top_n or len(docs)]
     results = [
         RerankResult(
