@@ -151,3 +151,23 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     assert ((0 <= p) & (p <= 1)).all()
     again = run_experiment_file(cfg)  # everything cached: nothing trains or scores again
     assert again["evaluation"]["by_dataset"] == result["evaluation"]["by_dataset"]
+
+
+def test_calibration_pairs_use_the_dev_questions_candidate_lists():
+    """A mined dev question of a held-out dataset is calibrated on its retrieved candidates (the held-out kind of
+    list); rows of other pools, or questions without such a list, keep their mined group."""
+    from ragsieve.benchmarks.mining import held_out_sources
+    from ragsieve.benchmarks.relevance import ranking_queries
+    from ragsieve.data import load_dataset
+    from ragsieve.studies.rerank_distill import RerankDistillConfig, calibration_pairs
+
+    ds = load_dataset("fever")
+    real = ranking_queries(ds, [q for q in ds.questions if q.gold_passage_ids][:5], held_out_sources()["fever"])[0]
+    rows = _mined_rows()[6:]  # two hand-made dev rows (no such question in FEVER)
+    rows.append({**rows[0], "qid": real.query_id, "query": real.query})
+    qs, ps, ys = calibration_pairs(RerankDistillConfig(), rows)
+    assert qs.count(real.query) == len(real.candidates)  # the candidate list, not the mined group
+    assert sum(y for q, y in zip(qs, ys) if q == real.query) == len(real.relevant & {p.id for p in real.candidates})
+    assert qs.count(rows[0]["query"]) == 6 and qs.count(rows[1]["query"]) == 6  # 1 gold + 5 negatives each
+    groups = calibration_pairs(RerankDistillConfig(calibration="dev-groups"), rows)
+    assert len(groups[0]) == 18
