@@ -1,15 +1,19 @@
-"""Service throughput under load: `ragsieve serve` vs offline batch scoring vs a plain server.
+"""Service throughput under load: `ragsieve serve` vs the same reranker offline vs a plain server.
 
 ≥ 50 concurrent loopback clients send rerank requests of 20 documents of ~100 words
 (NQ-oracle passages, else synthetic text) for a bounded time. The server runs in its own
-process (`ragsieve serve`, dynamic batching); the clients share one asyncio loop here.
-Reported: pairs/s, request latency p50/p95/p99, errors (must be 0), and the ratio of the
-service's pairs/s to offline ``CrossEncoder.predict`` over the same pairs (target ≥ 0.9).
-The same weights are then served by infinity-emb when it is installed (target ratio ≥ 1.0),
-else by a plain FastAPI + ``CrossEncoder.predict`` server (no batching across requests).
-Writes ``bench/results/serve.json``.
+process and serves exactly what ``ragsieve serve`` serves by default (``ServeConfig().reranker``,
+today ``embedded:base`` with its cosine mix and calibration), unless ``--model`` names another
+spec. Reported: pairs/s, request latency p50/p95/p99, errors (must be 0), and the
+service/offline ratio: the service's pairs/s over the *same reranker* scoring the same pairs
+in-process (``load_reranker(spec).score_pairs``; target ≥ 0.9). ``CrossEncoder.predict`` on the
+cross-encoder folder is reported beside it, and the same folder is served by infinity-emb when
+it is installed (target ratio ≥ 1.0), else by a plain FastAPI + ``CrossEncoder.predict`` server
+(no batching across requests). Writes ``bench/results/serve.json``.
 
-    python bench/serve.py [--model DIR|embedded:base|minilm] [--clients 50] [--seconds 60]
+    python bench/serve.py [--model default|SPEC|DIR|minilm] [--clients 50] [--seconds 60]
+    python bench/serve.py --clients 4 --seconds 3 --requests 8 --offline-pairs 32 --skip-baseline \
+        --out /tmp/serve-smoke.json                     # smoke run
 
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
@@ -37,7 +41,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def resolve_model(spec: str, workdir: Path) -> str:
+def resolve_model(spec: str, workdir: Path) -> tuple[str, str | None]:
+    """(the reranker spec served and scored offline, its cross-encoder folder for the predict baselines)."""
+    from ragsieve.registry import parse_reranker_spec
+
+    if spec == "default":
+        from ragsieve.serve.config import ServeConfig
+
+        spec = ServeConfig().reranker  # what `ragsieve serve` serves with no option
     if spec == "minilm":
         from sentence_transformers import CrossEncoder
 
@@ -45,12 +56,15 @@ def resolve_model(spec: str, workdir: Path) -> str:
 
         target = workdir / "minilm-ce"
         CrossEncoder(str(get_embedded("all-minilm-l6-v2").path()), num_labels=1, max_length=512).save(str(target))
-        return str(target)
-    if spec == "embedded:base":  # the shipped cross-encoder (its fp16 safetensors folder), never trained here
-        from ragsieve.rerank.shipped import base_reranker_dir
+        return f"cross-encoder:{target}", str(target)
+    if Path(spec).is_dir():
+        return f"cross-encoder:{spec}", spec
+    scheme, arg = parse_reranker_spec(spec)
+    if scheme == "embedded":  # a shipped cross-encoder (its fp16 safetensors folder), never trained here
+        from ragsieve.rerank.shipped import embedded_reranker_dir
 
-        return str(base_reranker_dir())
-    return spec
+        return spec, str(embedded_reranker_dir(arg or "base"))
+    return spec, arg if scheme in ("cross-encoder", "hf") else None
 
 
 def make_requests(n: int, docs: int, seed: int = 0) -> list[dict]:
@@ -157,7 +171,25 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
     }
 
 
-def offline(model_dir: str, bodies: list[dict], max_pairs: int, batch_size: int) -> dict:
+def offline(spec: str, bodies: list[dict], max_pairs: int, batch_size: int) -> dict:
+    """The served reranker itself, in this process, over the same pairs: what the service is a ratio of."""
+    from ragsieve.registry import load_reranker
+
+    ranker = load_reranker(spec)
+    pairs = [(b["query"], d) for b in bodies for d in b["documents"]][:max_pairs]
+
+    def score(part):
+        return ranker.score_pairs([q for q, _ in part], [d for _, d in part])
+
+    score(pairs[:batch_size])  # warm-up (and the cosine encoder's load, for a mixed reranker)
+    t = time.perf_counter()
+    score(pairs)
+    seconds = time.perf_counter() - t
+    return {"spec": spec, "pairs": len(pairs), "seconds": seconds, "pairs_per_s": len(pairs) / seconds}
+
+
+def offline_predict(model_dir: str, bodies: list[dict], max_pairs: int, batch_size: int) -> dict:
+    """``CrossEncoder.predict`` on the cross-encoder folder: the plain library, for reference."""
     from ragsieve.rerank.neural import CrossEncoderRanker
 
     ranker = CrossEncoderRanker(model_dir, batch_size=batch_size)
@@ -210,7 +242,9 @@ def infinity_status() -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="embedded:base", help="cross-encoder folder, embedded:base or minilm")
+    parser.add_argument("--model", default="default",
+                        help="default (what `ragsieve serve` serves), a reranker spec, a cross-encoder folder "
+                             "or minilm")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--grace", type=float, default=60.0, help="seconds in-flight requests may finish in")
@@ -232,13 +266,16 @@ def main() -> None:
     import torch
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    model_dir = resolve_model(args.model, workdir)
+    spec, model_dir = resolve_model(args.model, workdir)
     bodies, source = make_requests(args.requests, args.docs)
-    print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; model {model_dir}")
+    print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; serving {spec}")
 
     # offline first, while nothing else of ours runs
-    off = offline(model_dir, bodies, args.offline_pairs, args.batch_size)
-    print(f"offline CrossEncoder.predict: {off['pairs_per_s']:.1f} pairs/s")
+    off = offline(spec, bodies, args.offline_pairs, args.batch_size)
+    print(f"offline {spec}: {off['pairs_per_s']:.1f} pairs/s")
+    off_predict = offline_predict(model_dir, bodies, args.offline_pairs, args.batch_size) if model_dir else None
+    if off_predict:
+        print(f"offline CrossEncoder.predict on {model_dir}: {off_predict['pairs_per_s']:.1f} pairs/s")
 
     cfg = workdir / "serve.yaml"
     cfg.write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
@@ -250,7 +287,7 @@ def main() -> None:
             cli,
             "serve",
             "-r",
-            f"cross-encoder:{model_dir}",
+            spec,
             "--port",
             "0",
             "-c",
@@ -271,7 +308,7 @@ def main() -> None:
     )
 
     comparison: dict = {"infinity_emb": infinity_status()}
-    if not args.skip_baseline:
+    if not args.skip_baseline and model_dir:
         proc, url = start_server([sys.executable, str(Path(__file__).resolve()), "--plain-server", model_dir])
         try:
             plain = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
@@ -294,6 +331,8 @@ def main() -> None:
         "target_ratio_to_infinity": 1.0,
         "served": served,
         "offline": off,
+        "offline_crossencoder_predict": off_predict,
+        "served_spec": spec,
         "comparison": comparison,
         "setup": {
             "clients": args.clients,

@@ -7,6 +7,8 @@ a spec means the same thing everywhere:
 reranker spec                 what loads
 ============================  ================================================================
 ``embedded:base``             ragsieve's own cross-encoder, shipped in the package
+``embedded:fast``             its small single-forward student, once ``experiments/rerank_distill.yaml``
+                              has shipped it (until then one line saying so)
 ``cross-encoder:<dir or id>``  any sentence-transformers CrossEncoder (a bare folder too; a
                               folder with ``ragsieve_reranker.json`` scores as its card says)
 ``hf:<id or dir>``            the same, named the way LLM specs name HF models

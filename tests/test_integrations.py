@@ -40,7 +40,16 @@ def source(request, server):
     return "bm25" if request.param == "in-process" else server.url
 
 
-def test_langchain_compressor(source, expected):
+@pytest.fixture
+def answered(source):
+    """A raw bm25 score as the source answers it: raw in-process; over HTTP the [0, 1] score the rerank API
+    returns (for uncalibrated bm25 the logistic of the raw score, ``BaseRanker.unit_scores``)."""
+    from scipy.special import expit
+
+    return (lambda s: s) if source == "bm25" else (lambda s: float(expit(s)))
+
+
+def test_langchain_compressor(source, expected, answered):
     pytest.importorskip("langchain_core")
     from langchain_core.documents import Document
 
@@ -50,12 +59,14 @@ def test_langchain_compressor(source, expected):
     docs = [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(DOCS)]
     out = compressor.compress_documents(docs, QUERY)
     assert [d.metadata["n"] for d in out] == [i for i, _ in expected[:2]]
-    assert [d.metadata["relevance_score"] for d in out] == pytest.approx([s for _, s in expected[:2]], abs=1e-6)
-    kept = RagsieveCompressor(ranker=source, top_n=None, threshold=0.01, api_key="k").compress_documents(docs, QUERY)
+    scores = [d.metadata["relevance_score"] for d in out]
+    assert scores == pytest.approx([answered(s) for _, s in expected[:2]], abs=1e-6)
+    kept = RagsieveCompressor(ranker=source, top_n=None, threshold=answered(0.01), api_key="k").compress_documents(
+        docs, QUERY)
     assert {d.metadata["n"] for d in kept} == {1, 3}
 
 
-def test_llama_index_postprocessor(source, expected):
+def test_llama_index_postprocessor(source, expected, answered):
     pytest.importorskip("llama_index.core")
     from llama_index.core.schema import NodeWithScore, TextNode
 
@@ -64,10 +75,10 @@ def test_llama_index_postprocessor(source, expected):
     nodes = [NodeWithScore(node=TextNode(text=t, id_=str(i)), score=0.0) for i, t in enumerate(DOCS)]
     out = RagsieveRerank(ranker=source, top_n=3, api_key="k").postprocess_nodes(nodes, query_str=QUERY)
     assert [n.node.node_id for n in out] == [str(i) for i, _ in expected[:3]]
-    assert [n.score for n in out] == pytest.approx([s for _, s in expected[:3]], abs=1e-6)
+    assert [n.score for n in out] == pytest.approx([answered(s) for _, s in expected[:3]], abs=1e-6)
 
 
-def test_haystack_component_in_a_pipeline(source, expected):
+def test_haystack_component_in_a_pipeline(source, expected, answered):
     pytest.importorskip("haystack")
     from haystack import Document, Pipeline
 
@@ -80,7 +91,7 @@ def test_haystack_component_in_a_pipeline(source, expected):
     )
     docs = result["ranker"]["documents"]
     assert [d.id for d in docs] == [str(i) for i, _ in expected[:2]]
-    assert [d.score for d in docs] == pytest.approx([s for _, s in expected[:2]], abs=1e-6)
+    assert [d.score for d in docs] == pytest.approx([answered(s) for _, s in expected[:2]], abs=1e-6)
 
 
 def test_remote_ranker_reports_server_errors_in_one_line(server):
@@ -92,7 +103,9 @@ def test_remote_ranker_reports_server_errors_in_one_line(server):
 
 
 def test_the_one_resolver_reads_urls_specs_and_rankers(server, expected):
-    """Every scheme resolves in ragsieve.registry: a URL is a RemoteRanker that scores as the server does."""
+    """Every scheme resolves in ragsieve.registry: a URL is a RemoteRanker that scores as the server answers."""
+    from scipy.special import expit
+
     from ragsieve.registry import RERANKERS, load_reranker, parse_reranker_spec
     from ragsieve.rerank.remote import RemoteRanker
 
@@ -100,7 +113,7 @@ def test_the_one_resolver_reads_urls_specs_and_rankers(server, expected):
     assert isinstance(remote, RemoteRanker) and RERANKERS["http"] is RemoteRanker
     ranked = remote.rank(QUERY, DOCS).results
     assert [r.index for r in ranked] == [i for i, _ in expected]
-    assert [r.score for r in ranked] == pytest.approx([s for _, s in expected], abs=1e-6)
+    assert [r.score for r in ranked] == pytest.approx([float(expit(s)) for _, s in expected], abs=1e-6)
     assert load_reranker(remote) is remote
     assert parse_reranker_spec("evolve:state/x") == ("evolve", "state/x")
     assert parse_reranker_spec("hf:org/model") == ("hf", "org/model") and parse_reranker_spec("bm25") == ("bm25", None)

@@ -7,7 +7,7 @@ import pytest
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import ModelNotAvailable, RagsieveError
-from ragsieve.rerank import BaseRanker
+from ragsieve.rerank import BaseRanker, as_passages
 from ragsieve.registry import load_reranker
 from tests.conftest import requires_data
 
@@ -440,3 +440,29 @@ def test_cosine_mix_ranker_and_weight_tuning():
     assert w == 1.0 and by_w[1.0] > by_w[0.0]
     assert tune_cosine_weight([np.array([1.0, 0.0])], [np.array([0.1, 0.9])], [np.array([1, 0])],
                               grid=(0.0, 1.0))[0] == 0.0
+
+
+def test_unit_scores_are_what_the_api_returns_for_every_kind_of_ranker():
+    """Calibrated → predict_proba; sigmoid outputs → themselves; raw scores → their logistic (same order)."""
+    from scipy.special import expit
+
+    from ragsieve.rerank.calibration import Calibration
+    from ragsieve.rerank.pointwise import PointwiseLLMReranker
+    from ragsieve.rerank.remote import RemoteRanker
+
+    bm25 = load_reranker("bm25")
+    raw = bm25.score("who wrote hamlet", as_passages(POOL))
+    np.testing.assert_allclose(bm25.unit_scores(raw), expit(raw))
+    bm25.calibration = Calibration(temperature=0.5, bias=-1.0)
+    np.testing.assert_allclose(bm25.unit_scores(raw), bm25.predict_proba("who wrote hamlet", POOL))
+
+    class Probabilities(BaseRanker):
+        score_is_probability = True
+
+        def score(self, query, passages):
+            return np.linspace(0.0, 1.0, len(passages))
+
+    p = Probabilities().score("q", as_passages(POOL))
+    np.testing.assert_array_equal(Probabilities().unit_scores(p), p)
+    # P(true) of an LLM and a Cohere-compatible service's relevance_score are already in [0, 1]
+    assert PointwiseLLMReranker.score_is_probability and RemoteRanker.score_is_probability

@@ -8,6 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
+from ragsieve.rerank.base import as_passages
 from ragsieve.serve import ServeConfig, create_app
 from ragsieve.serve.runner import BackgroundServer
 
@@ -76,6 +77,53 @@ def test_cohere_v2_client_gets_the_expected_order(bm25_server):
     assert response.meta.api_version.version == "2"
 
 
+@pytest.fixture(scope="module")
+def calibrated_server():
+    """BM25 with a calibration, served the way the shipped reranker is: scores are its predict_proba."""
+    from ragsieve.rerank.calibration import Calibration
+    from ragsieve.rerank.lexical import BM25Ranker
+
+    ranker = BM25Ranker()
+    ranker.calibration = Calibration(temperature=0.2, bias=-1.5)
+    config, served = _served(ranker)
+    with BackgroundServer(create_app(config, served)) as server:
+        server.ranker = ranker
+        yield server
+
+
+def test_scores_are_calibrated_probabilities_for_the_cohere_client_and_tei(calibrated_server):
+    cohere = pytest.importorskip("cohere")
+    ranker = calibrated_server.ranker
+    proba = ranker.predict_proba(QUERY, DOCS)
+    client = cohere.ClientV2(base_url=calibrated_server.url, api_key="unused")
+    response = client.rerank(model="rerank-v3.5", query=QUERY, documents=DOCS)
+    assert [r.index for r in response.results] == offline_order()
+    got = {r.index: r.relevance_score for r in response.results}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], proba, atol=1e-9)
+    assert all(0.0 <= s <= 1.0 for s in got.values()) and max(got.values()) > 0.5 > min(got.values())
+    # a raw TEI body: score is the same probability; raw_scores returns the ranker's own score
+    for raw_scores, expected in ((False, proba), (True, ranker.score(QUERY, as_passages(DOCS)))):
+        body = {"query": QUERY, "texts": DOCS, "raw_scores": raw_scores}
+        r = httpx.post(f"{calibrated_server.url}/rerank", json=body)
+        assert r.status_code == 200, r.text
+        tei = {x["index"]: x["score"] for x in r.json()}
+        assert [x["index"] for x in r.json()] == offline_order()
+        np.testing.assert_allclose([tei[i] for i in range(len(DOCS))], expected, atol=1e-9)
+    assert not np.allclose(expected, proba)  # raw_scores really is another scale
+
+
+def test_uncalibrated_scores_are_the_logistic_of_the_raw_score(bm25_server):
+    from scipy.special import expit
+
+    from ragsieve.registry import load_reranker
+
+    data = httpx.post(f"{bm25_server.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()
+    got = {x["index"]: x["relevance_score"] for x in data["results"]}
+    raw = load_reranker("bm25").score(QUERY, as_passages(DOCS))
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expit(raw))
+    assert all(0.0 <= s <= 1.0 for s in got.values())
+
+
 def test_open_webui_and_dify_style_raw_json(bm25_server):
     # Open WebUI's external reranker: POST {model, query, documents, top_n} with a Bearer key
     body = {"model": "bge-reranker-v2-m3", "query": QUERY, "documents": DOCS, "top_n": 4}
@@ -127,6 +175,16 @@ def test_scores_equal_offline_scoring_and_long_documents_are_chunked(ce_server, 
     # every chunk fits the window beside the query: the model never cuts one again
     tok = tiny_ce.model.tokenizer
     assert all(len(tok(QUERY, t)["input_ids"]) <= 64 for t in plan.texts)
+
+
+def test_tei_raw_scores_are_logits_of_a_sigmoid_cross_encoder(ce_server, tiny_ce):
+    from scipy.special import logit
+
+    probability = tiny_ce.score(QUERY, as_passages(DOCS))
+    for raw_scores, expected in ((False, probability), (True, logit(probability))):
+        r = httpx.post(f"{ce_server.url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": raw_scores})
+        got = {x["index"]: x["score"] for x in r.json()}
+        np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expected, atol=1e-4)
 
 
 def test_concurrent_requests_share_batches_and_get_their_own_scores(ce_server, tiny_ce):

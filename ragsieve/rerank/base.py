@@ -139,11 +139,51 @@ class BaseRanker(ABC):
         return self.calibration
 
     def predict_proba(self, query: str, passages: Sequence[Passage | str]) -> np.ndarray:
-        """Calibrated probability that each passage is relevant, in input order (needs a calibration)."""
+        """Calibrated probability that each passage is relevant, in input order (needs a calibration).
+
+        The same value ``/v1/rerank`` returns as ``relevance_score`` (:meth:`unit_scores` of the raw scores).
+        """
         if self.calibration is None:
             raise RagsieveError(f"{self.name} is not calibrated: call calibrate() on labelled dev pairs first")
         items = as_passages(passages)
-        return self.calibration.proba(self.score(query, items)) if items else np.zeros(0)
+        return self.unit_scores(self.score(query, items)) if items else np.zeros(0)
+
+    def logit_scores(self, scores: Sequence[float]) -> np.ndarray:
+        """Raw scores on the logit scale: sigmoid outputs (``score_is_probability``) are mapped back to their
+        logit, anything else is returned as is. What TEI's ``raw_scores: true`` answers.
+
+        Example::
+
+            CrossEncoderRanker(path).logit_scores([0.5])   # array([0.])
+        """
+        from ragsieve.rerank.calibration import as_logits
+
+        return as_logits(np.asarray(scores, dtype=float), self.score_is_probability)
+
+    def unit_scores(self, scores: Sequence[float]) -> np.ndarray:
+        """Raw scores of this ranker mapped into [0, 1], in the same order: what the rerank APIs return.
+
+        * calibrated (the shipped rerankers, or after :meth:`calibrate`): the calibrated probability,
+          equal to :meth:`predict_proba`;
+        * sigmoid outputs (``score_is_probability``, e.g. a plain cross-encoder): the scores themselves;
+        * anything else (BM25, cosine, retriever order): the logistic ``1 / (1 + exp(-score))``. This is
+          *not* a probability, only a bounded score that keeps the order. It depends on the document
+          alone, so the same document scores the same in every request; min-max scaling per request
+          would give the best document 1.0 even when nothing is relevant, which no threshold survives.
+          To threshold such a ranker, calibrate it on a few hundred labelled pairs.
+
+        Example::
+
+            load_reranker("bm25").unit_scores([0.0, 2.0])   # array([0.5, 0.88...])
+        """
+        from scipy.special import expit
+
+        x = np.asarray(scores, dtype=float)
+        if self.calibration is not None:
+            return self.calibration.proba(x)
+        if self.score_is_probability:
+            return np.clip(x, 0.0, 1.0)
+        return expit(x)
 
 
 class RetrievalOrder(BaseRanker):

@@ -43,7 +43,7 @@ class Calibration(StrictConfig):
         """Minimise the mean log-loss of ``sigmoid(x / T + b)`` over (score, label) pairs."""
         from scipy.optimize import minimize
 
-        x = _as_logits(np.asarray(scores, dtype=float), from_probability)
+        x = as_logits(np.asarray(scores, dtype=float), from_probability)
         y = np.asarray(labels, dtype=float)
         if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
             raise RagsieveError(f"calibration needs matching 1-d scores and labels (got {x.shape} and {y.shape})")
@@ -64,11 +64,12 @@ class Calibration(StrictConfig):
     def proba(self, scores: Sequence[float]) -> np.ndarray:
         from scipy.special import expit
 
-        x = _as_logits(np.asarray(scores, dtype=float), self.from_probability)
+        x = as_logits(np.asarray(scores, dtype=float), self.from_probability)
         return expit(x / self.temperature + self.bias)
 
 
-def _as_logits(x: np.ndarray, from_probability: bool) -> np.ndarray:
+def as_logits(x: np.ndarray, from_probability: bool) -> np.ndarray:
+    """``x`` itself, or the logit of ``x`` when it holds sigmoid outputs (clipped to 1e-7 from 0 and 1)."""
     if not from_probability:
         return x
     p = np.clip(x, 1e-7, 1 - 1e-7)

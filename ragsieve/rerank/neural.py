@@ -86,10 +86,19 @@ class CrossEncoderRanker(BaseRanker):
 
     def predict_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Activated logits for (query, passage text) tuples, batched on the configured backend."""
-        if self._forward is None:
-            scores = self.model.predict(list(pairs), batch_size=self.batch_size, show_progress_bar=False)
-            return np.asarray(scores, dtype=float)
+        return self._predict(pairs, activated=True)
+
+    def predict_logits(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Raw logits (no sigmoid): exact where a sigmoid output would saturate, e.g. as a distillation teacher."""
+        return self._predict(pairs, activated=False)
+
+    def _predict(self, pairs: Sequence[tuple[str, str]], activated: bool) -> np.ndarray:
         import torch
+
+        if self._forward is None:
+            scores = self.model.predict(list(pairs), batch_size=self.batch_size, show_progress_bar=False,
+                                        activation_fn=None if activated else torch.nn.Identity())
+            return np.asarray(scores, dtype=float)
 
         # longest first, like CrossEncoder.predict, so each batch pads little
         order = np.argsort([-(len(q) + len(p)) for q, p in pairs], kind="stable")
@@ -98,5 +107,7 @@ class CrossEncoderRanker(BaseRanker):
             idx = order[lo : lo + self.batch_size]
             features = self.model.preprocess([pairs[i] for i in idx])
             logits = torch.from_numpy(np.asarray(self._forward(features), dtype=np.float32))
-            out[idx] = self.model.activation_fn(logits).reshape(len(idx), -1)[:, 0].numpy()
+            if activated:
+                logits = self.model.activation_fn(logits)
+            out[idx] = logits.reshape(len(idx), -1)[:, 0].numpy()
         return out

@@ -86,6 +86,8 @@ class PointwiseLLMReranker(BaseRanker):
     """
 
     name = "pointwise-llm"
+    #: P(true) / (P(true) + P(false)): served as is in [0, 1], calibrated on its logit
+    score_is_probability = True
 
     def __init__(
         self,

@@ -22,6 +22,8 @@ class RemoteRanker(BaseRanker):
     """Scores via ``POST {url}/v1/rerank`` (Cohere/Jina shape); ``api_key`` defaults to $RAGSIEVE_API_KEY."""
 
     name = "remote"
+    #: Cohere-compatible services (``ragsieve serve`` included) answer relevance scores in [0, 1]
+    score_is_probability = True
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0, model: str = "ragsieve"):
         import httpx

@@ -85,8 +85,9 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
     def __init__(self, folder: str | Path = ASSET_DIR, onnx_file: str = ONNX_FILE, max_length: int = 256,
                  batch_size: int = 32, threads: int | None = None):
-        import onnxruntime as ort
         from tokenizers import Tokenizer
+
+        from ragsieve.rerank.fast import onnx_session
 
         folder = Path(folder)
         if not (folder / onnx_file).exists() or not (folder / "tokenizer.json").exists():
@@ -96,9 +97,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length, strategy="longest_first")
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or 0  # 0 = onnxruntime's default (all cores)
-        self.session = ort.InferenceSession(str(folder / onnx_file), options, providers=["CPUExecutionProvider"])
+        self.session = onnx_session(folder / onnx_file, threads)
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.batch_size = batch_size
         self.max_length = max_length
@@ -195,12 +194,20 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
     return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size, backend=backend or "torch")
 
 
-#: the rerankers ``embedded:<name>`` names (shipped in the package)
-EMBEDDED_RERANKERS = ("base",)
+#: the rerankers ``embedded:<name>`` names → their folder under ``ragsieve/assets/``. ``fast`` is the
+#: small single-forward student of ``experiments/rerank_distill.yaml``; it exists once that study ships it.
+EMBEDDED_RERANKERS = {"base": "base-reranker", "fast": "fast-reranker"}
+
+
+def embedded_reranker_dir(name: str) -> Path:
+    """The asset folder of ``embedded:<name>`` (which may not exist yet: see :func:`load_embedded_reranker`)."""
+    if name not in EMBEDDED_RERANKERS:
+        raise ModelNotAvailable(f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}")
+    return PACKAGE_DIR / "assets" / EMBEDDED_RERANKERS[name]
 
 
 def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
-    """``load_reranker("embedded:base")``: the base cross-encoder shipped in the package (never trains).
+    """``load_reranker("embedded:base")``: a cross-encoder shipped in the package (never trains).
 
     Keyword arguments (``backend``, ``threads``, ``batch_size``) go to :func:`load_shipped_reranker`.
 
@@ -208,9 +215,11 @@ def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
 
         load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
     """
-    if name not in EMBEDDED_RERANKERS:
-        raise ModelNotAvailable(f"unknown embedded reranker '{name}'; known: {', '.join(EMBEDDED_RERANKERS)}")
-    return load_shipped_reranker(**kwargs)
+    folder = embedded_reranker_dir(name)
+    if not (folder / CARD).is_file():
+        how = "reinstall ragsieve" if name == "base" else "`ragsieve run experiments/rerank_distill.yaml` ships it"
+        raise ModelNotAvailable(f"embedded:{name} is not in {folder}: {how}")
+    return load_shipped_reranker(folder, **kwargs)
 
 
 def inherited_card(start: str | Path, max_length: int) -> dict | None:

@@ -38,9 +38,9 @@ class RerankRequest(_Request):
 class TEIRerankRequest(_Request):
     """Text Embeddings Inference's ``/rerank`` body.
 
-    Scores are the ranker's own (a cross-encoder's are already sigmoid-activated), so
-    ``raw_scores`` and ``truncate`` are accepted for compatibility and change nothing:
-    long texts are chunked, never truncated.
+    ``score`` is in [0, 1] (the calibrated probability, as for ``/v1/rerank``); ``raw_scores: true``
+    returns the logit instead (a sigmoid-output ranker's mapped back; BM25 & co. their raw score). ``truncate`` is
+    accepted for compatibility and changes nothing: long texts are chunked, never truncated.
     """
 
     query: str = Field(..., min_length=1)
@@ -94,7 +94,7 @@ class DocumentOut(BaseModel):
 
 class RerankResult(BaseModel):
     index: int
-    relevance_score: float
+    relevance_score: float  # in [0, 1]: calibrated probability (BaseRanker.unit_scores)
     document: DocumentOut | None = None
 
 

@@ -112,8 +112,20 @@ class ServeState:
         return clean_text(query), [clean_text(d) for d in docs]
 
     async def scores(self, query: str, docs: list[str], meta: Meta) -> np.ndarray:
-        """One score per document (best chunk for long ones); ``meta`` records the chunking."""
+        """One raw score per document (best chunk for long ones); ``meta`` records the chunking."""
+        return await self._raw_scores(self.models, query, docs, meta)
+
+    async def rerank_scores(self, query: str, docs: list[str], meta: Meta) -> tuple[np.ndarray, np.ndarray]:
+        """(logits, the [0, 1] scores clients threshold), from one model snapshot: the ranker's
+        :meth:`~ragsieve.rerank.base.BaseRanker.logit_scores` and
+        :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores` of its raw scores (both in the raw order)."""
         models = self.models  # one snapshot: a reload mid-request does not mix models
+        raw = await self._raw_scores(models, query, docs, meta)
+        if not len(raw):
+            return np.zeros(0), np.zeros(0)
+        return models.ranker.logit_scores(raw), models.ranker.unit_scores(raw)
+
+    async def _raw_scores(self, models: ServedModels, query: str, docs: list[str], meta: Meta) -> np.ndarray:
         if self.traffic is not None:
             self.traffic.record(query, docs)  # a queue put: the write happens off the request path
         args = (models.ranker, query, docs, self.config.max_chunks_per_doc)

@@ -31,11 +31,13 @@ from ragsieve.studies.probe_nq import ProbeExperiment
 from ragsieve.studies.rerank_align import RerankAlignExperiment
 from ragsieve.studies.rerank_align_guard import RerankAlignGuardStudy
 from ragsieve.studies.rerank_base import RerankBaseStudy
+from ragsieve.studies.rerank_distill import RerankDistillStudy
 
 EXPERIMENTS: dict[str, type["Experiment"]] = {
     "probe_nq": ProbeExperiment,
     "cbdr_nq": CBDRExperiment,
     "rerank_base": RerankBaseStudy,
+    "rerank_distill": RerankDistillStudy,
     "rerank_align": RerankAlignExperiment,
     "rerank_align_guard": RerankAlignGuardStudy,
     "grader": GraderExperiment,

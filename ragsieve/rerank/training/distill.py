@@ -23,11 +23,13 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from torch import nn
@@ -265,3 +267,90 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
     final = out_dir / "final"
     model.save_pretrained(str(final))
     return final
+
+
+def truncated_student(teacher_folder: str | Path, layers: int, out_dir: str | Path, max_length: int = 256) -> Path:
+    """A student cross-encoder: the teacher's embeddings, its first ``layers`` transformer layers and its head.
+
+    Starting from the teacher's own lower layers (rather than a fresh head on a smaller encoder)
+    keeps the classifier head it trained, so distillation starts near the teacher's ranking.
+    Written once to ``out_dir`` (reused when it exists).
+
+    Example::
+
+        truncated_student("ragsieve/assets/base-reranker", 2, "work/students/fast-init")
+    """
+    from sentence_transformers import CrossEncoder
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    ce = CrossEncoder(str(teacher_folder), num_labels=1, max_length=max_length, device="cpu",
+                      model_kwargs={"dtype": torch.float32})
+    encoder = getattr(ce.model, ce.model.base_model_prefix).encoder
+    total = len(encoder.layer)
+    if not 1 <= layers <= total:
+        raise RagsieveError(f"a student keeps 1..{total} of the teacher's layers, got {layers}")
+    encoder.layer = nn.ModuleList(list(encoder.layer)[:layers])
+    ce.model.config.num_hidden_layers = layers
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    ce.save_pretrained(str(tmp), safe_serialization=True)
+    (tmp / "README.md").unlink(missing_ok=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def teacher_logit_pairs(rows: Sequence[dict]) -> list[tuple[str, str]]:
+    """Every (query, passage) of mined rows, positives then negatives, row by row."""
+    return [(m["query"], d[1]) for m in rows for d in m["pos"] + m["neg"]]
+
+
+def cache_teacher_scores(rows: Sequence[dict], teacher, cache: str | Path, cosine_weight: float,
+                         cosine_scale: float = 20.0, chunk: int = 64) -> list[dict]:
+    """The mined rows with each passage's cosine replaced by the teacher's mixed score.
+
+    ``teacher`` is a cross-encoder with ``predict_pairs`` returning raw logits (the teacher's
+    cross-encoder part); the mix adds ``cosine_weight · cosine_scale · cosine`` with the cosine the
+    mining stored (same MiniLM as the shipped mix). Logits are appended to ``cache`` (one JSON line
+    per row, keyed by dataset and question id) every ``chunk`` rows, so a killed run resumes where
+    it stopped. Passages keep their order, so the rows feed :func:`train_distilled` unchanged
+    (with ``teacher_scale = 1``: the scores are already logits).
+
+    Example::
+
+        rows = cache_teacher_scores(read_mined("work/mined/fever.jsonl"), OnnxCrossEncoderRanker(), "t.jsonl", 0.25)
+    """
+    cache = Path(cache)
+    done: dict[str, list[float]] = {}
+    if cache.is_file():
+        for line in cache.read_text().splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:  # a line cut by a kill: score that row again
+                continue
+            done[item["key"]] = item["logits"]
+
+    def key(m: dict) -> str:
+        return f"{m.get('dataset', '')}/{m['qid']}"
+
+    todo = [m for m in rows if key(m) not in done or len(done[key(m)]) != len(m["pos"]) + len(m["neg"])]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    for lo in range(0, len(todo), chunk):
+        part = todo[lo: lo + chunk]
+        logits = np.asarray(teacher.predict_pairs(teacher_logit_pairs(part)), dtype=float)
+        lines, at = [], 0
+        for m in part:
+            n = len(m["pos"]) + len(m["neg"])
+            done[key(m)] = [float(x) for x in logits[at: at + n]]
+            lines.append(json.dumps({"key": key(m), "logits": done[key(m)]}) + "\n")
+            at += n
+        with cache.open("a") as fh:
+            fh.write("".join(lines))
+        log.info("teacher: %d / %d rows scored", min(lo + chunk, len(todo)), len(todo))
+    mix = cosine_weight * cosine_scale
+    out = []
+    for m in rows:
+        logits = done[key(m)]
+        docs = [[*d[:2], logit + mix * d[2], *d[3:]] for d, logit in zip(m["pos"] + m["neg"], logits)]
+        out.append({**m, "pos": docs[: len(m["pos"])], "neg": docs[len(m["pos"]):]})
+    return out

@@ -1,4 +1,10 @@
-"""Rerank: one handler for the Cohere v1 / Jina and Cohere v2 paths, and TEI's ``/rerank``."""
+"""Rerank: one handler for the Cohere v1 / Jina and Cohere v2 paths, and TEI's ``/rerank``.
+
+Scores are in [0, 1] as those clients expect (Open WebUI's and Dify's relevance thresholds are set on
+that scale): the ranker's calibrated probability when it has a calibration (the shipped rerankers do),
+see :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores` for the others. TEI's ``raw_scores: true``
+returns the logit instead (a sigmoid-output ranker's is mapped back; BM25 & co. answer their raw score).
+"""
 
 from __future__ import annotations
 
@@ -25,12 +31,13 @@ router = APIRouter(tags=["rerank"])
 async def cohere_rerank(body: RerankRequest, request: Request, state: ServeState) -> RerankResponse:
     query, docs = state.check(body.query, texts(body.documents))
     meta = Meta(request_id=request_id(request))
-    scores = await state.scores(query, docs, meta)
-    order = np.argsort(-scores, kind="stable")[: body.top_n or len(docs)]
+    raw, unit = await state.rerank_scores(query, docs, meta)
+    # ordered by the logit: the [0, 1] mapping keeps the order but may tie near 0 or 1
+    order = np.argsort(-raw, kind="stable")[: body.top_n or len(docs)]
     results = [
         RerankResult(
             index=int(i),
-            relevance_score=float(scores[i]),
+            relevance_score=float(unit[i]),
             document={"text": docs[i]} if body.return_documents else None,
         )
         for i in order
@@ -72,8 +79,9 @@ async def rerank_any(
     if isinstance(body, RerankRequest):
         return await cohere_rerank(body, request, state)
     query, docs = state.check(body.query, body.texts, field="texts")
-    scores = await state.scores(query, docs, Meta())
-    order = np.argsort(-scores, kind="stable")
+    raw, unit = await state.rerank_scores(query, docs, Meta())
+    scores = raw if body.raw_scores else unit
+    order = np.argsort(-raw, kind="stable")
     return [
         TEIRerankResult(index=int(i), score=float(scores[i]), text=docs[i] if body.return_text else None)
         for i in order

@@ -1,0 +1,173 @@
+"""Issue 40's distillation pipeline on tiny models and hand-made mined rows: teacher scores cached and
+resumed, a truncated student trained a few steps, held-out nDCG@10 / paired bootstrap / ECE, the ship step,
+and ``embedded:fast`` resolving (or failing in one line)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ragsieve.errors import ModelNotAvailable
+
+TOPICS = [
+    ("who wrote hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+    ("capital of france", "Paris is the capital and largest city of France."),
+    ("largest planet", "Jupiter is the largest planet in the Solar System."),
+    ("boiling point of water", "Water boils at 100 degrees Celsius at sea level."),
+    ("author of war and peace", "War and Peace is a novel by Leo Tolstoy."),
+    ("speed of light", "Light travels at about 300,000 kilometres per second."),
+    ("tallest mountain", "Mount Everest is the highest mountain above sea level."),
+    ("inventor of the telephone", "Alexander Graham Bell patented the first practical telephone."),
+]
+
+
+def _mined_rows() -> list[dict]:
+    rows = []
+    for i, (query, gold) in enumerate(TOPICS):
+        negatives = [t for j, (_, t) in enumerate(TOPICS) if j != i][:5]
+        rows.append({"dataset": "fever", "split": "dev" if i >= 6 else "train", "qid": f"q{i}", "query": query,
+                     "pos": [[f"p{i}", gold, 0.6]],
+                     "neg": [[f"n{i}-{k}", t, 0.1 + 0.05 * k, "dense"] for k, t in enumerate(negatives)]})
+    return rows
+
+
+@pytest.fixture()
+def teacher_dir(tmp_path, tiny_cross_encoder_dir):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    card = {"max_length": 64, "default_backend": "torch", "cosine_weight": 0.25, "cosine_scale": 20.0,
+            "calibration": {"temperature": 2.0, "bias": -1.0}}
+    (folder / "ragsieve_reranker.json").write_text(json.dumps(card))
+    return folder
+
+
+def test_teacher_scores_are_the_mixed_logit_and_resume_from_the_cache(tmp_path, teacher_dir):
+    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.rerank.training.distill import cache_teacher_scores, teacher_logit_pairs
+
+    rows = _mined_rows()
+    cross = CrossEncoderRanker(str(teacher_dir), max_length=64)
+
+    class Counting:
+        calls = 0
+
+        def predict_pairs(self, pairs):
+            Counting.calls += len(pairs)
+            return cross.predict_logits(pairs)
+
+    cache = tmp_path / "teacher.jsonl"
+    first = cache_teacher_scores(rows[:3], Counting(), cache, 0.25, 20.0, chunk=2)
+    logits = cross.predict_logits(teacher_logit_pairs(rows[:1]))
+    expected = logits + 0.25 * 20.0 * np.array([d[2] for d in rows[0]["pos"] + rows[0]["neg"]])
+    got = [d[2] for d in first[0]["pos"] + first[0]["neg"]]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    # raw logits, not sigmoid outputs: the sigmoid of the logit is what predict_pairs answers
+    np.testing.assert_allclose(1 / (1 + np.exp(-logits)), cross.predict_pairs(teacher_logit_pairs(rows[:1])), atol=1e-6)
+    done = Counting.calls
+    with cache.open("a") as fh:
+        fh.write('{"key": "fever/q3", "logi')  # a line cut by a kill
+    again = cache_teacher_scores(rows, Counting(), cache, 0.25, 20.0)
+    assert Counting.calls - done == sum(len(r["pos"]) + len(r["neg"]) for r in rows[3:])  # only the new rows
+    assert again[:3] == first
+
+
+def test_truncated_student_keeps_the_first_layers_and_the_head(tmp_path, teacher_dir):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from ragsieve.errors import RagsieveError
+    from ragsieve.rerank.training.distill import truncated_student
+
+    folder = truncated_student(teacher_dir, 1, tmp_path / "student", max_length=64)
+    student = AutoModelForSequenceClassification.from_pretrained(folder)
+    teacher = AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    assert student.config.num_hidden_layers == 1 and len(student.bert.encoder.layer) == 1
+    assert torch.equal(student.classifier.weight, teacher.classifier.weight)
+    first = [m.bert.encoder.layer[0].output.dense.weight for m in (student, teacher)]
+    assert torch.equal(*first)
+    with pytest.raises(RagsieveError, match="1..2"):
+        truncated_student(teacher_dir, 3, tmp_path / "too-deep")
+
+
+def test_embedded_fast_is_one_line_until_shipped():
+    from ragsieve.registry import load_reranker
+
+    with pytest.raises(ModelNotAvailable, match="rerank_distill.yaml"):
+        load_reranker("embedded:fast")
+    with pytest.raises(ModelNotAvailable, match="known: base, fast"):
+        load_reranker("embedded:nope")
+
+
+def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_dir):
+    from ragsieve.rerank.shipped import load_shipped_reranker
+    from ragsieve.studies.runner import run_experiment_file
+
+    mined = tmp_path / "mined"
+    mined.mkdir()
+    (mined / "fever.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _mined_rows()))
+    out = tmp_path / "study"
+    cfg = tmp_path / "distill.yaml"
+    cfg.write_text(
+        f"experiment: rerank_distill\nout_dir: {out}\nparams:\n  mined_dir: {mined}\n  teacher: {teacher_dir}\n"
+        "  students: [{name: fast, layers: 1, tolerance: 0.02}]\n"
+        "  distill: {group_size: 3, batch_size: 2, max_steps: 2, eval_steps: 1, max_length: 64, dev_docs: 4,"
+        " teacher_scale: 1.0}\n"
+        f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n")
+    result = run_experiment_file(cfg)
+    rows = result["evaluation"]["by_dataset"]["fever"]
+    assert set(rows) == {"teacher", "cosine", "fast-1l", "fast-1l-onnx-int8"} and rows["fast-1l"]["n"] == 3
+    assert {"diff", "low", "high"} <= set(rows["fast-1l"]["vs_teacher"]) and "vs_cosine" in rows["teacher"]
+    assert 0.0 <= rows["teacher"]["ece"]["mean"] <= 1.0 and 0.0 <= rows["fast-1l"]["ece"]["mean"] <= 1.0
+    verdict = result["students"]["fast-1l"]
+    assert verdict["layers"] == 1 and isinstance(verdict["ship"], bool) and verdict["why"]
+    assert verdict["backend"] in ("torch", "onnx-int8") and verdict["int8_max_ndcg10_loss"] is not None
+    work = out / "work"
+    assert (work / "teacher-scores" / "fever.jsonl").is_file() and (work / "students" / "fast-1l" / "final").is_dir()
+
+    # the ship step on its own (a 2-step student rarely meets a target): dev labels its own top passage
+    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.studies.rerank_distill import RerankDistillStudy
+
+    study, config = RerankDistillStudy(), RerankDistillStudy.Config(**{
+        "teacher": str(teacher_dir), "students": [{"name": "fast", "layers": 1, "tolerance": 0.02}],
+        "distill": {"max_length": 64}, "asset_root": str(tmp_path / "assets")})
+    final = work / "students" / "fast-1l" / "final"
+    student = CrossEncoderRanker(str(final), max_length=64)
+    dev = []
+    for row in _mined_rows():
+        docs = row["pos"] + row["neg"]
+        s = student.predict_logits([(row["query"], d[1]) for d in docs])
+        top = int(np.argmax(s))
+        dev.append({**row, "pos": [docs[top]], "neg": [d for k, d in enumerate(docs) if k != top]})
+    folder = study.ship(config, config.students[0], final, teacher_dir, dev, work, result)
+    shipped = load_shipped_reranker(folder)
+    card = json.loads((folder / "ragsieve_reranker.json").read_text())
+    assert card["calibration"]["temperature"] > 0 and "cosine_weight" not in card  # one forward, no MiniLM
+    assert card["default_backend"] == verdict["backend"] and (folder / "model.int8.onnx").is_file()
+    p = shipped.predict_proba("who wrote hamlet", [TOPICS[0][1], TOPICS[1][1]])
+    assert ((0 <= p) & (p <= 1)).all()
+    again = run_experiment_file(cfg)  # everything cached: nothing trains or scores again
+    assert again["evaluation"]["by_dataset"] == result["evaluation"]["by_dataset"]
+
+
+def test_calibration_pairs_use_the_dev_questions_candidate_lists():
+    """A mined dev question of a held-out dataset is calibrated on its retrieved candidates (the held-out kind of
+    list); rows of other pools, or questions without such a list, keep their mined group."""
+    from ragsieve.benchmarks.mining import held_out_sources
+    from ragsieve.benchmarks.relevance import ranking_queries
+    from ragsieve.data import load_dataset
+    from ragsieve.studies.rerank_distill import RerankDistillConfig, calibration_pairs
+
+    ds = load_dataset("fever")
+    real = ranking_queries(ds, [q for q in ds.questions if q.gold_passage_ids][:5], held_out_sources()["fever"])[0]
+    rows = _mined_rows()[6:]  # two hand-made dev rows (no such question in FEVER)
+    rows.append({**rows[0], "qid": real.query_id, "query": real.query})
+    qs, ps, ys = calibration_pairs(RerankDistillConfig(), rows)
+    assert qs.count(real.query) == len(real.candidates)  # the candidate list, not the mined group
+    assert sum(y for q, y in zip(qs, ys) if q == real.query) == len(real.relevant & {p.id for p in real.candidates})
+    assert qs.count(rows[0]["query"]) == 6 and qs.count(rows[1]["query"]) == 6  # 1 gold + 5 negatives each
+    groups = calibration_pairs(RerankDistillConfig(calibration="dev-groups"), rows)
+    assert len(groups[0]) == 18
