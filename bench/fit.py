@@ -64,7 +64,18 @@ def main() -> None:
     values = read_mapping(args.config) if args.config else {"gate": args.gate}
     values.update({"index": str(index_dir), "questions": str(qa), "out": str(out / "sieve")})
     config = build_config(FitConfig, values, source=args.config or "options")
-    fit = Fit(config)
+    from ragsieve.progress import progress_bar
+
+    bar = progress_bar()  # a refit runs for hours under nohup: plain stderr lines per phase, every 10 % or 30 s
+    bar.__enter__()
+    tasks: dict[str, int] = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(f"fit {phase}", total=total)
+        bar.update(tasks[phase], completed=done, total=total)
+
+    fit = Fit(config, progress)
     fit.load()
     if args.regrade:
         regrade(fit)
@@ -98,6 +109,7 @@ def main() -> None:
         getattr(fit, f"phase_{phase}")()
         fit.timings[phase] = round(time.perf_counter() - start, 2)
     seconds = time.perf_counter() - total
+    bar.__exit__(None, None, None)
     result = {
         "questions": len(train),
         "seconds_total": round(seconds, 1),
