@@ -72,7 +72,7 @@ def main() -> None:
 
     def progress(phase: str, done: int, total: int) -> None:
         if phase not in tasks:
-            tasks[phase] = bar.add_task(f"fit {phase}", total=total)
+            tasks[phase] = bar.add_task(f"fit {phase}", total=None)  # the first report: what a resumed phase found
         bar.update(tasks[phase], completed=done, total=total)
 
     fit = Fit(config, progress)
