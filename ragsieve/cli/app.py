@@ -32,6 +32,20 @@ TimeoutOption = typer.Option(
 )
 RetriesOption = typer.Option(None, "--retries", help="Endpoint LLMs: extra tries (default $RAGSIEVE_LLM_RETRIES or 2).")
 OverwriteOption = typer.Option(False, "--overwrite", help="Replace what --out (or the output folder) already holds.")
+JsonLinesOption = typer.Option(False, "--json", help="Print JSON lines instead of a table.")
+# `grade` and `rerank` score the passages of one file against one query
+PassagesFileOption = typer.Option(
+    ..., "--passages", "-p", help=".jsonl rows {text, title?, id?} or one passage per .txt line."
+)
+
+
+def read_query_passages(query: str, passages: Path) -> list:
+    """The passages of ``passages`` for a non-empty ``query`` (one-line errors for both)."""
+    from ragsieve.data.passage_files import read_passages_file
+
+    if not query.strip():
+        raise RagsieveError("empty query")
+    return read_passages_file(passages)
 
 
 def parse_ks(text: str) -> list[int]:

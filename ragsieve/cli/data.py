@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from ragsieve.cli.app import DataDirOption, OverwriteOption, SkipBadOption, app, console, err_console, parse_ks
+from ragsieve.cli.app import (
+    DataDirOption, JsonLinesOption, OverwriteOption, SkipBadOption, app, console, err_console, parse_ks,
+)
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 
@@ -94,7 +96,7 @@ def retrieve_cmd(
     query: str = typer.Argument(..., help="The query text."),
     index: Path = typer.Option(..., "--index", "-i", help="Index directory (ragsieve index)."),
     k: int = typer.Option(5, "-k", help="How many passages."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    as_json: bool = JsonLinesOption,
 ) -> None:
     """Retrieve the top-k passages for a query."""
     from ragsieve.retrieve import load_index

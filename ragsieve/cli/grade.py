@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from ragsieve.cli.app import (
-    OutRowsOption, OverwriteOption, RetriesOption, TimeoutOption, app, console, err_console, stream_rows,
+    JsonLinesOption, OutRowsOption, OverwriteOption, PassagesFileOption, RetriesOption, TimeoutOption, app, console,
+    err_console, read_query_passages, stream_rows,
 )
 from ragsieve.errors import DataError, RagsieveError
 
@@ -25,20 +26,17 @@ app.add_typer(grader_app, name="grader")
 @app.command("grade")
 def grade_cmd(
     query: str = typer.Argument(..., help="The query the passages were retrieved for."),
-    passages: Path = typer.Option(..., "--passages", "-p", help=".jsonl rows {text, title?, id?} or .txt lines."),
+    passages: Path = PassagesFileOption,
     grader: str = typer.Option(DEFAULT_GRADER, "--grader", "-g", help="A saved grader folder or embedded:<name>."),
     base: Optional[str] = typer.Option(None, "--base", help="Refuse the grader unless it was trained on this model."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    as_json: bool = JsonLinesOption,
     out: Optional[Path] = OutRowsOption,
     overwrite: bool = OverwriteOption,
 ) -> None:
     """Grade each passage relevant or not for QUERY (a progress bar; --out streams and resumes)."""
-    from ragsieve.data.passage_files import read_passages_file
     from ragsieve.registry import load_grader
 
-    if not query.strip():
-        raise RagsieveError("empty query")
-    items = read_passages_file(passages)
+    items = read_query_passages(query, passages)
     model = load_grader(grader, base=base)
 
     def grade_batch(batch):

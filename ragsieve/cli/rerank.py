@@ -11,7 +11,8 @@ from rich.table import Table
 
 from ragsieve.checks import non_negative_int
 from ragsieve.cli.app import (
-    OutRowsOption, OverwriteOption, SkipBadOption, app, console, err_console, parse_ks, stream_rows,
+    JsonLinesOption, OutRowsOption, OverwriteOption, PassagesFileOption, SkipBadOption, app, console, err_console,
+    parse_ks, read_query_passages, stream_rows,
 )
 from ragsieve.errors import RagsieveError
 
@@ -73,22 +74,19 @@ RerankerOption = typer.Option(
 @rerank_app.command("query", hidden=True)
 def rerank_query_cmd(
     query: str = typer.Argument(..., help="The query."),
-    passages: Path = typer.Option(..., "--passages", "-p", help="jsonl {text, title?, id?} or one passage per line."),
+    passages: Path = PassagesFileOption,
     reranker: str = RerankerOption,
     k: int = typer.Option(0, "-k", help="Show only the best k (0 = all)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    as_json: bool = JsonLinesOption,
     out: Optional[Path] = OutRowsOption,
     overwrite: bool = OverwriteOption,
 ) -> None:
     """Rank passages for a query (a progress bar; --out streams the scores and resumes)."""
-    from ragsieve.data.passage_files import read_passages_file
     from ragsieve.registry import load_reranker
     from ragsieve.rerank.base import RankedResults, ranked_from_scores
 
-    if not query.strip():
-        raise RagsieveError("empty query")
     non_negative_int(k, "-k")
-    items = read_passages_file(passages)
+    items = read_query_passages(query, passages)
     ranker = load_reranker(reranker)
 
     def score_batch(batch):
