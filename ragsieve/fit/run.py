@@ -661,7 +661,8 @@ class Fit:
 
 
 def _row_summary(row: dict) -> dict:
-    return {k: row[k] for k in ("name", "accuracy", "ci95", "n", "prompt_tokens", "llm_seconds")}
+    summary = {k: row[k] for k in ("name", "accuracy", "ci95", "n", "prompt_tokens", "llm_seconds")}
+    return {**summary, "k": row["choice"].k}  # the demo re-runs the best plain configuration by its k
 
 
 def _versions() -> dict[str, str]:

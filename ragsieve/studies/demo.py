@@ -76,9 +76,15 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     texts = [q.text for q in questions]
     golds = [q.answers for q in questions]
     modes: dict[str, tuple[RAGPipeline, bool]] = {"closed_book": (pipe, False), f"rag_top{cfg.top_k}": (pipe, True)}
+    selection: dict = {}
     if cfg.sieve and _sieve_fits(cfg, console):  # gate → rerank → grade, sharing the loaded LLM and index
         sieve_config = PipelineConfig(sieve=cfg.sieve, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
         modes["sieve"] = (RAGPipeline.from_config(sieve_config, llm=pipe.llm, retriever=retriever), True)
+        selection = _fit_selection(cfg)
+        best_k = selection.get("dev", {}).get("best_plain", {}).get("k")
+        if best_k and best_k != cfg.top_k:  # fit's best plain configuration: the retriever's top k it chose on dev
+            plain = pipeline.model_copy(update={"top_k": best_k})
+            modes[f"rag_top{best_k}"] = (RAGPipeline.from_config(plain, llm=pipe.llm, retriever=retriever), True)
     metrics: dict[str, dict] = {}
     predictions: list[dict] = []
     outcomes: dict[str, list[int]] = {}
@@ -99,6 +105,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         outcomes[mode] = [int(contains_answer(a.answer, g)) for a, g in zip(answers, golds)]
         m["ci95"] = list(accuracy_interval(sum(outcomes[mode]), len(answers)))
         m["seconds_per_question"] = seconds / max(len(questions), 1)
+        m["prompt_tokens"] = sum(a.prompt_tokens for a in answers) / max(len(answers), 1)
         if use_retrieval:
             hit = [bool(set(q.gold_passage_ids) & {p.id for p in a.contexts}) for q, a in zip(questions, answers)]
             m[f"gold_in_top{cfg.top_k}"] = sum(hit) / max(len(hit), 1)
@@ -115,6 +122,10 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     paired = {}
     if "sieve" in outcomes:
         paired["sieve_vs_rag"] = mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{cfg.top_k}"]).to_dict()
+        best_k = selection.get("dev", {}).get("best_plain", {}).get("k")
+        if best_k:
+            paired["sieve_vs_best_plain"] = {**mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{best_k}"]).to_dict(),
+                                             "best_plain": f"rag_top{best_k}"}
 
     result = {
         "config": cfg.model_dump(),
@@ -124,6 +135,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         "index_reused": index_reused,
         "metrics": metrics,
         "paired": paired,
+        # what fit chose by the LLM's answers (None: a sieve fitted before it did)
+        "sieve_chosen": {k: selection.get(k) for k in ("chosen", "best_plain", "shipped", "note")} if selection
+        else None,
         "total_seconds": time.perf_counter() - t0,
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -134,18 +148,26 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     write_jsonl(out / "predictions.jsonl", predictions)
 
     table = Table(title=f"{cfg.dataset}: {len(questions)} held-out questions, {cfg.llm}")
-    for col in ("mode", "accuracy (contains)", "95 % CI", "EM", "F1", "retrieved", "s / question"):
-        table.add_column(col, justify="right" if col != "mode" else "left")
+    for col in ("mode", "accuracy (contains)", "95 % CI", "EM", "F1", "retrieved", "prompt tokens", "s / question"):
+        table.add_column(col, justify="right" if col != "mode" else "left", no_wrap=col == "mode")
     for mode, m in metrics.items():
         rate = m.get("retrieval_rate", 1.0 if mode != "closed_book" else 0.0)
         table.add_row(mode, f"{m['accuracy']:.3f}", f"[{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]", f"{m['em']:.3f}",
-                      f"{m['f1']:.3f}", f"{rate:.0%}", f"{m['seconds_per_question']:.2f}")
+                      f"{m['f1']:.3f}", f"{rate:.0%}", f"{m['prompt_tokens']:.0f}", f"{m['seconds_per_question']:.2f}")
     console.print(table)
-    if paired:
-        t = paired["sieve_vs_rag"]
-        console.print(f"sieve vs rag_top{cfg.top_k}, paired McNemar on the same {t['n']} questions: right only with "
-                      f"the sieve {t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → "
-                      + {"A better": "the sieve is better", "B better": "plain top-k is better"}.get(t["verdict"], t["verdict"]))
+    if selection:
+        console.print(f"the sieve fit chose on dev: {selection.get('shipped')} (best plain on dev: "
+                      f"{selection.get('best_plain')})" + (f"; {selection['note']}" if selection.get("note") else ""))
+    elif "sieve" in metrics:
+        console.print(f"[dim]{cfg.sieve} was fitted before fit chose sieves by answers: no best plain configuration "
+                      "to compare with[/]")
+    for name, t in paired.items():
+        plain = t.get("best_plain", f"rag_top{cfg.top_k}")
+        ours, theirs = metrics["sieve"]["prompt_tokens"], metrics[plain]["prompt_tokens"]
+        verdict = {"A better": "the sieve is better", "B better": "plain is better"}.get(t["verdict"], t["verdict"])
+        console.print(f"sieve vs {plain}, paired McNemar on the same {t['n']} questions: right only with the sieve "
+                      f"{t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → {verdict}; "
+                      f"prompt tokens {ours:.0f} vs {theirs:.0f} ({1 - ours / max(theirs, 1e-9):.0%} fewer)")
     if traced is not None:
         from ragsieve.pipeline.explain import print_explain
 
@@ -154,6 +176,13 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         console.print(traced.answer)
     console.print(f"wrote {out / 'metrics.json'} ({result['total_seconds']:.0f}s total)")
     return result
+
+
+def _fit_selection(cfg: DemoConfig) -> dict:
+    """What ``fit`` chose for the sieve by the LLM's answers (empty for a sieve fitted before it did)."""
+    from ragsieve.pipeline.sieve_config import read_sieve_config
+
+    return read_sieve_config(cfg.sieve).metrics.get("selection") or {}
 
 
 def _sieve_fits(cfg: DemoConfig, console: Console) -> bool:
