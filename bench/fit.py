@@ -66,50 +66,49 @@ def main() -> None:
     config = build_config(FitConfig, values, source=args.config or "options")
     from ragsieve.progress import progress_bar
 
-    bar = progress_bar()  # a refit runs for hours under nohup: plain stderr lines per phase, every 10 % or 30 s
-    bar.__enter__()
-    tasks: dict[str, int] = {}
+    # a refit runs for hours under nohup: plain stderr lines per phase, every 10 % or 30 s
+    with progress_bar() as bar:
+        tasks: dict[str, int] = {}
 
-    def progress(phase: str, done: int, total: int) -> None:
-        if phase not in tasks:
-            tasks[phase] = bar.add_task(f"fit {phase}", total=None)  # the first report: what a resumed phase found
-        bar.update(tasks[phase], completed=done, total=total)
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"fit {phase}", total=None)  # the first report: what a resumed phase found
+            bar.update(tasks[phase], completed=done, total=total)
 
-    fit = Fit(config, progress)
-    fit.load()
-    if args.regrade:
-        regrade(fit)
-        return
-    forward = {"seconds": 0.0, "calls": 0}
-    # Time the LLM's entry points, not model.forward hooks: the probe's early-exit forward stops
-    # by raising inside the model, so a post-forward hook never fires for it (the first bench
-    # version counted generation only).
-    from ragsieve.models.llm import LocalLLM
-    from ragsieve.probe.hidden import HiddenStateExtractor
+        fit = Fit(config, progress)
+        fit.load()
+        if args.regrade:
+            regrade(fit)
+            return
+        forward = {"seconds": 0.0, "calls": 0}
+        # Time the LLM's entry points, not model.forward hooks: the probe's early-exit forward stops
+        # by raising inside the model, so a post-forward hook never fires for it (the first bench
+        # version counted generation only).
+        from ragsieve.models.llm import LocalLLM
+        from ragsieve.probe.hidden import HiddenStateExtractor
 
-    def timed(cls, name):
-        original = getattr(cls, name)
+        def timed(cls, name):
+            original = getattr(cls, name)
 
-        def wrapper(*args, **kwargs):
+            def wrapper(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    forward["seconds"] += time.perf_counter() - start
+                    forward["calls"] += 1
+
+            setattr(cls, name, wrapper)
+
+        for cls, name in ((LocalLLM, "generate"), (LocalLLM, "generate_with_states"),
+                          (HiddenStateExtractor, "_forward_batch")):
+            timed(cls, name)
+        total = time.perf_counter()
+        for phase in PHASES:
             start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                forward["seconds"] += time.perf_counter() - start
-                forward["calls"] += 1
-
-        setattr(cls, name, wrapper)
-
-    for cls, name in ((LocalLLM, "generate"), (LocalLLM, "generate_with_states"),
-                      (HiddenStateExtractor, "_forward_batch")):
-        timed(cls, name)
-    total = time.perf_counter()
-    for phase in PHASES:
-        start = time.perf_counter()
-        getattr(fit, f"phase_{phase}")()
-        fit.timings[phase] = round(time.perf_counter() - start, 2)
-    seconds = time.perf_counter() - total
-    bar.__exit__(None, None, None)
+            getattr(fit, f"phase_{phase}")()
+            fit.timings[phase] = round(time.perf_counter() - start, 2)
+        seconds = time.perf_counter() - total
     result = {
         "questions": len(train),
         "seconds_total": round(seconds, 1),
