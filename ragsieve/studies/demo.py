@@ -77,6 +77,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     golds = [q.answers for q in questions]
     modes: dict[str, tuple[RAGPipeline, bool]] = {"closed_book": (pipe, False), f"rag_top{cfg.top_k}": (pipe, True)}
     selection: dict = {}
+    best_k = None  # fit's best plain top-k on dev, for a sieve it chose by answers
     if cfg.sieve and _sieve_fits(cfg, console):  # gate → rerank → grade, sharing the loaded LLM and index
         sieve_config = PipelineConfig(sieve=cfg.sieve, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
         modes["sieve"] = (RAGPipeline.from_config(sieve_config, llm=pipe.llm, retriever=retriever), True)
@@ -122,7 +123,6 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     paired = {}
     if "sieve" in outcomes:
         paired["sieve_vs_rag"] = mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{cfg.top_k}"]).to_dict()
-        best_k = selection.get("dev", {}).get("best_plain", {}).get("k")
         if best_k:
             paired["sieve_vs_best_plain"] = {**mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{best_k}"]).to_dict(),
                                              "best_plain": f"rag_top{best_k}"}
