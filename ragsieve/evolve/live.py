@@ -33,6 +33,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -302,11 +303,11 @@ class TrafficLog:
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything recorded so far is written (tests; shutdown)."""
-        deadline = threading.Event()
-        for _ in range(int(timeout / 0.05)):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             if self.queue.empty() and self._idle.is_set():
                 return
-            deadline.wait(0.05)
+            time.sleep(0.05)
 
     def close(self) -> None:
         self.flush()
