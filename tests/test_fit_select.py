@@ -78,6 +78,19 @@ def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, 
     assert all(len(r["ci95"]) == 2 and r["ci95"][0] <= r["accuracy"] <= r["ci95"][1] for r in rows)
     assert by_name["top1, bm25"]["prompt_tokens"] < by_name["top2, bm25"]["prompt_tokens"]
 
+    # placements are searched around the best rows only (refine): the grid itself is all best first
+    assert {c.placement for c in grid} == {"best_first"}
+    variants = selection.placement_variants(rows)
+    top_multi = sorted((r for r in rows if r["choice"].k > 1),  # the most accurate, then the fewest tokens
+                       key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))[:3]
+    assert variants and all(v.placement == "best_last" and v.k > 1 for v in variants)
+    assert len(variants) <= selection.config.refine_top
+    assert {(v.k, v.order, v.grade) for v in variants} == {(r["k"], r["order"], r["grade"]) for r in top_multi}
+    full = Selection(builder, cache, candidates, selection.config.model_copy(update={"placement_search": "full"}))
+    full.rankings = selection.rankings  # every placement of every row: nothing left to refine
+    assert {c.placement for c in full.grid(["retriever", "bm25"], questions)} == {"best_first", "best_last"}
+    assert full.placement_variants(rows) == []
+
     best = choose(rows)  # every 100 % row ties: the fewest prompt tokens wins
     assert best["name"] == "top1, bm25"
     plain = selection.evaluate(selection.plain([1, 2, 3]), questions)

@@ -78,7 +78,8 @@ class SelectConfig(StrictConfig):
     quantiles of dev Conf(Q), when a probe exists; ``gate: none`` tries no gate, ``gate: budget=x`` keeps
     every retrieving configuration behind the budget's β). The most accurate on dev wins; ties go to fewer
     prompt tokens. ``objective: tokens=300`` chooses among the configurations within 300 mean prompt
-    tokens instead.
+    tokens instead. Placements are searched around the best configurations (``placement_search: refine``)
+    unless ``placement_search: full``.
     """
 
     ks: list[int] = Field(default_factory=_grid_default_ks)
@@ -86,6 +87,12 @@ class SelectConfig(StrictConfig):
     grade_quantiles: list[float] = [0.25, 0.5, 0.75]
     gate_quantiles: list[float] = [0.25, 0.5, 0.75]
     placements: list[Literal["best_first", "best_last"]] = ["best_first", "best_last"]
+    # refine: the grid is answered with the first placement, then the other placements only for the
+    # ``refine_top`` best configurations of two or more passages (each placement of a k >= 2 row is a new,
+    # long prompt per dev question: searching them everywhere doubles the grid's LLM time for little);
+    # full: every placement of every configuration
+    placement_search: Literal["refine", "full"] = "refine"
+    refine_top: int = Field(3, ge=1)
     objective: str = "accuracy"
     # the sieve is measurably worse than the best plain configuration on test (exact McNemar below this)
     alpha: float = Field(0.05, gt=0, lt=1)

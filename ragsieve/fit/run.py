@@ -286,7 +286,7 @@ class Fit:
             return
         path = self.work / "shifts.jsonl"
         done = {row["question_id"]: row for row in read_jsonl(path, skip_bad=True)} if path.exists() else {}
-        questions = self.splits["train"] + self.splits["dev"]
+        questions = self.splits["train"]  # only train groups are trained on: dev is read by relevance, not shifts
         todo = [q for q in questions if q.id not in done]
         self.progress("prefs", len(questions) - len(todo), len(questions))
         for q, scores in self._confidence_scores(todo):
@@ -296,16 +296,14 @@ class Fit:
             append_jsonl(path, row)  # a kill loses at most the questions not yet written
             done[q.id] = row
             self.progress("prefs", sum(q.id in done for q in questions), len(questions))
-        self.prefs = {}
-        for name in ("train", "dev"):
-            records = []
-            for q in self.splits[name]:
-                rec = select_preferences(q.text, self.candidates[q.id], done[q.id]["inc"],
-                                         n_pos=self.config.align.n_pos, n_neg=self.config.align.n_neg, question_id=q.id,
-                                         signed=self.config.align.selection == "signed")
-                if rec is not None:
-                    records.append(rec)
-            self.prefs[name] = records
+        records = []
+        for q in questions:
+            rec = select_preferences(q.text, self.candidates[q.id], done[q.id]["inc"],
+                                     n_pos=self.config.align.n_pos, n_neg=self.config.align.n_neg, question_id=q.id,
+                                     signed=self.config.align.selection == "signed")
+            if rec is not None:
+                records.append(rec)
+        self.prefs = {"train": records}
 
     def _answer_preferences(self) -> None:
         """Preference groups from answers (no probe): each candidate alone in the prompt; positives are
@@ -316,23 +314,22 @@ class Fit:
         from ragsieve.prompts import first_line
 
         limit = self.config.align.answer_candidates or self.config.candidates
-        questions = self.splits["train"] + self.splits["dev"]
+        questions = self.splits["train"]  # dev's relevance check reads gold passages, not these answers
         texts = [self.builder.with_context(q.text, [p]).text for q in questions for p in self.candidates[q.id][:limit]]
         answers = iter(self.answers.answers(texts, lambda done, total: self.progress("prefs", done, total)))
         n_pos, n_neg = self.config.align.n_pos, self.config.align.n_neg
-        self.prefs = {"train": [], "dev": []}
-        for name in ("train", "dev"):
-            for q in self.splits[name]:
-                cands = self.candidates[q.id][:limit]
-                right = [contains_answer(first_line(next(answers)[0]), q.answers) for _ in cands]
-                if self.closed[q.id]:
-                    continue  # right without any passage: no passage is shown to help
-                pos = [p for p, ok in zip(cands, right) if ok][:n_pos]
-                neg = [p for p, ok in zip(cands, right) if not ok][:n_neg]
-                if pos and neg:
-                    self.prefs[name].append(PreferenceRecord(
-                        q.text, [p.full_text for p in pos], [p.full_text for p in neg], [1.0] * len(pos),
-                        [0.0] * len(neg), q.id, [p.id for p in pos], [p.id for p in neg]))
+        self.prefs = {"train": []}
+        for q in questions:
+            cands = self.candidates[q.id][:limit]
+            right = [contains_answer(first_line(next(answers)[0]), q.answers) for _ in cands]
+            if self.closed[q.id]:
+                continue  # right without any passage: no passage is shown to help
+            pos = [p for p, ok in zip(cands, right) if ok][:n_pos]
+            neg = [p for p, ok in zip(cands, right) if not ok][:n_neg]
+            if pos and neg:
+                self.prefs["train"].append(PreferenceRecord(
+                    q.text, [p.full_text for p in pos], [p.full_text for p in neg], [1.0] * len(pos),
+                    [0.0] * len(neg), q.id, [p.id for p in pos], [p.id for p in neg]))
 
     def _confidence_scores(self, questions: list[Question]):
         """(question, [Conf(Q), Conf(Q+C_1), ...]) for each: on Ray when configured, else one question at a time."""
@@ -557,6 +554,9 @@ class Fit:
             grid = [g for g in grid if g.threshold is None]
         start = self.answers.stats()
         rows = selection.evaluate(grid, dev)
+        refined = selection.placement_variants(rows)  # other placements, around the best rows only
+        rows += selection.evaluate(refined, dev)
+        grid = grid + refined
         plain_rows = selection.evaluate(selection.plain(c.plain_ks), dev)
         used = {k: v - start[k] for k, v in self.answers.stats().items()}
         chosen, best_plain = choose(rows, c.objective), choose(plain_rows)

@@ -25,7 +25,7 @@ import hashlib
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -204,6 +204,7 @@ class Selection:
         """
         c = self.config
         top = max(c.ks)
+        placements = c.placements if c.placement_search == "full" else c.placements[:1]
         betas: list[tuple[Optional[float], str]] = [(None, "off")]
         if self.confidence and dev and gates != "off":
             conf = np.array([self.confidence[q.id] for q in dev])
@@ -223,10 +224,28 @@ class Selection:
                     grades.append((float(f1_thresholds[source]), "f1"))
             for k in (k for k in c.ks if k > 0):
                 for threshold, grade in grades:
-                    for placement in (c.placements if k > 1 else ["best_first"]):
+                    for placement in (placements if k > 1 else ["best_first"]):
                         for beta, gate in betas:
                             choices.append(Choice(k, source, threshold, grade, placement, beta, gate))
         return choices
+
+    def placement_variants(self, rows: Sequence[dict[str, Any]]) -> list[Choice]:
+        """The other placements of the ``refine_top`` most accurate answered configurations with k >= 2
+        (``placement_search: refine``; none when the grid already holds every placement)."""
+        c = self.config
+        if c.placement_search == "full":
+            return []
+        seen = {row["choice"] for row in rows}
+        multi = sorted((row for row in rows if row["choice"].k > 1),
+                       key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))
+        out: list[Choice] = []
+        for row in multi[: c.refine_top]:
+            for placement in c.placements:
+                variant = replace(row["choice"], placement=placement)
+                if variant not in seen:
+                    seen.add(variant)
+                    out.append(variant)
+        return out
 
     def plain(self, ks: Sequence[int]) -> list[Choice]:
         """Plain retrieval at each k (the do-no-harm baseline's candidates)."""
