@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--result", default="bench/results/fit.json")
     parser.add_argument("--config", default="experiments/sieve_default.yaml", help="FitConfig fields (YAML/JSON)")
     parser.add_argument("--ship", action="store_true", help="copy the sieve into the package as embedded:default")
+    parser.add_argument("--records", help="folder of the fit's text-free records (answers, shifts), read at start "
+                        "and kept as it runs: a refit resumes from them on another machine")
     parser.add_argument("--regrade", action="store_true",
                         help="only recalibrate the shipped sieve's grader threshold on the same dev split "
                              "(after embedded:base changes, its scores move and the old threshold means nothing)")
@@ -63,6 +65,8 @@ def main() -> None:
 
     values = read_mapping(args.config) if args.config else {"gate": args.gate}
     values.update({"index": str(index_dir), "questions": str(qa), "out": str(out / "sieve")})
+    if args.records:
+        values["records"] = args.records
     config = build_config(FitConfig, values, source=args.config or "options")
     from ragsieve.progress import progress_bar
 

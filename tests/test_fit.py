@@ -62,8 +62,9 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
         tmp_path, f"layers: [1, 2]\ncandidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
         f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 2, n_neg: 2,"
         f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n")
+    records = tmp_path / "records"
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
-                 "--config", config, "--gate", "budget=0.5", "--generator", endpoint)
+                 "--config", config, "--gate", "budget=0.5", "--generator", endpoint, "--records", records)
     assert result.code == 0, result.err
     written = json.loads((out / "sieve.json").read_text())
     assert written["llm"] == str(tiny_llm_dir) and written["layer"] in (1, 2)
@@ -128,6 +129,20 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     again = cli(*args)
     assert again.code == 0 and json.loads((out / "sieve.json").read_text())["beta"] == written["beta"]
     assert not (tmp_path / ".sieve.partial").exists()
+
+    # the records (answers by prompt digest, shifts by id: no text) let a fit on a new machine skip that work
+    answers = [json.loads(line) for line in (records / "answers.jsonl").read_text().splitlines()]
+    shifts = [json.loads(line) for line in (records / "shifts.jsonl").read_text().splitlines()]
+    assert answers and all(set(r) == {"key", "answer", "seconds"} for r in answers)
+    assert shifts and all(set(r) == {"question_id", "conf_q", "inc", "candidate_ids"} for r in shifts)
+    assert not any("know about" in line for line in (records / "answers.jsonl").read_text().splitlines())
+    elsewhere = tmp_path / "sieve-elsewhere"
+    moved = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", elsewhere,
+                "--config", config, "--gate", "budget=0.5", "--generator", endpoint, "--records", records)
+    assert moved.code == 0, moved.err
+    again_written = json.loads((elsewhere / "sieve.json").read_text())
+    assert again_written["metrics"]["selection"]["answer_cache"]["answered"] == 0  # every answer from the records
+    assert len((records / "shifts.jsonl").read_text().splitlines()) == len(shifts)  # no shift measured again
 
 
 def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path, tiny_cross_encoder_dir, cli):

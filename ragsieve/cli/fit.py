@@ -33,6 +33,9 @@ def fit_cmd(
     objective: Optional[str] = typer.Option(
         None, "--objective", help="Choose the sieve for: accuracy (default) | tokens=<mean prompt tokens budget>."
     ),
+    records: Optional[Path] = typer.Option(
+        None, "--records", help="Folder of text-free records (answers by prompt digest, confidence shifts by id), "
+        "kept as the fit runs and read when it starts: a fit resumes from them on another machine."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON of FitConfig fields (options win)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Fit again over a finished sieve in --out."),
 ) -> None:
@@ -47,7 +50,8 @@ def fit_cmd(
     values = read_mapping(config) if config else {}
     values.update({"index": str(index), "questions": str(questions), "out": str(out), "llm": llm, "gate": gate,
                    "max_questions": max_questions, "top_k": top_k, "candidates": candidates})
-    values.update({k: v for k, v in (("generator", generator), ("ray", ray)) if v is not None})  # unset: the file's
+    values.update({k: v for k, v in (("generator", generator), ("ray", ray), ("records", records and str(records)))
+                   if v is not None})  # unset: the file's
     if objective is not None:
         values["select"] = {**(values.get("select") or {}), "objective": objective}
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads

@@ -161,6 +161,10 @@ class FitConfig(StrictConfig):
     data_dir: Optional[str] = None
     # Ray Data for the heavy phases (Conf(Q+C), generations): "local" or a cluster address.
     ray: Optional[str] = None
+    # A folder of the fit's text-free records: every LLM answer by prompt digest (answers.jsonl) and the
+    # confidence shifts by question and candidate id (shifts.jsonl). Written as the fit runs and read when it
+    # starts, so a fit longer than one machine's life resumes on another from committed records.
+    records: Optional[str] = None
 
     @field_validator("gate")
     @classmethod

@@ -117,8 +117,12 @@ class Fit:
         from ragsieve.fit.select import AnswerCache
 
         # every answer the selection (and answer preferences) asks for, once per unique prompt
+        self.records = Path(self.config.records) if self.config.records else None
+        if self.records is not None:
+            self.records.mkdir(parents=True, exist_ok=True)
         self.answers = AnswerCache(self.work / "answers.sqlite", self.generator, self.builder,
-                                   max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size)
+                                   max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size,
+                                   records=self.records / "answers.jsonl" if self.records else None)
 
     def run(self) -> SieveConfig:
         self.load()
@@ -286,6 +290,14 @@ class Fit:
             return
         path = self.work / "shifts.jsonl"
         done = {row["question_id"]: row for row in read_jsonl(path, skip_bad=True)} if path.exists() else {}
+        record = self.records / "shifts.jsonl" if self.records else None
+        if record is not None and record.is_file():  # shifts measured on another machine (ids and scores only)
+            for row in read_jsonl(record, skip_bad=True):
+                cands = self.candidates.get(row["question_id"])
+                # a record of other candidates (another index or candidate count) is measured again
+                if row["question_id"] not in done and cands and row["candidate_ids"] == [p.id for p in cands]:
+                    append_jsonl(path, row)
+                    done[row["question_id"]] = row
         questions = self.splits["train"]  # only train groups are trained on: dev is read by relevance, not shifts
         todo = [q for q in questions if q.id not in done]
         self.progress("prefs", len(questions) - len(todo), len(questions))
@@ -294,6 +306,8 @@ class Fit:
             row = {"question_id": q.id, "conf_q": float(scores[0]), "inc": (scores[1:] - scores[0]).tolist(),
                    "candidate_ids": [p.id for p in self.candidates[q.id]]}
             append_jsonl(path, row)  # a kill loses at most the questions not yet written
+            if record is not None:
+                append_jsonl(record, row)
             done[q.id] = row
             self.progress("prefs", sum(q.id in done for q in questions), len(questions))
         records = []

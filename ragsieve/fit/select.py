@@ -52,7 +52,7 @@ class AnswerCache:
     """
 
     def __init__(self, path: str | Path, llm: "Generator", builder: PromptBuilder, *, max_new_tokens: int = 16,
-                 batch_size: int = 8):
+                 batch_size: int = 8, records: str | Path | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.llm, self.builder = llm, builder
@@ -61,6 +61,15 @@ class AnswerCache:
         self._db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT, seconds REAL)")
         self._db.commit()
         self.requested = self.unique = self.answered = 0
+        # records: the same rows as JSONL (digest, answer, seconds: no prompt text), appended per batch and
+        # read back here, so the answers outlive the machine that asked for them
+        self.records = Path(records) if records is not None else None
+        if self.records is not None and self.records.is_file():
+            from ragsieve.data.jsonl import read_jsonl
+
+            rows = [(r["key"], r["answer"], r["seconds"]) for r in read_jsonl(self.records, skip_bad=True)]
+            self._db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?)", rows)
+            self._db.commit()
 
     def _key(self, text: str) -> str:
         ident = [self.llm.spec, self.max_new_tokens, self.builder.prompts.system, text]
@@ -94,6 +103,11 @@ class AnswerCache:
             rows = [(k, a, each) for (k, _), a in zip(batch, got)]
             self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?)", rows)
             self._db.commit()  # a kill loses at most this batch
+            if self.records is not None:
+                from ragsieve.data.jsonl import append_jsonl
+
+                for k, a, sec in rows:
+                    append_jsonl(self.records, {"key": k, "answer": a, "seconds": round(sec, 4)})
             stored.update({k: (a, s) for k, a, s in rows})
             self.answered += len(batch)
             if progress:
