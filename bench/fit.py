@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--result", default="bench/results/fit.json")
     parser.add_argument("--config", default="experiments/sieve_default.yaml", help="FitConfig fields (YAML/JSON)")
     parser.add_argument("--ship", action="store_true", help="copy the sieve into the package as embedded:default")
+    parser.add_argument("--split", help="train,dev,test shares (e.g. 0.2,0.3,0.5) instead of the config's: a large "
+                        "refit needs fewer train and more test questions than a 300-question one")
     parser.add_argument("--records", help="folder of the fit's text-free records (answers, shifts), read at start "
                         "and kept as it runs: a refit resumes from them on another machine")
     parser.add_argument("--regrade", action="store_true",
@@ -67,6 +69,11 @@ def main() -> None:
     values.update({"index": str(index_dir), "questions": str(qa), "out": str(out / "sieve")})
     if args.records:
         values["records"] = args.records
+    if args.split:
+        try:
+            values["split"] = dict(zip(("train", "dev", "test"), map(float, args.split.split(",")), strict=True))
+        except ValueError:
+            parser.error(f"--split {args.split!r}: give three shares, train,dev,test (e.g. 0.2,0.3,0.5)")
     config = build_config(FitConfig, values, source=args.config or "options")
     from ragsieve.progress import progress_bar
 

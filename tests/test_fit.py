@@ -133,7 +133,7 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     # the records (answers by prompt digest, shifts by id: no text) let a fit on a new machine skip that work
     answers = [json.loads(line) for line in (records / "answers.jsonl").read_text().splitlines()]
     shifts = [json.loads(line) for line in (records / "shifts.jsonl").read_text().splitlines()]
-    assert answers and all(set(r) == {"key", "answer", "seconds"} for r in answers)
+    assert answers and all(set(r) == {"key", "generation", "seconds"} for r in answers)
     assert shifts and all(set(r) == {"question_id", "conf_q", "inc", "candidate_ids"} for r in shifts)
     assert not any("know about" in line for line in (records / "answers.jsonl").read_text().splitlines())
     elsewhere = tmp_path / "sieve-elsewhere"

@@ -67,7 +67,7 @@ class AnswerCache:
         if self.records is not None and self.records.is_file():
             from ragsieve.data.jsonl import read_jsonl
 
-            rows = [(r["key"], r["answer"], r["seconds"]) for r in read_jsonl(self.records, skip_bad=True)]
+            rows = [(r["key"], r["generation"], r["seconds"]) for r in read_jsonl(self.records, skip_bad=True)]
             self._db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?)", rows)
             self._db.commit()
 
@@ -107,7 +107,7 @@ class AnswerCache:
                 from ragsieve.data.jsonl import append_jsonl
 
                 for k, a, sec in rows:
-                    append_jsonl(self.records, {"key": k, "answer": a, "seconds": round(sec, 4)})
+                    append_jsonl(self.records, {"key": k, "generation": a, "seconds": round(sec, 4)})
             stored.update({k: (a, s) for k, a, s in rows})
             self.answered += len(batch)
             if progress:
