@@ -984,6 +984,59 @@ def test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done
 
 
 @requires_data
+def test_m0_sweep_report_only_rebuilds_metrics_from_the_cells_with_intervals_over_queries(tmp_path):
+    """--report-only trains nothing: the dev set is rebuilt for its query ids, every dev accuracy gets an
+    interval over whole queries (MultiRC: a passage's answers), chosen vs configured a paired bootstrap
+    over queries, Holm-adjusted; a missing cell or one of other settings is a one-line error."""
+    from ragsieve.config import build_config
+    from rich.console import Console
+
+    from ragsieve.eval.stats import bootstrap_ci
+    from ragsieve.evolve.tasks import select_dev
+    from ragsieve.studies import runner
+    from ragsieve.studies.evolve import EvolveExperiment
+    from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
+
+    params = {"llm": "not-loaded", "datasets": ["multirc"], "rounds": 1, "sizes": {"initial": 8, "per_round": 4},
+              "test_size": 6, "m0_train": {"lr": 1e-2, "epochs": 2, "batch_size": 4}, "lrs": [1e-2, 3e-2],
+              "max_epochs": 2, "dev_size": 40}
+    cfg = build_config(EvolveM0SweepConfig, params)
+    task = EvolveExperiment()._task(cfg, "multirc")
+    dev = select_dev(task, cfg.dev_size, cfg.seed)
+    queries = [x.query_id for x in dev]
+    assert len(set(queries)) < len(dev)  # MultiRC: several answers per passage
+    n = len(dev)
+    outcomes = {(1e-2, 1): "01" * (n // 2), (1e-2, 2): "0011" * (n // 4), (3e-2, 1): "1" * (n // 2) + "0" * (n // 2),
+                (3e-2, 2): "1" * (n - 4) + "0" * 4}
+    for lr in cfg.lrs:
+        epochs = {str(e): {"dev": {"correct": outcomes[(lr, e)], "auroc": 0.6, "auroc_ci95": [0.5, 0.7],
+                                   "positive_rate": 0.5},
+                           "fit_sample": None, "loss_last_epoch": 0.5} for e in (1, 2)}
+        path = EvolveM0Sweep._cell(tmp_path, "multirc", lr)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": EvolveM0Sweep._key(cfg, task, dev, lr), "epochs": epochs}))
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(json.dumps({"experiment": "evolve_m0_sweep", "out_dir": str(tmp_path), "params": params}))
+    metrics = runner.run_experiment_file(spec, Console(quiet=True), report_only=True)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    r = metrics["by_dataset"]["multirc"]
+    assert r["dev"] == {"n": n, "positives": n // 2, "interval": "bootstrap over queries", "queries": len(set(queries))}
+    assert (r["chosen"]["lr"], r["chosen"]["epochs"]) == (3e-2, 2) and r["override"] == {"lr": 3e-2}
+    _, low, high = bootstrap_ci([int(c) for c in outcomes[(3e-2, 2)]], groups=queries)
+    assert r["chosen"]["ci95"] == [round(low, 4), round(high, 4)]
+    paired = r["chosen_vs_configured"]
+    assert paired["test"] == "paired bootstrap over queries" and paired["queries"] == len(set(queries))
+    assert paired["chosen_only"] - paired["configured_only"] == round(paired["diff"] * n)
+    assert paired["holm_family"] == 1 and paired["p_holm"] == paired["p_value"] and paired["verdict_holm"]
+    with pytest.raises(RagsieveError, match="other settings"):
+        EvolveM0Sweep().report(build_config(EvolveM0SweepConfig, {**params, "max_epochs": 3}), tmp_path,
+                               Console(quiet=True))
+    EvolveM0Sweep._cell(tmp_path, "multirc", 3e-2).unlink()
+    with pytest.raises(RagsieveError, match="is missing"):
+        EvolveM0Sweep().report(cfg, tmp_path, Console(quiet=True))
+
+
+@requires_data
 def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_llm_dir, tmp_path):
     from ragsieve.config import build_config
     from rich.console import Console
