@@ -455,6 +455,53 @@ def test_test_sets_with_repeated_queries_are_tested_by_query():
     assert s["target_met"] and not s["target_met_with_ci"] and s["verdict"] == "met at the point estimate, not shown"
 
 
+class KnownVerdicts:
+    """Stands in for the LLM reranker in the forgetting evaluation: a fixed P(true) per example id."""
+
+    def __init__(self, p_true: dict[str, float]):
+        self.p_true = p_true
+
+    def predict(self, examples):
+        p = np.array([self.p_true[x.id] for x in examples])
+        return VerdictScores(np.log(p), np.log(1 - p))
+
+
+def test_forgetting_keeps_each_outcome_and_query_so_intervals_resample_queries():
+    """Forgetting samples share queries (a question's sentences, a passage's answers): each outcome and the
+    samples' query ids are recorded, every interval resamples whole queries, and the report recomputes them;
+    an older record (summaries only) is marked "by example" in metrics and TABLES.md."""
+    from ragsieve.eval.stats import bootstrap_ci
+    from ragsieve.studies.evolve import forgetting_eval, forgetting_ids
+    from ragsieve.studies.evolve_stats import forgetting_curve
+    from ragsieve.studies.evolve_tables import markdown_tables
+
+    # two splits (the SFT set, D_1) of 6 examples, 2 per query; M_1 is right on the first 4 of each split
+    samples = [[LabeledPair(f"s{s}x{i}", f"s{s}q{i // 2}", "q", "p", i % 2, {}) for i in range(6)] for s in range(2)]
+    p_true = {x.id: (0.9 if x.label else 0.1) if i < 4 else (0.1 if x.label else 0.9)
+              for split in samples for i, x in enumerate(split)}
+    cache: dict = {}
+    row = forgetting_eval(KnownVerdicts(p_true), samples, 1, cache, version=1)
+    assert [row["splits"][s]["correct"] for s in ("0", "1")] == ["111100", "111100"]
+    queries = [x.query_id for split in samples for x in split]
+    _, low, high = bootstrap_ci([1, 1, 1, 1, 0, 0] * 2, groups=queries)
+    assert row["seen"] == {"n": 12, "accuracy": round(8 / 12, 4), "ci95": [round(low, 4), round(high, 4)], "queries": 6}
+    assert row["earlier"]["n"] == 6 and row["earlier"]["queries"] == 3 and row["interval_by"] == "query"
+    # the same model version again: outcomes come from the cache, nothing is scored
+    assert forgetting_eval(KnownVerdicts({}), samples, 1, cache, version=1) == row
+    # the report summarises a record afresh from its outcomes and the samples' query ids
+    cell = {"rounds": [{"round": 1, "forgetting": row}], **forgetting_ids(samples)}
+    assert cell["forgetting_query_ids"] == [[x.query_id for x in split] for split in samples]
+    assert forgetting_curve(cell, {}) == [{"round": 1, **row}]
+    # an older record kept summaries only: its Wilson interval is by example, and the tables say so
+    old = {"rounds": [{"round": 1, "forgetting": {k: {**row[k], "queries": None} for k in ("seen", "earlier")}}]}
+    (legacy,) = forgetting_curve(old, {})
+    assert legacy["interval_by"] == "example"
+    metrics = {"forgetting": {"multirc": {"dpo": [legacy], "sft": [{"round": 1, **row}]}},
+               "sizes": {"multirc": {"forgetting_sample": {"seen": {"n": 12, "queries": 6}}}}}
+    tables = markdown_tables(metrics)
+    assert "(n 12, 6 queries, by example)" in tables and "(n 12, 6 queries, by query)" in tables
+
+
 # --------------------------------------------------------------------------- methods
 
 
