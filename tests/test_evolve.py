@@ -455,6 +455,53 @@ def test_test_sets_with_repeated_queries_are_tested_by_query():
     assert s["target_met"] and not s["target_met_with_ci"] and s["verdict"] == "met at the point estimate, not shown"
 
 
+class KnownVerdicts:
+    """Stands in for the LLM reranker in the forgetting evaluation: a fixed P(true) per example id."""
+
+    def __init__(self, p_true: dict[str, float]):
+        self.p_true = p_true
+
+    def predict(self, examples):
+        p = np.array([self.p_true[x.id] for x in examples])
+        return VerdictScores(np.log(p), np.log(1 - p))
+
+
+def test_forgetting_keeps_each_outcome_and_query_so_intervals_resample_queries():
+    """Forgetting samples share queries (a question's sentences, a passage's answers): each outcome and the
+    samples' query ids are recorded, every interval resamples whole queries, and the report recomputes them;
+    an older record (summaries only) is marked "by example" in metrics and TABLES.md."""
+    from ragsieve.eval.stats import bootstrap_ci
+    from ragsieve.studies.evolve import forgetting_eval, forgetting_ids
+    from ragsieve.studies.evolve_stats import forgetting_curve
+    from ragsieve.studies.evolve_tables import markdown_tables
+
+    # two splits (the SFT set, D_1) of 6 examples, 2 per query; M_1 is right on the first 4 of each split
+    samples = [[LabeledPair(f"s{s}x{i}", f"s{s}q{i // 2}", "q", "p", i % 2, {}) for i in range(6)] for s in range(2)]
+    p_true = {x.id: (0.9 if x.label else 0.1) if i < 4 else (0.1 if x.label else 0.9)
+              for split in samples for i, x in enumerate(split)}
+    cache: dict = {}
+    row = forgetting_eval(KnownVerdicts(p_true), samples, 1, cache, version=1)
+    assert [row["splits"][s]["correct"] for s in ("0", "1")] == ["111100", "111100"]
+    queries = [x.query_id for split in samples for x in split]
+    _, low, high = bootstrap_ci([1, 1, 1, 1, 0, 0] * 2, groups=queries)
+    assert row["seen"] == {"n": 12, "accuracy": round(8 / 12, 4), "ci95": [round(low, 4), round(high, 4)], "queries": 6}
+    assert row["earlier"]["n"] == 6 and row["earlier"]["queries"] == 3 and row["interval_by"] == "query"
+    # the same model version again: outcomes come from the cache, nothing is scored
+    assert forgetting_eval(KnownVerdicts({}), samples, 1, cache, version=1) == row
+    # the report summarises a record afresh from its outcomes and the samples' query ids
+    cell = {"rounds": [{"round": 1, "forgetting": row}], **forgetting_ids(samples)}
+    assert cell["forgetting_query_ids"] == [[x.query_id for x in split] for split in samples]
+    assert forgetting_curve(cell, {}) == [{"round": 1, **row}]
+    # an older record kept summaries only: its Wilson interval is by example, and the tables say so
+    old = {"rounds": [{"round": 1, "forgetting": {k: {**row[k], "queries": None} for k in ("seen", "earlier")}}]}
+    (legacy,) = forgetting_curve(old, {})
+    assert legacy["interval_by"] == "example"
+    metrics = {"forgetting": {"multirc": {"dpo": [legacy], "sft": [{"round": 1, **row}]}},
+               "sizes": {"multirc": {"forgetting_sample": {"seen": {"n": 12, "queries": 6}}}}}
+    tables = markdown_tables(metrics)
+    assert "(n 12, 6 queries, by example)" in tables and "(n 12, 6 queries, by query)" in tables
+
+
 # --------------------------------------------------------------------------- methods
 
 
@@ -981,6 +1028,59 @@ def test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done
     for bad, match in (({"anli": {"lr": 1e-3}}, "not in datasets"), ({"bioasq": {"lrr": 1e-3}}, "lrr")):
         with pytest.raises(Exception, match=match):
             plan_cells(build_config(EvolveExperimentConfig, {**scale, "m0_train_overrides": bad}))
+
+
+@requires_data
+def test_m0_sweep_report_only_rebuilds_metrics_from_the_cells_with_intervals_over_queries(tmp_path):
+    """--report-only trains nothing: the dev set is rebuilt for its query ids, every dev accuracy gets an
+    interval over whole queries (MultiRC: a passage's answers), chosen vs configured a paired bootstrap
+    over queries, Holm-adjusted; a missing cell or one of other settings is a one-line error."""
+    from ragsieve.config import build_config
+    from rich.console import Console
+
+    from ragsieve.eval.stats import bootstrap_ci
+    from ragsieve.evolve.tasks import select_dev
+    from ragsieve.studies import runner
+    from ragsieve.studies.evolve import EvolveExperiment
+    from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
+
+    params = {"llm": "not-loaded", "datasets": ["multirc"], "rounds": 1, "sizes": {"initial": 8, "per_round": 4},
+              "test_size": 6, "m0_train": {"lr": 1e-2, "epochs": 2, "batch_size": 4}, "lrs": [1e-2, 3e-2],
+              "max_epochs": 2, "dev_size": 40}
+    cfg = build_config(EvolveM0SweepConfig, params)
+    task = EvolveExperiment()._task(cfg, "multirc")
+    dev = select_dev(task, cfg.dev_size, cfg.seed)
+    queries = [x.query_id for x in dev]
+    assert len(set(queries)) < len(dev)  # MultiRC: several answers per passage
+    n = len(dev)
+    outcomes = {(1e-2, 1): "01" * (n // 2), (1e-2, 2): "0011" * (n // 4), (3e-2, 1): "1" * (n // 2) + "0" * (n // 2),
+                (3e-2, 2): "1" * (n - 4) + "0" * 4}
+    for lr in cfg.lrs:
+        epochs = {str(e): {"dev": {"correct": outcomes[(lr, e)], "auroc": 0.6, "auroc_ci95": [0.5, 0.7],
+                                   "positive_rate": 0.5},
+                           "fit_sample": None, "loss_last_epoch": 0.5} for e in (1, 2)}
+        path = EvolveM0Sweep._cell(tmp_path, "multirc", lr)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": EvolveM0Sweep._key(cfg, task, dev, lr), "epochs": epochs}))
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(json.dumps({"experiment": "evolve_m0_sweep", "out_dir": str(tmp_path), "params": params}))
+    metrics = runner.run_experiment_file(spec, Console(quiet=True), report_only=True)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    r = metrics["by_dataset"]["multirc"]
+    assert r["dev"] == {"n": n, "positives": n // 2, "interval": "bootstrap over queries", "queries": len(set(queries))}
+    assert (r["chosen"]["lr"], r["chosen"]["epochs"]) == (3e-2, 2) and r["override"] == {"lr": 3e-2}
+    _, low, high = bootstrap_ci([int(c) for c in outcomes[(3e-2, 2)]], groups=queries)
+    assert r["chosen"]["ci95"] == [round(low, 4), round(high, 4)]
+    paired = r["chosen_vs_configured"]
+    assert paired["test"] == "paired bootstrap over queries" and paired["queries"] == len(set(queries))
+    assert paired["chosen_only"] - paired["configured_only"] == round(paired["diff"] * n)
+    assert paired["holm_family"] == 1 and paired["p_holm"] == paired["p_value"] and paired["verdict_holm"]
+    with pytest.raises(RagsieveError, match="other settings"):
+        EvolveM0Sweep().report(build_config(EvolveM0SweepConfig, {**params, "max_epochs": 3}), tmp_path,
+                               Console(quiet=True))
+    EvolveM0Sweep._cell(tmp_path, "multirc", 3e-2).unlink()
+    with pytest.raises(RagsieveError, match="is missing"):
+        EvolveM0Sweep().report(cfg, tmp_path, Console(quiet=True))
 
 
 @requires_data

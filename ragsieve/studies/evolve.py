@@ -239,8 +239,13 @@ def forgetting_samples(task, per_split: int, seed: int) -> list[list]:
 
 
 def forgetting_eval(ranker, samples: list[list], upto: int, cache: dict, version: int) -> dict[str, Any]:
-    """M_t on the samples of splits 0..t; ``cache`` keeps outcomes per (model version, split)."""
-    from ragsieve.studies.evolve_stats import score_summary
+    """M_t on the samples of splits 0..t; ``cache`` keeps outcomes per (model version, split).
+
+    Each example's outcome is kept, and the intervals resample whole queries where a query holds
+    several sampled examples (:func:`~ragsieve.studies.evolve_stats.forgetting_summary`); the record
+    that holds these rows stores the samples' ids and query ids (:func:`forgetting_ids`).
+    """
+    from ragsieve.studies.evolve_stats import forgetting_summary
 
     todo = [s for s in range(upto + 1) if (version, s) not in cache]
     if todo:
@@ -250,10 +255,15 @@ def forgetting_eval(ranker, samples: list[list], upto: int, cache: dict, version
         for s in todo:
             cache[(version, s)] = [int(c) for c in correct[pos : pos + len(samples[s])]]
             pos += len(samples[s])
-    splits = {str(s): score_summary(cache[(version, s)]) for s in range(upto + 1)}
-    seen = [c for s in range(upto + 1) for c in cache[(version, s)]]
-    earlier = [c for s in range(upto) for c in cache[(version, s)]]  # what M_t was trained on before this round
-    return {"seen": score_summary(seen), "earlier": score_summary(earlier), "splits": splits}
+    return forgetting_summary([cache[(version, s)] for s in range(upto + 1)],
+                              [[x.query_id for x in split] for split in samples], upto)
+
+
+def forgetting_ids(samples: list[list]) -> dict[str, list[list[str]]]:
+    """The forgetting samples' ids and query ids per split, stored once per record (M0's, each cell's):
+    the report resamples whole queries from them (:func:`~ragsieve.studies.evolve_stats.forgetting_curve`)."""
+    return {"forgetting_ids": [[x.id for x in split] for split in samples],
+            "forgetting_query_ids": [[x.query_id for x in split] for split in samples]}
 
 
 @dataclass(frozen=True)
@@ -357,7 +367,7 @@ class EvolveExperiment:
         (work / ".gitignore").write_text(WORK_GITIGNORE)
         # Built up front: a mixed M0 trains on every dataset's SFT set.
         tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
-        sizes = self._sizes(tasks)
+        sizes = self._sizes(tasks, cfg)
         self._generator = self._hotpot = None
         for ds, task in tasks.items():
             ds_cells = [c for c in cells if c.dataset == ds]
@@ -402,17 +412,27 @@ class EvolveExperiment:
         tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
         for ds, task in tasks.items():  # the same check as a run: a cell of other settings is not mixed in
             self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
-        metrics = self._report(cfg, cells, out_dir, self._sizes(tasks), t0)
+        metrics = self._report(cfg, cells, out_dir, self._sizes(tasks, cfg), t0)
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} from {metrics['cells']['finished']} of "
                       f"{metrics['cells']['planned']} cells")
         return metrics
 
     @staticmethod
-    def _sizes(tasks: dict) -> dict:
+    def _sizes(tasks: dict, cfg: EvolveExperimentConfig) -> dict:
+        """Each dataset's split sizes, and how many queries its forgetting samples hold after the last round
+        (all splits seen, and those before the last): fewer queries than examples make by-example intervals
+        optimistic."""
+        def forgetting_sample(task) -> dict[str, Any]:
+            samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
+            return {name: {"n": len(rows), "queries": len({x.query_id for x in rows})}
+                    for name, rows in (("seen", [x for s in samples for x in s]),
+                                       ("earlier", [x for s in samples[:-1] for x in s]))}
+
         return {
             ds: {**t.sizes(), "split": t.meta["split"], "balanced": t.meta["balanced"],
-                 "held_out_questions": len(t.held_out_query_ids)}
+                 "held_out_questions": len(t.held_out_query_ids),
+                 **({"forgetting_sample": forgetting_sample(t)} if cfg.forgetting_per_split else {})}
             for ds, t in tasks.items()
         }
 
@@ -557,6 +577,7 @@ class EvolveExperiment:
         samples = forgetting_samples(task, cfg.forgetting_per_split, cfg.seed)
         if samples:
             base["forgetting"] = forgetting_eval(ranker, samples, 0, {}, 0)
+            base.update(forgetting_ids(samples))
         base["seconds"] = round(time.perf_counter() - start, 1)
         write_json(path, base)
         t = base["test"]
@@ -736,6 +757,8 @@ class EvolveExperiment:
         }
         if cfg.test_size:
             result["test_ids"] = [x.id for x in task.test]
+        if samples:
+            result.update(forgetting_ids(samples))
         if self._downstream(cfg, cell.dataset, cell.name):
             result["downstream"] = self._downstream_qa(cfg, task, console, ranker=ranker)
         return result

@@ -13,12 +13,20 @@ numbers and the rounds' labels stay unseen (CautiousDPO must not use them). The 
 accuracy is the best of ``len(lrs) × max_epochs`` and so optimistic; its test accuracy in the
 scale run is the unbiased figure.
 
-Outputs: ``cells/<dataset>/lr=<lr>.json`` (per epoch: dev accuracy with a Wilson interval,
-AUROC with a query-bootstrap interval, share "true", accuracy on 40 SFT examples, the loss)
-and ``metrics.json`` (per dataset: the grid, the chosen recipe, exact McNemar of chosen vs the
-configured ``m0_train`` on the dev set, and the ``m0_train_overrides`` entry for the scale
-configs). Resumable: finished learning rates are skipped, a killed one resumes from its
-checkpoint (every ``checkpoint_steps`` steps and after every epoch's scoring).
+Outputs: ``cells/<dataset>/lr=<lr>.json`` (per epoch: each dev example's right/wrong, verdict and
+margin, AUROC with a query-bootstrap interval, share "true", accuracy on 40 SFT examples, the loss)
+and ``metrics.json`` (per dataset: the grid, the chosen recipe, chosen vs the configured
+``m0_train`` on the dev set, and the ``m0_train_overrides`` entry for the scale configs).
+Resumable: finished learning rates are skipped, a killed one resumes from its checkpoint (every
+``checkpoint_steps`` steps and after every epoch's scoring).
+
+A dev set holds several examples per query where the dataset does (BioASQ: a question's snippets;
+MultiRC: a passage's answers), and those are not independent. So ``metrics.json`` gives every dev
+accuracy an interval over whole queries (Wilson where each example is its own query), and chosen vs
+configured is the paired bootstrap over queries (exact McNemar where each example is its own query),
+Holm-adjusted over the datasets' comparisons (:func:`~ragsieve.studies.evolve_stats.paired_outcomes`).
+``ragsieve run --report-only experiments/evolve_m0_sweep.yaml`` rebuilds ``metrics.json`` from the
+committed cells and the dev set's query ids (:meth:`EvolveM0Sweep.report`); it trains nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ class EvolveM0Sweep:
 
         cfg = EvolveM0SweepConfig(datasets=["bioasq"], lrs=[2e-4, 5e-4], max_epochs=2, test_size=300)
         EvolveM0Sweep().run(cfg, Path("results/evolve_m0_sweep"), Console())
+        EvolveM0Sweep().report(cfg, Path("results/evolve_m0_sweep"), Console())  # metrics.json only
     """
 
     Config = EvolveM0SweepConfig
@@ -91,6 +100,40 @@ class EvolveM0Sweep:
             for lr in lrs:
                 runs[lr] = self._run_lr(cfg, study, task, dev, fit, lr, out_dir, console)
             by_dataset[ds] = self._summarise(cfg, ds, dev, runs)
+        return self._write_metrics(cfg, by_dataset, out_dir, console, t0)
+
+    def report(self, cfg: EvolveM0SweepConfig, out_dir: Path, console: Console) -> dict:
+        """``metrics.json`` from the finished cells (``ragsieve run --report-only``): trains and scores nothing.
+
+        The dev set is rebuilt (:func:`~ragsieve.evolve.tasks.select_dev`, deterministic) for its query ids,
+        which the cells do not store; a cell made under other settings or on another dev set stops it.
+        """
+        from ragsieve.evolve.tasks import select_dev
+
+        t0 = time.perf_counter()
+        cfg.check()
+        study = EvolveExperiment()
+        by_dataset: dict[str, Any] = {}
+        for ds in cfg.datasets:
+            task = study._task(cfg, ds)
+            dev = select_dev(task, cfg.dev_size, cfg.seed)
+            runs = {}
+            for lr in cfg.lrs_by_dataset.get(ds, cfg.lrs):
+                path = self._cell(out_dir, ds, lr)
+                if not path.exists():
+                    raise RagsieveError(f"{path} is missing: run the sweep first (without --report-only)")
+                done = json.loads(path.read_text())
+                if done.get("key") != self._key(cfg, task, dev, lr):
+                    raise RagsieveError(f"{path} was made under other settings or on another dev set")
+                runs[lr] = done
+            by_dataset[ds] = self._summarise(cfg, ds, dev, runs)
+        return self._write_metrics(cfg, by_dataset, out_dir, console, t0)
+
+    def _write_metrics(self, cfg, by_dataset: dict[str, Any], out_dir: Path, console: Console, t0: float) -> dict:
+        """``metrics.json``: the datasets' summaries, chosen vs configured Holm-adjusted as one family."""
+        from ragsieve.studies.evolve_stats import add_holm
+
+        add_holm({ds: r["chosen_vs_configured"] for ds, r in by_dataset.items()})
         metrics = {"experiment": "evolve_m0_sweep", "by_dataset": by_dataset, "pooled": pooled_recipe(by_dataset),
                    "m0_train_overrides": {ds: r["override"] for ds, r in by_dataset.items() if r["override"]},
                    "settings": {"lrs": cfg.lrs, "lrs_by_dataset": cfg.lrs_by_dataset, "max_epochs": cfg.max_epochs,
@@ -104,6 +147,14 @@ class EvolveM0Sweep:
     def _cell(out_dir: Path, ds: str, lr: float) -> Path:
         return out_dir / "cells" / ds / f"lr={lr:g}.json"
 
+    @staticmethod
+    def _key(cfg, task, dev, lr: float) -> dict[str, Any]:
+        """What a learning rate's cell depends on: a finished cell is reused (or reported) only under this key."""
+        config = cfg.m0_train_for(task.dataset).model_copy(
+            update={"lr": lr, "epochs": cfg.max_epochs, "seed": cfg.seed})
+        return {"train": config.model_dump(), "dev": [x.id for x in dev], "initial": [x.id for x in task.initial],
+                "llm": cfg.llm, "max_prompt_tokens": cfg.max_prompt_tokens}
+
     def _run_lr(self, cfg, study, task, dev, fit, lr: float, out_dir: Path, console: Console) -> dict:
         """One SFT run at ``lr``, scored on dev after each epoch (resumable)."""
         from ragsieve.evolve.train import trainer_class
@@ -114,8 +165,7 @@ class EvolveM0Sweep:
         ds = task.dataset
         path = self._cell(out_dir, ds, lr)
         config = cfg.m0_train_for(ds).model_copy(update={"lr": lr, "epochs": cfg.max_epochs, "seed": cfg.seed})
-        key = {"train": config.model_dump(), "dev": [x.id for x in dev], "initial": [x.id for x in task.initial],
-               "llm": cfg.llm, "max_prompt_tokens": cfg.max_prompt_tokens}
+        key = self._key(cfg, task, dev, lr)
         if path.exists():
             done = json.loads(path.read_text())
             if done.get("key") != key:
@@ -174,14 +224,20 @@ class EvolveM0Sweep:
 
     @staticmethod
     def _summarise(cfg, ds: str, dev, runs: dict[float, dict]) -> dict[str, Any]:
-        """The grid, the chosen recipe (best dev accuracy; ties → fewer epochs, then lower lr) and its paired test."""
-        from ragsieve.eval.stats import mcnemar_exact
+        """The grid, the chosen recipe (best dev accuracy; ties → fewer epochs, then lower lr) and its paired test,
+        every interval and test over whole queries where the dev set's queries repeat."""
+        from ragsieve.studies.evolve_stats import clustered, paired_outcomes, score_summary
 
+        queries = [x.query_id for x in dev]
         grid = []
         for lr, run in runs.items():
             for e, r in sorted(run["epochs"].items(), key=lambda kv: int(kv[0])):
                 d = r["dev"]
-                grid.append({"lr": lr, "epochs": int(e), "accuracy": d["accuracy"], "ci95": d["ci95"],
+                if len(d["correct"]) != len(dev):
+                    raise RagsieveError(f"{ds} lr={lr:g} epoch {e}: {len(d['correct'])} dev outcomes for {len(dev)} "
+                                        "dev examples")
+                acc = score_summary([int(c) for c in d["correct"]], query_ids=queries)
+                grid.append({"lr": lr, "epochs": int(e), "accuracy": acc["accuracy"], "ci95": acc["ci95"],
                              "auroc": d["auroc"], "auroc_ci95": d["auroc_ci95"], "positive_rate": d["positive_rate"],
                              "fit_sample_accuracy": (r["fit_sample"] or {}).get("accuracy"),
                              "loss_last_epoch": r["loss_last_epoch"], "correct": d["correct"]})
@@ -190,12 +246,14 @@ class EvolveM0Sweep:
         configured = next((g for g in grid if abs(g["lr"] - base.lr) < 1e-12 and g["epochs"] == base.epochs), None)
         paired = None
         if configured is not None and configured is not best:
-            m = mcnemar_exact([int(c) for c in best["correct"]], [int(c) for c in configured["correct"]])
-            paired = {"n": m.n, "chosen_only": m.a_only, "configured_only": m.b_only, "difference": round(m.diff, 4),
-                      "p_value": float(f"{m.p_value:.3g}"), "verdict": m.verdict}
+            paired = paired_outcomes([int(c) for c in best["correct"]], [int(c) for c in configured["correct"]],
+                                     queries)
+            paired["chosen_only"], paired["configured_only"] = paired.pop("a_only"), paired.pop("b_only")
         chosen = {"lr": best["lr"], "epochs": best["epochs"]}
         override = {} if configured is best else {k: v for k, v in chosen.items() if v != getattr(base, k)}
-        return {"dev": {"n": len(dev), "positives": sum(x.label for x in dev)},
+        unit = ({"interval": "bootstrap over queries", "queries": len(set(queries))} if clustered(queries)
+                else {"interval": "Wilson (each example its own query)", "queries": len(set(queries))})
+        return {"dev": {"n": len(dev), "positives": sum(x.label for x in dev), **unit},
                 "grid": [{k: v for k, v in g.items() if k != "correct"} for g in grid],
                 "chosen": {**chosen, "dev_accuracy": best["accuracy"], "ci95": best["ci95"], "auroc": best["auroc"]},
                 "configured": ({"lr": base.lr, "epochs": base.epochs, "dev_accuracy": configured["accuracy"],
@@ -211,7 +269,7 @@ class EvolveM0Sweep:
             c, b, p = r["chosen"], r["configured"], r["chosen_vs_configured"]
             table.add_row(ds, f"lr {b['lr']:g} × {b['epochs']}: {b['dev_accuracy']:.3f}" if b else "—",
                           f"lr {c['lr']:g} × {c['epochs']}", f"{c['dev_accuracy']:.3f} {c['ci95']}", str(c["auroc"]),
-                          f"{p['difference']:+.3f} (p={p['p_value']})" if p else "same")
+                          f"{p['diff']:+.3f} (p={p['p_value']:.3g}, Holm {p['p_holm']:.3g})" if p else "same")
         console.print(table)
 
 

@@ -326,10 +326,43 @@ def _brief(r: Mapping[str, Any]) -> dict[str, Any]:
     return {k: r.get(k) for k in ("a", "b", "diff", "diff_ci95", "a_only", "b_only", "p_value", "test", "verdict")}
 
 
+def forgetting_summary(outcomes: list[list[int]], query_ids: list[list[str]], upto: int) -> dict[str, Any]:
+    """M_t's right/wrong on the forgetting samples of splits 0..``upto`` (0 = the SFT set, s = D_s):
+    per split, all splits seen, and the splits before the last (what M_t was trained on before this round).
+
+    Each split keeps its outcomes (``correct``, aligned with the record's ``forgetting_ids``), and every
+    interval resamples whole queries where a query holds several sampled examples (:func:`score_summary`).
+
+    >>> r = forgetting_summary([[1, 0], [1, 1]], [["q1", "q1"], ["q2", "q3"]], 1)
+    >>> r["seen"]["n"], r["seen"]["queries"], r["splits"]["0"]["correct"], r["earlier"]["accuracy"]
+    (4, 3, '10', 0.5)
+    """
+    def summary(splits: range) -> dict[str, Any]:
+        return score_summary([c for s in splits for c in outcomes[s]],
+                             query_ids=[q for s in splits for q in query_ids[s]])
+
+    splits = {str(s): {**score_summary(outcomes[s], query_ids=query_ids[s]), "correct": "".join(map(str, outcomes[s]))}
+              for s in range(upto + 1)}
+    return {"seen": summary(range(upto + 1)), "earlier": summary(range(upto)), "splits": splits, "interval_by": "query"}
+
+
 def forgetting_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Accuracy of M_t on samples of the splits it has been trained on (0 = the SFT set)."""
-    rows = [{"round": 0, **m0["forgetting"]}] if "forgetting" in m0 else []
-    rows += [{"round": r["round"], **r["forgetting"]} for r in cell["rounds"] if "forgetting" in r]
+    """Accuracy of M_t on samples of the splits it has been trained on (0 = the SFT set).
+
+    A record that kept each example's outcome and the samples' query ids is summarised afresh
+    (:func:`forgetting_summary`); an older one kept only its summaries, whose Wilson intervals take the
+    examples as independent: its rows say so (``interval_by: example``).
+    """
+    def row(t: int, entry: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+        splits, queries = entry.get("splits", {}), record.get("forgetting_query_ids")
+        if queries and splits and all("correct" in s for s in splits.values()):
+            upto = max(int(s) for s in splits)
+            return {"round": t, **forgetting_summary([correct_vector(splits[str(s)]) for s in range(upto + 1)],
+                                                     queries, upto)}
+        return {"round": t, **entry, "interval_by": "example"}
+
+    rows = [row(0, m0["forgetting"], m0)] if "forgetting" in m0 else []
+    rows += [row(r["round"], r["forgetting"], cell) for r in cell["rounds"] if "forgetting" in r]
     return rows
 
 

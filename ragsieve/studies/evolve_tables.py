@@ -124,6 +124,24 @@ def _collapse_section(collapse: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _forgetting_cell(row: Mapping[str, Any], part: str, sample: Mapping[str, Any]) -> str:
+    """"accuracy [CI] (n, queries, the interval's unit)" of a forgetting row's ``seen`` or ``earlier``; an
+    older record's query count is the forgetting sample's (``sizes``), when it is the same sample. Its
+    Wilson interval is by example, which is by query only where every example is its own query.
+
+    >>> row = {"earlier": {"n": 160, "accuracy": 0.85, "ci95": [0.8, 0.9]}}
+    >>> _forgetting_cell(row, "earlier", {"n": 160, "queries": 157})
+    '0.850 [0.800, 0.900] (n 160, 157 queries, by example)'
+    """
+    entry = row[part]
+    if entry["accuracy"] is None:
+        return ""
+    queries = entry.get("queries") or (sample.get("queries") if sample.get("n") == entry["n"] else None)
+    unit = "by query" if row.get("interval_by") == "query" or queries == entry["n"] else "by example"
+    unit = f"{queries} queries, {unit}" if queries else unit
+    return f"{entry['accuracy']:.3f} {_ci(entry['ci95'])} (n {entry['n']}, {unit})"
+
+
 def markdown_tables(metrics: Mapping[str, Any]) -> str:
     """The study's tables: test curves, paired tests, targets, sweeps, pseudo-labels, forgetting, QA."""
     cells = metrics.get("cells", {})
@@ -210,17 +228,20 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     lines += _collapse_section(metrics.get("collapse", {}))
     forgetting = metrics.get("forgetting", {})
     if forgetting:
-        lines += ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", ""]
+        lines += ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", "",
+                  "\"by query\": the interval resamples whole queries (Wilson where each example is its own query). "
+                  "\"by example\": the record kept only its summaries (made before each outcome was stored), so its "
+                  "Wilson interval takes the examples as independent although some share a query (n examples of "
+                  "fewer queries): somewhat too narrow. No verdict rests on these intervals.", ""]
         rows = []
         for ds, by_method in forgetting.items():
             for name, curve in by_method.items():
                 if not curve:  # forgetting_per_split: 0
                     continue
                 last = curve[-1]
-                rows.append([ds, name, last["round"],
-                             f"{last['seen']['accuracy']:.3f} {_ci(last['seen']['ci95'])} (n {last['seen']['n']})",
-                             f"{last['earlier']['accuracy']:.3f} {_ci(last['earlier']['ci95'])}"
-                             if last["earlier"]["accuracy"] is not None else ""])
+                sample = metrics.get("sizes", {}).get(ds, {}).get("forgetting_sample", {})
+                rows.append([ds, name, last["round"], *(_forgetting_cell(last, part, sample.get(part, {}))
+                                                        for part in ("seen", "earlier"))])
         lines += _table(["dataset", "method", "round", "all splits seen", "splits before the last"], rows)
     qa = metrics.get("downstream_stats") or {}
     if qa.get("intervals"):
