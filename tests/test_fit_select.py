@@ -219,8 +219,10 @@ def test_the_pipeline_applies_top_k_0_and_passage_order(tmp_path, chat_server_fa
 
 
 @pytest.mark.integration
-def test_endpoint_only_fit_with_smollm2_on_loopback(tmp_path, smollm2, tiny_cross_encoder_dir, cli):
+def test_endpoint_only_fit_with_smollm2_on_loopback(tmp_path, smollm2, tiny_cross_encoder_dir, cli, monkeypatch):
     """A real fit with no local copy of the LLM: SmolLM2 behind a FastAPI OpenAI-compatible server."""
+    # a CPU server answering a batch can take longer than the 8 s default on a busy 2-core machine
+    monkeypatch.setenv("RAGSIEVE_LLM_TIMEOUT", "120")
     import importlib.util
     from pathlib import Path
 
@@ -268,3 +270,26 @@ def test_endpoint_only_fit_with_smollm2_on_loopback(tmp_path, smollm2, tiny_cros
     assert {"chosen_vs_best_plain", "chosen_vs_closed_book"} <= set(metrics["do_no_harm"])
     assert (tmp_path / "sieve" / "frontier.png").is_file()
     assert metrics["selection"]["answer_cache"]["answered"] <= metrics["selection"]["answer_cache"]["unique"]
+
+
+def test_grid_passages_are_what_the_sieve_stages_keep():
+    """The grid's prompt passages come from the sieve's own cut and grade: the top k of the order, those scored at or
+    above the threshold, best first (the same rule as ``SieveStages``, written once)."""
+    import random
+
+    from ragsieve.fit.config import SelectConfig
+    from ragsieve.fit.select import Choice, Selection
+
+    rng = random.Random(0)
+    q = Question("q1", "which?", ("a",))
+    candidates = {q.id: [Passage(f"p{i}", f"passage number {i}") for i in range(8)]}
+    selection = Selection(None, None, candidates, SelectConfig())
+    order = list(range(8))
+    rng.shuffle(order)
+    ranking = sorted(((i, rng.uniform(-3, 3)) for i in order), key=lambda t: -t[1])
+    selection.rankings["reranker"] = {q.id: ranking}
+    for k in (1, 2, 3, 5):
+        for threshold in (None, -1.0, 0.0, 1.5, 9.0):
+            expected = [candidates[q.id][i].id for i, s in ranking[:k] if threshold is None or s >= threshold]
+            got = selection.passages(Choice(k, "reranker", threshold, "off" if threshold is None else "q0.50"), q)
+            assert [p.id for p in got] == expected

@@ -270,10 +270,16 @@ class Selection:
         """What ``choice`` puts in ``q``'s prompt, best first."""
         if choice.k == 0 or (choice.beta is not None and self.confidence[q.id] > choice.beta):
             return []
-        ranked = self.rankings[choice.order][q.id][: choice.k]
-        if choice.threshold is not None:
-            ranked = [(i, s) for i, s in ranked if s >= choice.threshold]
-        return [self.candidates[q.id][i] for i, _ in ranked]
+        from ragsieve.pipeline.stages import SieveStages
+        from ragsieve.rerank.base import RankedResult, RankedResults
+
+        # the sieve's own stages on the stored ranking (cut to k, the order's scores against the threshold),
+        # so the grid answers exactly what the shipped sieve would put in the prompt
+        cands = self.candidates[q.id]
+        ranked = RankedResults(q.text, tuple(RankedResult(cands[i], s, rank, i)
+                                             for rank, (i, s) in enumerate(self.rankings[choice.order][q.id])))
+        stages = SieveStages(None, None, top_k=choice.k, threshold=choice.threshold)
+        return stages.grade(stages.cut(ranked)).kept
 
     def prompt(self, choice: Choice, q: Question) -> str:
         passages = self.passages(choice, q)
