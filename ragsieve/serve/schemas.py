@@ -58,7 +58,9 @@ class FilterRequest(RerankRequest):
     Scores and ``threshold`` are on the [0, 1] scale of ``/v1/rerank`` (the graders' and rankers'
     :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores`), so a Cohere / Open WebUI / Dify-style threshold
     means the same on both. ``raw_scores: true`` answers the models' raw scores and takes ``threshold`` on the
-    grader's raw scale instead (the scale a sieve's ``sieve.json`` and a grader folder store).
+    grader's raw scale instead (the scale a sieve's ``sieve.json`` and a grader folder store). Those are the
+    models' own scores, as ``score()`` gives them: unlike TEI's ``raw_scores``, a sigmoid-output model's are not
+    mapped to logits, because its stored threshold is not.
     """
 
     raw_scores: bool = Field(
