@@ -466,3 +466,39 @@ def test_unit_scores_are_what_the_api_returns_for_every_kind_of_ranker():
     np.testing.assert_array_equal(Probabilities().unit_scores(p), p)
     # P(true) of an LLM and a Cohere-compatible service's relevance_score are already in [0, 1]
     assert PointwiseLLMReranker.score_is_probability and RemoteRanker.score_is_probability
+
+
+def test_raw_threshold_inverts_unit_scores_for_every_kind_of_ranker():
+    """unit_scores(s) >= t exactly when s >= raw_threshold(t): calibrated (on logits or on sigmoid outputs),
+    sigmoid outputs, raw scores; graders read their scores on the same scale (/v1/filter's threshold)."""
+    from scipy.special import logit
+
+    from ragsieve.grade.lm import LMGrader
+    from ragsieve.registry import new_grader
+    from ragsieve.rerank.calibration import Calibration
+
+    class Probabilities(BaseRanker):
+        score_is_probability = True
+
+        def score(self, query, passages):
+            return np.linspace(0.0, 1.0, len(passages))
+
+    bm25, calibrated = load_reranker("bm25"), load_reranker("bm25")
+    calibrated.calibration = Calibration(temperature=0.5, bias=-1.0)
+    probs, calibrated_probs = Probabilities(), Probabilities()
+    calibrated_probs.calibration = Calibration(temperature=2.0, bias=0.5, from_probability=True)
+    assert bm25.raw_threshold(0.7) == pytest.approx(logit(0.7)) and probs.raw_threshold(0.7) == 0.7
+    rng = np.random.default_rng(0)
+    for ranker, scores in ((bm25, rng.normal(0, 3, 200)), (calibrated, rng.normal(0, 3, 200)),
+                           (probs, rng.uniform(0, 1, 200)), (calibrated_probs, rng.uniform(0, 1, 200))):
+        unit = ranker.unit_scores(scores)
+        for t in (0.1, 0.25, 0.5, 0.8, 0.95):
+            # a score within rounding of the cut may fall either side; none of these random ones is
+            np.testing.assert_array_equal(unit >= t, scores >= ranker.raw_threshold(t))
+        assert np.all(scores >= ranker.raw_threshold(0.0))
+    with pytest.raises(RagsieveError, match="not in \\[0, 1\\]"):
+        bm25.raw_threshold(1.5)
+    # a ranker grader thresholds its ranker's scores: same scale; an LLM grader's P(relevant) is a probability
+    grader = new_grader("ranker", base="bm25", threshold=0.1)
+    assert grader.unit_scores([0.1]) == pytest.approx(bm25.unit_scores([0.1]))
+    assert LMGrader.score_is_probability

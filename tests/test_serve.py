@@ -277,28 +277,6 @@ def test_api_key_guards_everything_but_health():
         )
 
 
-def test_filter_with_a_grader_keeps_relevant_documents(tmp_path):
-    from ragsieve.registry import new_grader
-
-    new_grader("ranker", base="bm25", threshold=0.1).save(tmp_path / "grader")
-    with BackgroundServer(create_app(ServeConfig(reranker="bm25", grader=str(tmp_path / "grader")))) as server:
-        r = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "return_documents": True})
-        assert r.status_code == 200, r.text
-        data = r.json()
-        assert [x["index"] for x in data["results"]] == offline_order()[:2] and data["dropped"] == 2
-        assert all(x["relevant"] and x["grade_score"] >= 0.1 for x in data["results"])
-        assert data["threshold"] == 0.1 and data["results"][0]["document"]["text"] == DOCS[offline_order()[0]]
-        models = httpx.get(f"{server.url}/v1/models").json()["data"]
-        assert [m["kind"] for m in models] == ["reranker", "grader"]
-
-
-def test_filter_without_a_grader_needs_a_threshold(bm25_server):
-    r = httpx.post(f"{bm25_server.url}/v1/filter", json={"query": QUERY, "documents": DOCS})
-    assert r.status_code == 400 and "no grader configured" in r.json()["error"]
-    r = httpx.post(f"{bm25_server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "threshold": 0.1})
-    assert r.status_code == 200 and [x["index"] for x in r.json()["results"]] == offline_order()[:2]
-
-
 def test_health_models_reload_and_openapi(bm25_server):
     assert httpx.get(f"{bm25_server.url}/health").json()["status"] == "ok"
     assert httpx.get(f"{bm25_server.url}/v1/models").json()["data"][0]["id"] == "ragsieve-bm25"

@@ -153,17 +153,23 @@ def test_one_sieve_keeps_the_same_passages_through_python_http_and_langchain(tmp
     new_grader("ranker", base="bm25", threshold=0.1).save(folder / "grader")
     Sieve(SieveConfig(llm=tiny_llm.spec, reranker="bm25", grader="grader", top_k=3)).save(folder)
 
-    python = Sieve.load(folder, llm=tiny_llm).filter(query, docs)
+    python_sieve = Sieve.load(folder, llm=tiny_llm)
+    python = python_sieve.filter(query, docs)
     expected = [(r.index, r.score) for r, _ in python.kept_results]
     assert len(python.selected) == 3 and python.graded_out == 1  # the cut and the grader both acted
     assert sorted(i for i, _ in expected) == [1, 4]
 
     with BackgroundServer(create_app(ServeConfig(sieve=str(folder)))) as server:
         r = httpx.post(f"{server.url}/v1/filter", json={"query": query, "documents": docs})
-    assert r.status_code == 200, r.text
+        raw = httpx.post(f"{server.url}/v1/filter", json={"query": query, "documents": docs, "raw_scores": True})
+    assert r.status_code == 200 and raw.status_code == 200, r.text
     http = [(x["index"], x["relevance_score"]) for x in r.json()["results"]]
     assert [i for i, _ in http] == [i for i, _ in expected] and r.json()["dropped"] == len(docs) - len(expected)
-    assert [s for _, s in http] == pytest.approx([s for _, s in expected], abs=1e-6)
+    # over HTTP the [0, 1] values of Python's raw scores; raw_scores: true answers Python's very numbers
+    unit = python_sieve.reranker.unit_scores([s for _, s in expected])
+    assert [s for _, s in http] == pytest.approx(list(unit), abs=1e-6)
+    assert [x["relevance_score"] for x in raw.json()["results"]] == pytest.approx([s for _, s in expected], abs=1e-6)
+    assert raw.json()["threshold"] == python.threshold == 0.1
 
     pytest.importorskip("langchain_core")
     from langchain_core.documents import Document

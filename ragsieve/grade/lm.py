@@ -87,6 +87,8 @@ class LMGrader(Grader):
     default_base: ClassVar[str] = DEFAULT_LLM
     head: ClassVar[str] = "causal"
     batch_size: int = 16
+    #: scores are P(relevant), a softmax output: unit_scores is the score itself, calibrate fits on its logit
+    score_is_probability = True
 
     def __init__(self, model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", config: GraderConfig):
         super().__init__(config)

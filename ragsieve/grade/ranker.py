@@ -45,6 +45,9 @@ class RankerGrader(Grader):
     def __init__(self, config: GraderConfig, ranker: BaseRanker):
         super().__init__(config)
         self.ranker = ranker
+        # its scores are the ranker's: the same [0, 1] mapping (unit_scores, raw_threshold) applies
+        self.score_is_probability = ranker.score_is_probability
+        self.calibration = ranker.calibration
         # key of the cross-encoder weights behind ``ranker`` (set by the registry), recorded with a
         # fitted threshold so that loading it over other weights is refused
         self.ranker_weights: str | None = None

@@ -33,6 +33,7 @@ class RagsieveRanker:
 
     With ``sieve`` (a fitted sieve folder, ``embedded:<name>`` or a ``Sieve``) the sieve's top_k and
     grader decide (``run(top_k=...)`` and ``threshold`` override them); ``top_k`` here is the bare ranker's cut.
+    Scores and ``threshold`` are in [0, 1] for a service URL (``/v1/rerank``'s), raw in-process.
     """
 
     def __init__(

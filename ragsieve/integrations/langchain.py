@@ -1,7 +1,9 @@
 """LangChain: :class:`RagsieveCompressor`, a ``BaseDocumentCompressor`` (``pip install 'ragsieve[langchain]'``).
 
 Use it in-process (a ranker or a reranker spec) or against ``ragsieve serve`` (a URL);
-each kept document gets ``metadata["relevance_score"]``.
+each kept document gets ``metadata["relevance_score"]``: in [0, 1] from a URL (``/v1/rerank``'s
+score), the ranker's raw score in-process (``threshold`` is on the same scale; see
+:mod:`ragsieve.integrations.remote`).
 
 Example::
 
@@ -33,7 +35,8 @@ class RagsieveCompressor(BaseDocumentCompressor):
     ranker: Any = "embedded:base"  # BaseRanker, reranker spec, or http(s):// URL of `ragsieve serve`
     sieve: Any = None  # a fitted sieve (folder, embedded:<name> or Sieve): its reranker, top_k and grader
     top_n: Optional[int] = 3  # with a sieve: its top_k unless given
-    threshold: Optional[float] = None  # drop documents scoring below it (with a sieve: overrides its grader's)
+    # drop documents scoring below it: [0, 1] for a URL, raw in-process (with a sieve: overrides its grader's)
+    threshold: Optional[float] = None
     api_key: Optional[str] = None
     _stages: Any = PrivateAttr(default=None)
 

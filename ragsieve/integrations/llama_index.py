@@ -22,12 +22,13 @@ from ragsieve.integrations.remote import keep, pydantic_adapter_stages
 
 
 class RagsieveRerank(BaseNodePostprocessor):
-    """Rerank (and optionally threshold) nodes with a ragsieve ranker or service; node scores become its scores."""
+    """Rerank (and optionally threshold) nodes with a ragsieve ranker or service; node scores become its scores:
+    in [0, 1] from a service URL (``/v1/rerank``'s), raw in-process; ``threshold`` is on the same scale."""
 
     ranker: Any = Field(default="embedded:base", description="BaseRanker, reranker spec, or ragsieve serve URL")
     sieve: Any = Field(default=None, description="a fitted sieve (folder, embedded:<name> or Sieve)")
     top_n: Optional[int] = 3  # with a sieve: its top_k unless given
-    threshold: Optional[float] = None  # with a sieve: overrides its grader's
+    threshold: Optional[float] = None  # [0, 1] for a URL, raw in-process; with a sieve: overrides its grader's
     api_key: Optional[str] = None
     _stages: Any = PrivateAttr(default=None)
 

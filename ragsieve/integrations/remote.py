@@ -4,6 +4,12 @@ sieve they apply, as one :class:`~ragsieve.pipeline.stages.SieveStages`.
 Specs and URLs resolve in :func:`ragsieve.registry.load_reranker` (a URL is a
 :class:`~ragsieve.rerank.remote.RemoteRanker`), so in-process and remote use share one code path.
 
+**Scale.** Scores and ``threshold`` are on the scale of what the ranker answers: for a service URL
+the [0, 1] ``relevance_score`` of ``/v1/rerank``; in-process (a ranker, a spec, a sieve) the raw
+score, as :meth:`~ragsieve.rerank.base.BaseRanker.score` and ``Sieve.filter`` give it (the logit for
+``embedded:base``; a sieve's threshold as its ``sieve.json`` stores it). In-process, pass
+``threshold=ranker.raw_threshold(t)`` to keep what ``threshold=t`` keeps over HTTP.
+
 Example::
 
     stages = adapter_stages("http://127.0.0.1:8080", top_n=3, api_key="k")   # or "bm25", or sieve="sieves/mine"
@@ -28,9 +34,10 @@ def adapter_stages(
     """The one sieve an adapter applies.
 
     With ``sieve`` (a fitted sieve folder, ``embedded:<name>`` or a loaded :class:`Sieve`), its
-    reranker, top_k and grader; ``top_n`` / ``threshold``, when given, override its cut and threshold.
+    reranker, top_k and grader; ``top_n`` / ``threshold``, when given, override its cut and (raw) threshold.
     Otherwise ``ranker`` (a ranker, a reranker spec, or a service URL whose key is ``api_key``) cut to
-    ``top_n`` (None: no cut), thresholded on its own scores when ``threshold`` is given.
+    ``top_n`` (None: no cut), thresholded on its own scores when ``threshold`` is given (raw in-process,
+    [0, 1] for a URL: see the module doc).
     """
     from ragsieve.pipeline.stages import SieveStages
     from ragsieve.registry import is_url, load_reranker
@@ -58,7 +65,7 @@ def pydantic_adapter_stages(adapter: Any) -> "SieveStages":
 
 
 def keep(stages: "SieveStages", query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
-    """(index, reranker score) of the documents the sieve keeps, best first."""
+    """(index, reranker score) of the documents the sieve keeps, best first (the ranker's own scale)."""
     if not texts:
         return []
     return [(r.index, r.score) for r, _ in stages.apply(query, list(texts)).kept_results]

@@ -115,7 +115,12 @@ class Sieve:
         return self.reranker.rank(question, passages)
 
     def filter(self, question: str, passages: Sequence[Passage | str]) -> FilterResult:
-        """Rerank, keep the top_k, grade them: what to put in the prompt, with scores and verdicts."""
+        """Rerank, keep the top_k, grade them: what to put in the prompt, with scores and verdicts.
+
+        Scores and the threshold are raw (as ``sieve.json`` stores it; the logit for ``embedded:base``);
+        ``/v1/filter`` answers the same kept passages with their [0, 1] values,
+        ``self.reranker.unit_scores(...)`` and ``self.grader.unit_scores(...)`` of these.
+        """
         return self.stages.apply(question, passages)
 
     def pipeline(self, retriever: "Retriever | None" = None) -> "RAGPipeline":

@@ -185,6 +185,29 @@ class BaseRanker(ABC):
             return np.clip(x, 0.0, 1.0)
         return expit(x)
 
+    def raw_threshold(self, threshold: float) -> float:
+        """A threshold on the [0, 1] scale of :meth:`unit_scores` (the rerank and filter APIs') as a raw score
+        of this ranker, the inverse of :meth:`unit_scores`: ``unit_scores(s) >= t`` exactly when
+        ``s >= raw_threshold(t)`` (up to rounding). A logit ranker's 0 and 1 become -inf and +inf.
+
+        What ``/v1/filter`` cuts with, since the grader and :class:`~ragsieve.pipeline.stages.SieveStages`
+        keep raw thresholds (a sieve's ``sieve.json`` and a grader folder store them raw).
+
+        Example::
+
+            load_reranker("bm25").raw_threshold(0.5)   # 0.0 (the logit of 0.5)
+        """
+        from scipy.special import logit
+
+        t = float(threshold)
+        if not 0.0 <= t <= 1.0:
+            raise RagsieveError(f"threshold: {threshold} is not in [0, 1]")
+        if self.calibration is not None:
+            return float(self.calibration.score_at(t))
+        if self.score_is_probability:
+            return t
+        return float(logit(t))
+
 
 class RetrievalOrder(BaseRanker):
     """No reranking: keeps the retriever's order (the "retriever only" row, ``load_reranker("none")``)."""

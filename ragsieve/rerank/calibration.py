@@ -67,6 +67,20 @@ class Calibration(StrictConfig):
         x = as_logits(np.asarray(scores, dtype=float), self.from_probability)
         return expit(x / self.temperature + self.bias)
 
+    def score_at(self, proba: Sequence[float]) -> np.ndarray:
+        """The inverse of :meth:`proba`: the score whose probability is ``proba`` (a sigmoid output again
+        if ``from_probability``; 0 and 1 map to the ends of the score range, ±inf for logits).
+
+        Example::
+
+            cal = Calibration(temperature=2.0, bias=-1.0)
+            cal.score_at(cal.proba([3.0]))          # array([3.])
+        """
+        from scipy.special import expit, logit
+
+        z = (logit(np.asarray(proba, dtype=float)) - self.bias) * self.temperature
+        return expit(z) if self.from_probability else z
+
 
 def as_logits(x: np.ndarray, from_probability: bool) -> np.ndarray:
     """``x`` itself, or the logit of ``x`` when it holds sigmoid outputs (clipped to 1e-7 from 0 and 1)."""

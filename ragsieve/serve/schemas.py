@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class _Request(BaseModel):
@@ -53,9 +53,33 @@ class TEIRerankRequest(_Request):
 class FilterRequest(RerankRequest):
     """The sieve over the documents: rerank, cut to ``top_n`` (default: the server's ``top_k``), keep those
     graded relevant. ``threshold`` overrides the configured grader's (without a grader it thresholds the
-    reranker's own scores)."""
+    reranker's own scores).
 
-    threshold: float | None = None
+    Scores and ``threshold`` are on the [0, 1] scale of ``/v1/rerank`` (the graders' and rankers'
+    :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores`), so a Cohere / Open WebUI / Dify-style threshold
+    means the same on both. ``raw_scores: true`` answers the models' raw scores and takes ``threshold`` on the
+    grader's raw scale instead (the scale a sieve's ``sieve.json`` and a grader folder store). Those are the
+    models' own scores, as ``score()`` gives them: unlike TEI's ``raw_scores``, a sigmoid-output model's are not
+    mapped to logits, because its stored threshold is not.
+    """
+
+    raw_scores: bool = Field(
+        False, description="true: scores and threshold on the models' raw scale (as a sieve.json stores it), "
+        "not in [0, 1]",
+    )
+    threshold: float | None = Field(
+        None, allow_inf_nan=False,
+        description="keep documents whose grade_score is >= threshold; in [0, 1] (the grade_score scale), or "
+        "the grader's raw scale with raw_scores: true. Default: the configured grader's",
+    )
+
+    @field_validator("threshold")
+    @classmethod
+    def _unit_threshold(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and not info.data.get("raw_scores") and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{value} is not in [0, 1] (the grade_score scale; send raw_scores: true for the "
+                             "grader's raw scale)")
+        return value
 
 
 class GateRequest(_Request):
@@ -94,15 +118,24 @@ class DocumentOut(BaseModel):
 
 class RerankResult(BaseModel):
     index: int
-    relevance_score: float  # in [0, 1]: calibrated probability (BaseRanker.unit_scores)
+    relevance_score: float = Field(
+        ..., description="in [0, 1]: the reranker's calibrated probability (BaseRanker.unit_scores)"
+    )
     document: DocumentOut | None = None
 
 
 class FilteredDocument(RerankResult):
     """One kept document of ``/v1/filter`` (the HTTP shape of a :class:`~ragsieve.pipeline.stages.FilterResult`)."""
 
+    relevance_score: float = Field(
+        ..., description="the reranker's score: in [0, 1] as /v1/rerank answers it (BaseRanker.unit_scores), "
+        "its raw score with raw_scores: true",
+    )
     relevant: bool
-    grade_score: float
+    grade_score: float = Field(
+        ..., description="the grader's score (the reranker's without a grader), on the scale of threshold: "
+        "in [0, 1] (BaseRanker.unit_scores), raw with raw_scores: true",
+    )
 
 
 class Meta(BaseModel):
@@ -134,7 +167,10 @@ class FilterResponse(BaseModel):
     id: str
     model: str
     grader: str
-    threshold: float
+    threshold: float = Field(
+        ..., description="the cut applied: grade_score >= threshold; in [0, 1], or raw with raw_scores: true"
+    )
+    raw_scores: bool = Field(False, description="true: scores and threshold are on the models' raw scale")
     results: list[FilteredDocument]  # kept documents, best first
     dropped: int  # documents not kept: cut by top_n / top_k or graded irrelevant
     meta: Meta
