@@ -143,6 +143,11 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     again_written = json.loads((elsewhere / "sieve.json").read_text())
     assert again_written["metrics"]["selection"]["answer_cache"]["answered"] == 0  # every answer from the records
     assert len((records / "shifts.jsonl").read_text().splitlines()) == len(shifts)  # no shift measured again
+    recorded_check = json.loads((records / "align_check.json").read_text())
+    assert recorded_check["kept"] == check["kept"] and recorded_check["align_key"]
+    if not check["kept"]:  # a rejection recorded elsewhere stands without training again
+        assert not (tmp_path / "sieve-elsewhere" / "work" / "reranker-rejected").exists()
+        assert again_written["metrics"]["alignment_check"] == check
 
 
 def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path, tiny_cross_encoder_dir, cli):

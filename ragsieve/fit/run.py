@@ -378,7 +378,13 @@ class Fit:
         check_file = self.work / "align_check.json"
         self.reranker_spec = "reranker"
         self.align_check: Optional[dict] = None
-        self._forget_stale_alignment(target, check_file)
+        key = self._forget_stale_alignment(target, check_file)
+        record = self.records / "align_check.json" if self.records else None
+        if not check_file.is_file() and record is not None and record.is_file():
+            recorded = _read_json(record)
+            # rejected on another machine for these preferences and settings: that decision needs no weights
+            if recorded.pop("align_key", None) == key and not recorded["kept"]:
+                _write_json(check_file, recorded)
         if check_file.is_file():  # trained and checked before: the decision stands
             self.align_check = _read_json(check_file)
             if not self.align_check["kept"]:
@@ -424,6 +430,8 @@ class Fit:
                 shutil.move(str(target), str(self.work / "reranker-rejected"))  # kept for inspection, not shipped
                 self.reranker_spec = self.config.align.init
             _write_json(check_file, self.align_check)
+            if record is not None:
+                _write_json(record, {**self.align_check, "align_key": key})
         self.progress("rerank", 1, 1)
 
     def _gold_groups(self, split: str) -> list:
@@ -441,8 +449,9 @@ class Fit:
                                                [p.id for p in pos], [p.id for p in neg]))
         return groups
 
-    def _forget_stale_alignment(self, target: Path, check_file: Path) -> None:
-        """A reranker trained on other preferences or settings is not resumed: it is trained again."""
+    def _forget_stale_alignment(self, target: Path, check_file: Path) -> str:
+        """A reranker trained on other preferences or settings is not resumed: it is trained again.
+        Returns the key of the current preferences and settings."""
         import hashlib
         import shutil
 
@@ -450,13 +459,14 @@ class Fit:
         key = hashlib.sha1(json.dumps([records, self.config.align.model_dump()], sort_keys=True).encode()).hexdigest()
         stamp = self.work / "align_key.txt"
         if stamp.is_file() and stamp.read_text().strip() == key:
-            return
+            return key
         if target.exists() or check_file.exists():
             log.info("fit: preferences or align settings changed; training the reranker again")
         shutil.rmtree(target, ignore_errors=True)
         shutil.rmtree(self.work / "reranker-rejected", ignore_errors=True)
         check_file.unlink(missing_ok=True)
         stamp.write_text(key + "\n")
+        return key
 
     def _relevance_check(self, aligned: Path) -> dict:
         """MRR@10 of the dev candidates that contain a gold answer: aligned vs the reranker it started
