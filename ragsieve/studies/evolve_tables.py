@@ -240,7 +240,8 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                   "\"by query, conservative\": the record kept only its summaries (made before each outcome was "
                   "stored), so whole queries cannot be resampled; the samples' query ids, rebuilt from the seed, "
                   "widen its Wilson interval to the worst-case effective n = n / deff, deff = Σ m² / n over the "
-                  "queries' sizes m (Kish; intra-query correlation 1): at least as wide as by query. \"by example\": "
+                  "queries' sizes m (Kish's design effect at an intra-query correlation of 1, the most a query's "
+                  "repeats can add to the variance). \"by example\": "
                   "no query ids, so the Wilson interval takes the examples as independent. No verdict rests on "
                   "these intervals.", ""]
         rows = []
