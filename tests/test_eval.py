@@ -369,6 +369,25 @@ def test_cluster_bootstrap_resamples_whole_queries_and_widens_the_interval():
         bootstrap_ci(values, groups=groups[:-1])
 
 
+def test_conservative_query_interval_is_wilson_for_single_queries_and_widens_with_query_size():
+    """Outcomes not stored, queries known: Wilson at the worst-case effective n (n / Σm²/n)."""
+    from ragsieve.eval import accuracy_interval
+    from ragsieve.eval.stats import conservative_query_interval, worst_case_design_effect
+
+    assert conservative_query_interval(137, [1] * 160)[1:] == pytest.approx(accuracy_interval(137, 160), abs=1e-12)
+    assert worst_case_design_effect([2] * 8 + [1] * 144) == pytest.approx(176 / 160)
+    widths = []
+    for size in (1, 2, 4, 8, 16):  # 160 examples in queries of one size
+        acc, low, high = conservative_query_interval(137, [size] * (160 // size))
+        assert acc == 137 / 160 and 0 <= low < acc < high <= 1
+        widths.append(high - low)
+    assert widths == sorted(widths) and len(set(widths)) == len(widths)
+    # one shared query among 160 already widens it; a single query of all examples is Wilson at n = 1
+    assert conservative_query_interval(137, [2] + [1] * 158)[1] < accuracy_interval(137, 160)[0]
+    assert conservative_query_interval(4, [4])[1:] == pytest.approx(accuracy_interval(1, 1), abs=1e-12)
+    with pytest.raises(DataError):
+        conservative_query_interval(5, [2, 2])
+
 def test_target_verdicts_follow_the_interval():
     from ragsieve.eval.stats import MET, MET_AT_POINT, MISSED, family_verdict, proportion_interval, target_verdict
 

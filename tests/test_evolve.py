@@ -469,10 +469,12 @@ class KnownVerdicts:
 def test_forgetting_keeps_each_outcome_and_query_so_intervals_resample_queries():
     """Forgetting samples share queries (a question's sentences, a passage's answers): each outcome and the
     samples' query ids are recorded, every interval resamples whole queries, and the report recomputes them;
-    an older record (summaries only) is marked "by example" in metrics and TABLES.md."""
-    from ragsieve.eval.stats import bootstrap_ci
+    an older record (summaries only) is widened to query level by the worst-case design effect when the
+    samples' query ids can be rebuilt, else marked "by example" in metrics and TABLES.md."""
+    from ragsieve.eval import accuracy_interval
+    from ragsieve.eval.stats import bootstrap_ci, conservative_query_interval
     from ragsieve.studies.evolve import forgetting_eval, forgetting_ids
-    from ragsieve.studies.evolve_stats import forgetting_curve
+    from ragsieve.studies.evolve_stats import CONSERVATIVE_BY_QUERY, forgetting_curve
     from ragsieve.studies.evolve_tables import markdown_tables
 
     # two splits (the SFT set, D_1) of 6 examples, 2 per query; M_1 is right on the first 4 of each split
@@ -496,10 +498,24 @@ def test_forgetting_keeps_each_outcome_and_query_so_intervals_resample_queries()
     old = {"rounds": [{"round": 1, "forgetting": {k: {**row[k], "queries": None} for k in ("seen", "earlier")}}]}
     (legacy,) = forgetting_curve(old, {})
     assert legacy["interval_by"] == "example"
-    metrics = {"forgetting": {"multirc": {"dpo": [legacy], "sft": [{"round": 1, **row}]}},
+    # ... unless the samples' query ids are rebuilt (from the seed): then each interval is widened to query
+    # level by the worst-case design effect (2 examples per query: deff 2, Wilson at n / 2)
+    summaries = {k: {f: row[k][f] for f in ("n", "accuracy", "ci95")} for k in ("seen", "earlier")}
+    summaries["splits"] = {s: {f: row["splits"][s][f] for f in ("n", "accuracy", "ci95")} for s in ("0", "1")}
+    older = {"rounds": [{"round": 1, "forgetting": summaries}]}
+    (widened,) = forgetting_curve(older, {}, [[x.query_id for x in split] for split in samples])
+    _, low, high = conservative_query_interval(8, [2] * 6)
+    assert widened["interval_by"] == CONSERVATIVE_BY_QUERY and widened["seen"]["design_effect"] == 2.0
+    assert widened["seen"]["ci95"] == [round(low, 4), round(high, 4)] and widened["seen"]["queries"] == 6
+    by_example = accuracy_interval(8, 12)
+    assert high - low > by_example[1] - by_example[0]
+    assert widened["splits"]["1"]["queries"] == 3 and widened["earlier"]["n"] == 6
+    assert forgetting_curve(older, {}, [["q"] * 5, ["q"] * 6])[0]["interval_by"] == "example"  # not this sample
+    metrics = {"forgetting": {"multirc": {"dpo": [legacy], "sft": [{"round": 1, **row}], "replay-dpo": [widened]}},
                "sizes": {"multirc": {"forgetting_sample": {"seen": {"n": 12, "queries": 6}}}}}
     tables = markdown_tables(metrics)
     assert "(n 12, 6 queries, by example)" in tables and "(n 12, 6 queries, by query)" in tables
+    assert "(n 12, 6 queries, by query, conservative)" in tables
 
 
 # --------------------------------------------------------------------------- methods

@@ -13,6 +13,8 @@ query's examples are not independent and resampling them one by one makes the in
 * :func:`bootstrap_metric` — the same for a metric of several aligned arrays (AUROC, precision, ...);
 * :func:`paired_bootstrap` — the difference of two methods on the same examples, its interval and p;
 * :func:`proportion_interval` — an accuracy's interval: Wilson for independent examples, else by query;
+* :func:`conservative_query_interval` — an accuracy's interval by query when only the count right and the
+  queries' sizes are known (no per-example outcomes to bootstrap): Wilson at the worst-case effective n;
 * :func:`mcnemar_exact` — the exact McNemar test for two classifiers' right/wrong on the same examples;
 * :func:`verdict` — the words a README uses for a paired difference ("no measurable difference" for p ≥ 0.05);
 * :func:`target_verdict` / :func:`family_verdict` — the words a README uses for a target: "met" only when
@@ -297,6 +299,47 @@ def proportion_interval(correct: Sequence[int] | np.ndarray, groups: Sequence[An
         low, high = accuracy_interval(int(x.sum()), len(x))
         return float(x.mean()), low, high
     return bootstrap_ci(x, groups=groups, n_boot=n_boot, seed=seed)
+
+
+def worst_case_design_effect(cluster_sizes: Sequence[int]) -> float:
+    """Kish's design effect of a mean over n = Σ m_i examples in queries of sizes m_i when the examples of a
+    query are perfectly correlated (intra-query correlation 1): Σ m_i² / n, the most the variance can grow.
+
+    >>> worst_case_design_effect([1, 1, 1]), worst_case_design_effect([2, 1, 1])
+    (1.0, 1.5)
+    """
+    sizes = np.asarray(cluster_sizes, dtype=np.float64)
+    if sizes.ndim != 1 or len(sizes) == 0 or (sizes < 1).any():
+        raise DataError(f"need one size >= 1 per query, got {list(cluster_sizes)}")
+    return float((sizes ** 2).sum() / sizes.sum())
+
+
+def conservative_query_interval(correct: int, cluster_sizes: Sequence[int],
+                                confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(accuracy, low, high)`` of ``correct`` right out of n = Σ m_i examples from queries of sizes m_i,
+    when each example's outcome is unknown so whole queries cannot be resampled: the Wilson interval at
+    Kish's effective n = n / deff, with the worst-case deff (:func:`worst_case_design_effect`).
+
+    Wilson at the effective n rather than a Wald interval widened by √deff: it is exactly the Wilson
+    interval when every query holds one example, and it stays inside [0, 1] without clipping and keeps its
+    coverage near 0 or 1 (the clip guards rounding only). Conservative: whatever the intra-query correlation
+    (at most 1), its design effect is at most this one.
+
+    >>> [round(x, 3) for x in conservative_query_interval(12, [1] * 24)]  # one example per query: Wilson
+    [0.5, 0.314, 0.686]
+    >>> [round(x, 3) for x in conservative_query_interval(12, [2] * 12)]  # pairs: Wilson at n = 12
+    [0.5, 0.254, 0.746]
+    """
+    from scipy.stats import norm
+
+    n = int(np.sum(cluster_sizes))
+    if not 0 <= correct <= n:
+        raise DataError(f"correct must lie in [0, {n}], got {correct}")
+    n_eff = n / worst_case_design_effect(cluster_sizes)
+    p, z = correct / n, float(norm.ppf(0.5 + confidence / 2))
+    center = (p + z * z / (2 * n_eff)) / (1 + z * z / n_eff)
+    half = z * np.sqrt(p * (1 - p) / n_eff + z * z / (4 * n_eff * n_eff)) / (1 + z * z / n_eff)
+    return p, float(max(0.0, center - half)), float(min(1.0, center + half))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

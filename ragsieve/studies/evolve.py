@@ -367,7 +367,7 @@ class EvolveExperiment:
         (work / ".gitignore").write_text(WORK_GITIGNORE)
         # Built up front: a mixed M0 trains on every dataset's SFT set.
         tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
-        sizes = self._sizes(tasks, cfg)
+        sizes, sample_queries = self._sizes(tasks, cfg), self._forgetting_query_ids(tasks, cfg)
         self._generator = self._hotpot = None
         for ds, task in tasks.items():
             ds_cells = [c for c in cells if c.dataset == ds]
@@ -393,10 +393,10 @@ class EvolveExperiment:
                 self._drop_partial(cfg, out_dir, cell)
                 # metrics.json and the plots follow every finished cell: a run spanning sessions is
                 # committed (and read) part-way
-                self._report(cfg, cells, out_dir, sizes, t0)
+                self._report(cfg, cells, out_dir, sizes, t0, sample_queries)
             if self._downstream(cfg, ds) and not (out_dir / "cells" / ds / "_baselines.json").exists():
                 write_json(out_dir / "cells" / ds / "_baselines.json", self._baselines(cfg, task, console))
-        metrics = self._report(cfg, cells, out_dir, sizes, t0)
+        metrics = self._report(cfg, cells, out_dir, sizes, t0, sample_queries)
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} in {metrics['seconds']['this_run']:.0f}s")
         return metrics
@@ -412,7 +412,7 @@ class EvolveExperiment:
         tasks = {ds: self._task(cfg, ds) for ds in cfg.datasets}
         for ds, task in tasks.items():  # the same check as a run: a cell of other settings is not mixed in
             self._check_finished(cfg, [c for c in cells if c.dataset == ds], task, out_dir)
-        metrics = self._report(cfg, cells, out_dir, self._sizes(tasks, cfg), t0)
+        metrics = self._report(cfg, cells, out_dir, self._sizes(tasks, cfg), t0, self._forgetting_query_ids(tasks, cfg))
         self._print(metrics, console)
         console.print(f"wrote {out_dir / 'metrics.json'} from {metrics['cells']['finished']} of "
                       f"{metrics['cells']['planned']} cells")
@@ -436,14 +436,23 @@ class EvolveExperiment:
             for ds, t in tasks.items()
         }
 
+    @staticmethod
+    def _forgetting_query_ids(tasks: dict, cfg: EvolveExperimentConfig) -> dict[str, list[list[str]]]:
+        """Each dataset's forgetting samples' query ids per split, rebuilt from the seed: they widen an older
+        record's intervals (kept before each outcome and the ids were) to query level
+        (:func:`~ragsieve.studies.evolve_stats.conservative_forgetting`)."""
+        return {ds: [[x.query_id for x in split] for split in forgetting_samples(t, cfg.forgetting_per_split, cfg.seed)]
+                for ds, t in tasks.items()}
+
     def _known_m0(self, cfg, work: Path) -> dict:
         """M0's training record (``m0.json``) for every dataset with an M0 so far, this run's or earlier."""
         paths = {ds: self._m0_paths(cfg, ds, work)[1] for ds in cfg.datasets}
         return {ds: json.loads(path.read_text()) for ds, path in paths.items() if path.exists()}
 
-    def _report(self, cfg, cells: list[Cell], out_dir: Path, sizes: dict, t0: float) -> dict:
+    def _report(self, cfg, cells: list[Cell], out_dir: Path, sizes: dict, t0: float,
+                sample_queries: dict | None = None) -> dict:
         """metrics.json and the plots from the finished cells (all of them at the end of a run)."""
-        metrics = self._aggregate(cfg, cells, out_dir, sizes, self._known_m0(cfg, out_dir / "work"))
+        metrics = self._aggregate(cfg, cells, out_dir, sizes, self._known_m0(cfg, out_dir / "work"), sample_queries)
         metrics["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)
         metrics["cells"] = {"finished": sum(self._cell_path(out_dir, c).exists() for c in cells), "planned": len(cells)}
         write_json(out_dir / "metrics.json", metrics)
@@ -834,7 +843,7 @@ class EvolveExperiment:
         return out
 
     # -- aggregation --------------------------------------------------------------
-    def _aggregate(self, cfg, cells, out_dir: Path, sizes, m0_info) -> dict:
+    def _aggregate(self, cfg, cells, out_dir: Path, sizes, m0_info, sample_queries: dict | None = None) -> dict:
         from ragsieve.eval.classification import accuracy_interval
         from ragsieve.studies import evolve_stats as st
 
@@ -903,7 +912,7 @@ class EvolveExperiment:
             "config": cfg.model_dump(),
         }
         if cfg.test_size:
-            metrics.update(self._scale_metrics(cfg, results, base))
+            metrics.update(self._scale_metrics(cfg, results, base, sample_queries or {}))
             metrics["collapse"] = st.collapse_summary(pseudo_labels, metrics["test_curves"], metrics["paired"])
         per_question = {name: r["downstream"]["per_question"] for (ds, name), r in results.items()
                         if "per_question" in r.get("downstream", {})}
@@ -915,13 +924,13 @@ class EvolveExperiment:
         return metrics
 
     @staticmethod
-    def _scale_metrics(cfg, results: dict, base: dict) -> dict:
+    def _scale_metrics(cfg, results: dict, base: dict, sample_queries: dict) -> dict:
         """Test-set curves, forgetting, M0 vs chance, paired McNemar tests and the issue's targets."""
         from ragsieve.studies import evolve_stats as st
 
         test_curves = {ds: {m: st.test_curve(results[(ds, m)], base[ds]) for m in cfg.methods if (ds, m) in results}
                        for ds in base}
-        forgetting = {ds: {m: st.forgetting_curve(results[(ds, m)], base[ds])
+        forgetting = {ds: {m: st.forgetting_curve(results[(ds, m)], base[ds], sample_queries.get(ds))
                            for m in cfg.methods if (ds, m) in results}
                       for ds in base}
         m0_stats = {ds: st.m0_vs_chance(b) for ds, b in base.items()}

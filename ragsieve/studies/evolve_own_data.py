@@ -149,8 +149,9 @@ class EvolveOwnDataStudy(EvolveExperiment):
         return hashlib.sha1(json.dumps([key, extra], sort_keys=True).encode()).hexdigest()[:16]
 
     # -- report ----------------------------------------------------------------------------------
-    def _report(self, cfg, cells, out_dir: Path, sizes: dict, t0: float) -> dict:
-        """metrics.json from whatever is finished: file path vs --dataset, and checked vs unguarded."""
+    def _report(self, cfg, cells, out_dir: Path, sizes: dict, t0: float, sample_queries: dict | None = None) -> dict:
+        """metrics.json from whatever is finished: file path vs --dataset, and checked vs unguarded (the
+        forgetting samples' ``sample_queries`` are not used here)."""
         metrics: dict[str, Any] = {"experiment": "evolve_own_data", "file_path": {}, "labeller_check": {},
                                    "settings": {"check_size": cfg.check_size, "tau": cfg.tau,
                                                 "judges": [j.label for j in cfg.judges], "test_size": cfg.test_size}}

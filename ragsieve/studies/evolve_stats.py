@@ -346,12 +346,57 @@ def forgetting_summary(outcomes: list[list[int]], query_ids: list[list[str]], up
     return {"seen": summary(range(upto + 1)), "earlier": summary(range(upto)), "splits": splits, "interval_by": "query"}
 
 
-def forgetting_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dict[str, Any]]:
+# A forgetting record kept only its summaries: its intervals are widened to query level, conservatively.
+CONSERVATIVE_BY_QUERY = "query (conservative: worst-case design effect)"
+
+
+def conservative_forgetting(entry: Mapping[str, Any], query_ids: list[list[str]]) -> dict[str, Any] | None:
+    """An older forgetting row (``seen``, ``earlier``, ``splits``: n, accuracy and a Wilson interval by
+    example, no outcome per example) with every interval by query, given the samples' query ids per split
+    (rebuilt from the seed: :func:`~ragsieve.studies.evolve.forgetting_samples`): whole queries cannot be
+    resampled, so each interval is Wilson at the worst-case effective n
+    (:func:`ragsieve.eval.stats.conservative_query_interval`). None when the ids do not fit the row's sizes.
+
+    >>> entry = {"seen": {"n": 4, "accuracy": 0.75, "ci95": [0.3, 0.95]}, "earlier": {"n": 2, "accuracy": 0.5,
+    ...          "ci95": [0.1, 0.9]}, "splits": {"0": {"n": 2, "accuracy": 0.5, "ci95": [0.1, 0.9]},
+    ...                                      "1": {"n": 2, "accuracy": 1.0, "ci95": [0.3, 1.0]}}}
+    >>> r = conservative_forgetting(entry, [["q1", "q1"], ["q2", "q3"]])
+    >>> r["interval_by"], r["seen"]["queries"], r["seen"]["design_effect"], r["splits"]["1"]["ci95"][0]
+    ('query (conservative: worst-case design effect)', 3, 1.5, 0.3424)
+    """
+    from collections import Counter
+
+    from ragsieve.eval.stats import conservative_query_interval, worst_case_design_effect
+
+    upto = max(int(s) for s in entry["splits"])
+    if len(query_ids) <= upto or any(entry["splits"][str(s)]["n"] != len(query_ids[s]) for s in range(upto + 1)):
+        return None
+
+    def widened(part: Mapping[str, Any], splits: range) -> dict[str, Any]:
+        if not part["n"]:
+            return dict(part)
+        sizes = list(Counter(q for s in splits for q in query_ids[s]).values())
+        _, low, high = conservative_query_interval(round(part["accuracy"] * part["n"]), sizes)
+        out = {**part, "ci95": [round(low, 4), round(high, 4)]}
+        if len(sizes) < part["n"]:  # as score_summary: the query count where queries repeat
+            out.update(queries=len(sizes), design_effect=round(worst_case_design_effect(sizes), 4))
+        return out
+
+    seen = widened(entry["seen"], range(upto + 1))
+    return {"seen": seen, "earlier": widened(entry["earlier"], range(upto)),
+            "splits": {str(s): widened(entry["splits"][str(s)], range(s, s + 1)) for s in range(upto + 1)},
+            "interval_by": CONSERVATIVE_BY_QUERY if "queries" in seen else "query"}
+
+
+def forgetting_curve(cell: Mapping[str, Any], m0: Mapping[str, Any],
+                     sample_query_ids: list[list[str]] | None = None) -> list[dict[str, Any]]:
     """Accuracy of M_t on samples of the splits it has been trained on (0 = the SFT set).
 
     A record that kept each example's outcome and the samples' query ids is summarised afresh
-    (:func:`forgetting_summary`); an older one kept only its summaries, whose Wilson intervals take the
-    examples as independent: its rows say so (``interval_by: example``).
+    (:func:`forgetting_summary`: the bootstrap over whole queries). An older one kept only its summaries:
+    given the samples' query ids (``sample_query_ids``, rebuilt from the seed), its intervals are widened to
+    query level by the worst-case design effect (:func:`conservative_forgetting`); without them its Wilson
+    intervals take the examples as independent, and its rows say so (``interval_by: example``).
     """
     def row(t: int, entry: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
         splits, queries = entry.get("splits", {}), record.get("forgetting_query_ids")
@@ -359,6 +404,8 @@ def forgetting_curve(cell: Mapping[str, Any], m0: Mapping[str, Any]) -> list[dic
             upto = max(int(s) for s in splits)
             return {"round": t, **forgetting_summary([correct_vector(splits[str(s)]) for s in range(upto + 1)],
                                                      queries, upto)}
+        if splits and sample_query_ids and (widened := conservative_forgetting(entry, sample_query_ids)):
+            return {"round": t, **widened}
         return {"round": t, **entry, "interval_by": "example"}
 
     rows = [row(0, m0["forgetting"], m0)] if "forgetting" in m0 else []

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ragsieve.studies.common import markdown_rows
+from ragsieve.studies.evolve_stats import CONSERVATIVE_BY_QUERY
 
 
 def _ci(ci, signed: bool = False) -> str:
@@ -126,18 +127,24 @@ def _collapse_section(collapse: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 def _forgetting_cell(row: Mapping[str, Any], part: str, sample: Mapping[str, Any]) -> str:
     """"accuracy [CI] (n, queries, the interval's unit)" of a forgetting row's ``seen`` or ``earlier``; an
-    older record's query count is the forgetting sample's (``sizes``), when it is the same sample. Its
-    Wilson interval is by example, which is by query only where every example is its own query.
+    older record's query count is the forgetting sample's (``sizes``), when it is the same sample. A Wilson
+    interval by example is by query where every example is its own query; a record kept without each
+    outcome is widened to query level by the worst-case design effect ("by query, conservative").
 
     >>> row = {"earlier": {"n": 160, "accuracy": 0.85, "ci95": [0.8, 0.9]}}
     >>> _forgetting_cell(row, "earlier", {"n": 160, "queries": 157})
     '0.850 [0.800, 0.900] (n 160, 157 queries, by example)'
+    >>> wide = {"earlier": {"n": 160, "accuracy": 0.85, "ci95": [0.78, 0.9], "queries": 152, "design_effect": 1.1}}
+    >>> _forgetting_cell({**wide, "interval_by": "query (conservative: worst-case design effect)"}, "earlier", {})
+    '0.850 [0.780, 0.900] (n 160, 152 queries, by query, conservative)'
     """
     entry = row[part]
     if entry["accuracy"] is None:
         return ""
     queries = entry.get("queries") or (sample.get("queries") if sample.get("n") == entry["n"] else None)
-    unit = "by query" if row.get("interval_by") == "query" or queries == entry["n"] else "by example"
+    by = row.get("interval_by")
+    unit = ("by query, conservative" if by == CONSERVATIVE_BY_QUERY and "design_effect" in entry
+            else "by query" if by in ("query", CONSERVATIVE_BY_QUERY) or queries == entry["n"] else "by example")
     unit = f"{queries} queries, {unit}" if queries else unit
     return f"{entry['accuracy']:.3f} {_ci(entry['ci95'])} (n {entry['n']}, {unit})"
 
@@ -230,9 +237,13 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     if forgetting:
         lines += ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", "",
                   "\"by query\": the interval resamples whole queries (Wilson where each example is its own query). "
-                  "\"by example\": the record kept only its summaries (made before each outcome was stored), so its "
-                  "Wilson interval takes the examples as independent although some share a query (n examples of "
-                  "fewer queries): somewhat too narrow. No verdict rests on these intervals.", ""]
+                  "\"by query, conservative\": the record kept only its summaries (made before each outcome was "
+                  "stored), so whole queries cannot be resampled; the samples' query ids, rebuilt from the seed, "
+                  "widen its Wilson interval to the worst-case effective n = n / deff, deff = Σ m² / n over the "
+                  "queries' sizes m (Kish's design effect at an intra-query correlation of 1, the most a query's "
+                  "repeats can add to the variance). \"by example\": "
+                  "no query ids, so the Wilson interval takes the examples as independent. No verdict rests on "
+                  "these intervals.", ""]
         rows = []
         for ds, by_method in forgetting.items():
             for name, curve in by_method.items():
