@@ -47,6 +47,7 @@ bench: install
 	$(PY) bench/rerank.py
 	$(PY) bench/grader.py
 	$(PY) bench/serve.py
+	$(PY) bench/serve.py --ray --seconds 45 --grace 45
 	$(PY) bench/fit.py --out "$$(mktemp -d)/fit"
 
 # The README against the code: its cheap shell commands run, every flag it shows exists in that

@@ -15,6 +15,14 @@ it is installed (target ratio ≥ 1.0), else by a plain FastAPI + ``CrossEncoder
     python bench/serve.py --clients 4 --seconds 3 --requests 8 --offline-pairs 32 --skip-baseline \
         --out /tmp/serve-smoke.json                     # smoke run
 
+``--ray`` serves the same model on Ray Serve instead (``ragsieve serve --ray local``) with 1 and
+then 2 replicas (``--replicas``), drives each the same way, then measures where feedback writes
+saturate: ``POST /v1/feedback`` from the same clients on the last deployment (every acknowledged
+row counted in the store) and the SQLite store's own write loop. Writes ``bench/results/serve_ray.json``
+(the same per-run keys as ``served`` above); no offline or baseline runs (see ``serve.json``).
+
+    python bench/serve.py --ray --seconds 45 --grace 45     # ~4 min on 2 cores
+
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
 """
@@ -105,22 +113,37 @@ def start_server(argv: list[str], env: dict | None = None) -> tuple[subprocess.P
         cwd=REPO,
         preexec_fn=_die_with_parent,
     )
-    line = proc.stdout.readline()
-    if "http://" not in line:
+    for line in proc.stdout:  # the server's URL line (Ray may print before it)
+        if "http://" in line:
+            return proc, line[line.index("http://") :].split()[0]
+    proc.kill()
+    sys.exit(f"server did not start: {argv}")
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 60) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
         proc.kill()
-        sys.exit(f"server did not start: {argv}")
-    return proc, line[line.index("http://") :].split()[0]
+        proc.wait(timeout=30)
 
 
-async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: float, grace: float) -> dict:
+def pairs_in(body: dict) -> int:
+    return len(body["documents"])
+
+
+async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: float, grace: float,
+                size=pairs_in) -> dict:
     """Closed loop: each client sends its next request when the last one returns, for ``seconds``.
 
-    pairs/s counts the pairs answered inside the window; requests still in flight at the
-    end get ``grace`` seconds (their latencies count), then are cancelled and reported.
+    pairs/s counts the pairs (``size(body)``) answered inside the window; requests still in
+    flight at the end get ``grace`` seconds (their latencies count), then are cancelled and reported.
     """
     import httpx
 
     latencies, errors, window_pairs, done = [], 0, 0, 0
+    answered: list[tuple[float, int]] = []  # (seconds into the window, pairs) of each in-window answer
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
         # warm-up, not timed: first-call allocations, connection set-up
@@ -147,7 +170,8 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
                 latencies.append(end - t)
                 done += 1
                 if end <= stop_at:
-                    window_pairs += len(body["documents"])
+                    window_pairs += size(body)
+                    answered.append((end - start, size(body)))
 
         tasks = [asyncio.ensure_future(worker(k)) for k in range(clients)]
         _, pending = await asyncio.wait(tasks, timeout=seconds + grace)
@@ -168,7 +192,37 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
             "p99": float(np.percentile(lat, 99)),
             "max": float(np.max(lat)),
         },
+        "latency_ms_ci95": percentile_cis(lat) if latencies else None,
+        **rate_ci(answered, seconds),
     }
+
+
+def percentile_cis(lat_ms: np.ndarray, resamples: int = 2000) -> dict:
+    """95 % bootstrap intervals of p50/p95/p99 over the answered requests (n = their count)."""
+    rng = np.random.default_rng(0)
+    draws = rng.choice(lat_ms, size=(resamples, len(lat_ms)), replace=True)
+    out: dict = {"n_requests": int(len(lat_ms))}
+    for q in (50, 95, 99):
+        lo, hi = np.percentile(np.percentile(draws, q, axis=1), [2.5, 97.5])
+        out[f"p{q}"] = [float(lo), float(hi)]
+    return out
+
+
+def rate_ci(answered: list[tuple[float, int]], seconds: float, bins: int = 3) -> dict:
+    """pairs/s in ``bins`` equal slices of the window: their mean's 95 % t-interval (n = bins).
+
+    Slices, not requests, are the unit: answers come in batches, so one request's pairs are not
+    independent of its neighbours'. Few slices of a long window, because a batch takes seconds."""
+    from scipy import stats
+
+    width = seconds / bins
+    counts = np.zeros(bins)
+    for t, n in answered:
+        counts[min(int(t // width), bins - 1)] += n
+    rates = counts / width
+    half = float(stats.t.ppf(0.975, bins - 1) * rates.std(ddof=1) / np.sqrt(bins)) if bins > 1 else float("nan")
+    return {"pairs_per_s_slices": rates.tolist(),
+            "pairs_per_s_ci95": [float(rates.mean() - half), float(rates.mean() + half)]}
 
 
 def offline(spec: str, bodies: list[dict], max_pairs: int, batch_size: int) -> dict:
@@ -240,6 +294,97 @@ def infinity_status() -> str | None:
     return None
 
 
+def feedback_store(path: Path) -> Path:
+    """An evolve store for the feedback writes (two seed examples; nothing is trained)."""
+    from ragsieve.data.records import LabeledPair
+    from ragsieve.evolve.store import EvolveStoreConfig, init_store
+    from ragsieve.prompts.verdicts import get_template
+
+    t = get_template("fever")
+    seed = [LabeledPair(f"s{y}", f"s{y}", q, d, y, t.fields_for(q, d), dataset="fever")
+            for y, (q, d) in enumerate([("Hamlet is a novel.", "Hamlet is a tragedy."),
+                                        ("Paris is in France.", "Paris is the capital of France.")])]
+    return init_store(path, EvolveStoreConfig(template="fever"), seed)
+
+
+def _write_loop(store: str, seconds: float, rows_per_call: int) -> list[float]:
+    """``append_feedback`` in a loop: one transaction of ``rows_per_call`` rows per call; each call's end time."""
+    from ragsieve.evolve.live import FeedbackItem, append_feedback
+
+    items = [FeedbackItem(query="bench query", document=f"bench row {i}", label=i % 2, source="bench")
+             for i in range(rows_per_call)]
+    ends, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        append_feedback(store, items)
+        ends.append(time.perf_counter() - start)
+    return ends
+
+
+def store_write_rate(store: Path, seconds: float, rows_per_call: int, writers: int = 1) -> dict:
+    """Rows/s the store takes from ``writers`` processes appending at once (as replicas do), with a
+    95 % t-interval over half-second slices (n = slices)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(writers) as pool:
+        runs = list(pool.map(_write_loop, [str(store)] * writers, [seconds] * writers, [rows_per_call] * writers))
+    calls = sum(len(ends) for ends in runs)
+    n_slices = max(2, int(seconds * 2))
+    slices = rate_ci([(t, rows_per_call) for ends in runs for t in ends], seconds, bins=n_slices)
+    return {"writers": writers, "rows_per_call": rows_per_call, "calls": calls, "seconds": seconds,
+            "rows_per_s": calls * rows_per_call / seconds,
+            "rows_per_s_ci95": slices["pairs_per_s_ci95"], "slices": n_slices}
+
+
+def ray_bench(args, spec: str, bodies: list[dict], source: str, workdir: Path) -> dict:
+    """The same load on 1 and 2 replicas (``ragsieve serve --ray local``), then the feedback writes."""
+    from ragsieve.evolve.live import pending_feedback
+
+    store = feedback_store(workdir / "store")
+    cfg = workdir / "serve.yaml"
+    cfg.write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
+    cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    runs: dict = {}
+    feedback_http = None
+    for n in args.replicas:
+        proc, url = start_server([sys.executable, "-c", cli, "serve", "-r", spec, "--ray", "local", "--replicas",
+                                  str(n), "--port", "0", "-c", str(cfg), "--feedback-store", str(store),
+                                  "--log-level", "warning"])
+        try:
+            runs[str(n)] = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
+            print(f"{n} replica(s): {runs[str(n)]['pairs_per_s']:.1f} pairs/s, "
+                  f"p50 {runs[str(n)]['latency_ms']['p50']:.0f} ms, p99 {runs[str(n)]['latency_ms']['p99']:.0f} ms, "
+                  f"errors {runs[str(n)]['errors']}")
+            if n == args.replicas[-1] and args.feedback_seconds > 0:
+                before = pending_feedback(store)
+                rows = [{"query": b["query"], "document": d, "label": i % 2, "source": "bench"}
+                        for i, b in enumerate(bodies) for d in b["documents"][:1]]
+                feedback_http = asyncio.run(drive(url, "/v1/feedback", rows, args.clients, args.feedback_seconds,
+                                                  args.grace, size=lambda body: 1))
+                # every acknowledged row is in the store: warm-up rows + answered requests, none lost
+                feedback_http["replicas"] = n
+                feedback_http["rows_stored"] = pending_feedback(store) - before
+                feedback_http["rows_acknowledged"] = feedback_http["requests"] + min(args.clients, 4)
+                feedback_http["rows_per_s"] = feedback_http.pop("pairs_per_s")
+                print(f"feedback over HTTP on {n} replicas: {feedback_http['rows_per_s']:.1f} rows/s, "
+                      f"stored {feedback_http['rows_stored']} of {feedback_http['rows_acknowledged']} acknowledged")
+        finally:
+            stop_server(proc)
+    direct = [store_write_rate(store, 4.0, k, w) for k in (1, 100) for w in (1, 2)]
+    for d in direct:
+        print(f"SQLite append_feedback, {d['writers']} writer(s), {d['rows_per_call']} row(s)/transaction: "
+              f"{d['rows_per_s']:.0f} rows/s (95% CI {d['rows_per_s_ci95'][0]:.0f}-{d['rows_per_s_ci95'][1]:.0f})")
+    return {
+        "runs": runs,
+        "feedback": {"http": feedback_http, "sqlite_direct": direct, "store": "sqlite (WAL) on local disk",
+                     "postgresql": None},
+        "served_spec": spec,
+        "setup": {"clients": args.clients, "seconds": args.seconds, "grace": args.grace, "docs_per_request": args.docs,
+                  "source": source, "max_batch_pairs": args.max_batch_pairs, "max_wait_ms": args.max_wait_ms,
+                  "model": args.model, "replicas": args.replicas, "feedback_seconds": args.feedback_seconds,
+                  "replica_cpus": "one CPU per replica (Ray Serve's ray_actor_options)"},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default",
@@ -255,7 +400,11 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--skip-baseline", action="store_true", help="only ragsieve serve and offline scoring")
-    parser.add_argument("--out", default="bench/results/serve.json")
+    parser.add_argument("--ray", action="store_true", help="serve on Ray Serve (1 then 2 replicas) instead")
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="with --ray: replica counts to run")
+    parser.add_argument("--feedback-seconds", type=float, default=10.0,
+                        help="with --ray: seconds of POST /v1/feedback load on the last deployment (0 = skip)")
+    parser.add_argument("--out", default=None, help="default bench/results/serve.json (serve_ray.json with --ray)")
     parser.add_argument("--plain-server", default=None, help=argparse.SUPPRESS)  # internal: run the baseline server
     args = parser.parse_args()
     if args.plain_server:
@@ -269,6 +418,17 @@ def main() -> None:
     spec, model_dir = resolve_model(args.model, workdir)
     bodies, source = make_requests(args.requests, args.docs)
     print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; serving {spec}")
+    if args.ray:
+        result = ray_bench(args, spec, bodies, source, workdir)
+        result.update({"errors": sum(run["errors"] for run in result["runs"].values()),
+                       "torch_threads": torch.get_num_threads(),
+                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                       "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        out = Path(args.out or "bench/results/serve_ray.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({n: run["pairs_per_s"] for n, run in result["runs"].items()} | {"errors": result["errors"]}))
+        return
 
     # offline first, while nothing else of ours runs
     off = offline(spec, bodies, args.offline_pairs, args.batch_size)
@@ -299,8 +459,7 @@ def main() -> None:
     try:
         served = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     served["ratio_to_offline"] = served["pairs_per_s"] / off["pairs_per_s"]
     print(
         f"ragsieve serve: {served['pairs_per_s']:.1f} pairs/s, p50 {served['latency_ms']['p50']:.0f} ms, "
@@ -313,8 +472,7 @@ def main() -> None:
         try:
             plain = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
         comparison["plain_fastapi_crossencoder_predict"] = plain
         comparison["ratio_ragsieve_to_plain"] = served["pairs_per_s"] / plain["pairs_per_s"]
         print(
@@ -347,8 +505,9 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out or "bench/results/serve.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("pairs_per_s", "errors", "ratio_to_offline")}))
 
 

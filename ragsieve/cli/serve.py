@@ -4,6 +4,7 @@ Example::
 
     ragsieve serve --reranker embedded:base --port 8080            # loopback only
     ragsieve serve --grader results/grader/models/C-long --api-key "$KEY" --host 0.0.0.0
+    ragsieve serve -r bm25 --ray local --replicas 2 --feedback-store store/   # Ray Serve: two replicas
     curl -s localhost:8080/v1/rerank -d '{"query": "who wrote hamlet", "documents": ["Paris", "Shakespeare"]}'
 """
 
@@ -32,8 +33,9 @@ def serve_cmd(
     probe: Optional[str] = typer.Option(None, "--probe", help="Probe for /v1/gate, e.g. embedded:smollm2-nq."),
     cbdr_beta: Optional[float] = typer.Option(None, "--cbdr-beta", help="Retrieve when Conf(Q) <= beta."),
     index: Optional[Path] = typer.Option(None, "--index", help="Index folder for /v1/ask (none: closed-book)."),
-    feedback_store: Optional[Path] = typer.Option(
-        None, "--feedback-store", help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`)."
+    feedback_store: Optional[str] = typer.Option(
+        None, "--feedback-store",
+        help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`); with --ray every replica writes it.",
     ),
     log_traffic: bool = typer.Option(
         False, "--log-traffic",
@@ -52,6 +54,13 @@ def serve_cmd(
         help="Require this key (Authorization: Bearer / X-API-Key) on every endpoint but /health.",
     ),
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
+    ray: Optional[str] = typer.Option(
+        None, "--ray",
+        help="Serve --replicas copies on Ray Serve: 'local' (a Ray instance here) or a cluster address (ragsieve[ray]).",
+    ),
+    replicas: Optional[int] = typer.Option(
+        None, "--replicas", help="With --ray: copies of the app, each with its own models (default 2)."
+    ),
 ) -> None:
     """Serve Cohere/Jina/TEI-compatible /v1/rerank, /v2/rerank, /rerank and /v1/filter."""
     if not 0 <= port <= 65535:  # before any model loads (socket.bind would raise OverflowError)
@@ -70,12 +79,16 @@ def serve_cmd(
         "probe": probe,
         "cbdr_beta": cbdr_beta,
         "index": str(index) if index else None,
-        "feedback_store": str(feedback_store) if feedback_store else None,
+        "feedback_store": feedback_store,  # a folder, or a URL the store accepts: passed through as given
         "log_traffic": log_traffic or None,
     }
     values.update({k: v for k, v in options.items() if v is not None})  # options override the file
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))
     logging.getLogger("ragsieve.serve").setLevel(log_level.upper())
+    if ray is not None:
+        return _serve_on_ray(cfg, ray, 2 if replicas is None else replicas, host, port)
+    if replicas is not None:
+        raise RagsieveError("--replicas needs --ray (one uvicorn process serves one copy)")
     err_console.print(f"loading {cfg.sieve or cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))
     application = create_app(cfg)  # models load here: a bad spec fails before the port is taken
     sock = bind(host, port)
@@ -84,3 +97,26 @@ def serve_cmd(
     # one line a supervisor (or a test) can read the URL from
     print(f"ragsieve serve: http://{bound_host}:{bound_port} ({auth})", flush=True)
     uvicorn_server(application, log_level=log_level).run(sockets=[sock])
+
+
+def _serve_on_ray(cfg, address: str, replicas: int, host: str, port: int) -> None:
+    """Deploy on Ray Serve, print the URL, and keep the deployment up until interrupted."""
+    import signal
+    import threading
+
+    from ragsieve.serve.ray import APP_NAME, serve_on_ray
+
+    err_console.print(f"deploying {replicas} replica(s) of {cfg.sieve or cfg.reranker} on Ray ({address})")
+    url = serve_on_ray(cfg, address=address, replicas=replicas, host=host, port=port)
+    auth = "API key required" if cfg.api_key else "no API key"
+    print(f"ragsieve serve: {url} ({auth}, {replicas} replicas on Ray Serve)", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        from ray import serve
+
+        serve.delete(APP_NAME)  # the app goes with this command; a cluster keeps running

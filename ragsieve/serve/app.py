@@ -32,9 +32,16 @@ from ragsieve.serve.state import ServeState
 ROUTERS = (rerank_router, filter_router, feedback_router, rag_router, admin_router)
 
 
-def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastAPI:
-    """The service for ``config`` (models load now, so a bad spec fails before the server binds)."""
-    state = ServeState.load(config, models)
+def create_app(
+    config: ServeConfig, models: ServedModels | None = None, *, state: ServeState | None = None,
+    echo_request_id: bool = True,
+) -> FastAPI:
+    """The service for ``config`` (models load now, so a bad spec fails before the server binds).
+
+    ``state``: one already loaded (Ray Serve's replicas load theirs with their own batcher);
+    ``echo_request_id=False`` behind a proxy that sets ``x-request-id`` on responses itself.
+    """
+    state = state or ServeState.load(config, models)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -50,7 +57,9 @@ def create_app(config: ServeConfig, models: ServedModels | None = None) -> FastA
     app.state.serve = state
     install_error_handlers(app)
     api_key = state.config.api_key.get_secret_value() if state.config.api_key else None
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=state.config.max_body_bytes)
+    app.add_middleware(
+        Guard, api_key=api_key, max_body_bytes=state.config.max_body_bytes, echo_request_id=echo_request_id
+    )
     for router in ROUTERS:
         app.include_router(router)
     return app

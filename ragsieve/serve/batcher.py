@@ -11,6 +11,9 @@ Example::
     batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=5, max_batch_pairs=256)
     scores = await batcher.score([("who wrote hamlet", "Shakespeare wrote Hamlet.")])
     batcher.close()
+
+On Ray Serve (:mod:`ragsieve.serve.ray`) ``@serve.batch`` does the queueing instead; both
+score a batch with :func:`score_jobs`, so the model call and the per-job retry have one home.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -44,6 +48,47 @@ class BatchStats:
     jobs: int = 0
     pairs: int = 0
     max_batch_jobs: int = 0
+
+    def record(self, job_sizes: Sequence[int]) -> None:
+        """One batch of ``len(job_sizes)`` jobs holding these many pairs each."""
+        self.batches += 1
+        self.jobs += len(job_sizes)
+        self.pairs += sum(job_sizes)
+        self.max_batch_jobs = max(self.max_batch_jobs, len(job_sizes))
+
+
+class Batcher(Protocol):
+    """What a request handler awaits: :class:`PairBatcher` here, ``ServeBatcher`` on Ray Serve."""
+
+    stats: BatchStats
+
+    async def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+def score_jobs(ranker: BaseRanker, jobs: Sequence[Sequence[tuple[str, str]]]) -> list[np.ndarray | Exception]:
+    """Each job's scores from ONE ``score_pairs`` call over all their pairs, in job order.
+
+    When that call fails, each job is scored on its own, so one bad request cannot fail the
+    others it was batched with: a job whose own call fails gets its exception in its place.
+
+    Example::
+
+        score_jobs(load_reranker("bm25"), [[("q", "a"), ("q", "b")], [("r", "c")]])   # [array(2), array(1)]
+    """
+    pairs = [p for job in jobs for p in job]
+    try:
+        scores = np.asarray(ranker.score_pairs([q for q, _ in pairs], [t for _, t in pairs]), dtype=float)
+    except Exception as exc:  # noqa: BLE001 - handed to the awaiting request(s)
+        if len(jobs) > 1:  # find the culprit: score each job on its own
+            return [result for job in jobs for result in score_jobs(ranker, [job])]
+        return [exc]
+    results, lo = [], 0
+    for job in jobs:
+        results.append(scores[lo : lo + len(job)])
+        lo += len(job)
+    return results
 
 
 class PairBatcher:
@@ -107,29 +152,14 @@ class PairBatcher:
             if first is None:
                 return
             jobs, stop = self._collect(first)
-            self.stats.batches += 1
-            self.stats.jobs += len(jobs)
-            self.stats.pairs += sum(len(job.pairs) for job in jobs)
-            self.stats.max_batch_jobs = max(self.stats.max_batch_jobs, len(jobs))
-            self._score_jobs(jobs)
+            self.stats.record([len(job.pairs) for job in jobs])
+            for job, result in zip(jobs, score_jobs(self.ranker, [job.pairs for job in jobs])):
+                if isinstance(result, Exception):
+                    _deliver(job, exc=result)
+                else:
+                    _deliver(job, result=result)
             if stop:
                 return
-
-    def _score_jobs(self, jobs: list[_Job]) -> None:
-        pairs = [p for job in jobs for p in job.pairs]
-        try:
-            scores = np.asarray(self.ranker.score_pairs([q for q, _ in pairs], [t for _, t in pairs]), dtype=float)
-        except Exception as exc:  # noqa: BLE001 - delivered to the awaiting request(s)
-            if len(jobs) > 1:  # find the culprit: score each job on its own
-                for job in jobs:
-                    self._score_jobs([job])
-                return
-            _deliver(jobs[0], exc=exc)
-            return
-        lo = 0
-        for job in jobs:
-            _deliver(job, result=scores[lo : lo + len(job.pairs)])
-            lo += len(job.pairs)
 
 
 def _deliver(job: _Job, result=None, exc: BaseException | None = None) -> None:

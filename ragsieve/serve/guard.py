@@ -2,7 +2,9 @@
 
 It runs before FastAPI parses anything, so an oversized body is refused (413) without
 being parsed and a missing key (401) costs no model time. Every response carries
-``x-request-id`` (the client's, if it sent one) and every log line names it.
+``x-request-id`` (the client's, if it sent one) and every log line names it. Behind Ray Serve's
+proxy, which sets that header itself (the client's id, else one it makes and passes in), the
+Guard uses the proxy's id and leaves the header to it (``echo_request_id=False``), so it is sent once.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-async def send_error(send, status: int, message: str, request_id: str, extra_headers=()) -> None:
+async def send_error(send, status: int, message: str, request_id: str, extra_headers=(), echo: bool = True) -> None:
     body = json.dumps({"error": message, "request_id": request_id}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode()),
+        *([(b"x-request-id", request_id.encode())] if echo else []),
         *extra_headers,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -40,10 +42,11 @@ async def send_error(send, status: int, message: str, request_id: str, extra_hea
 class Guard:
     """Request id + access log, API key check (all paths but /health), body-size cap."""
 
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, echo_request_id: bool = True):
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.echo_request_id = echo_request_id
 
     def _authorised(self, scope) -> bool:
         if not self.api_key or scope["path"] in OPEN_PATHS:
@@ -76,7 +79,8 @@ class Guard:
         async def send_logged(message):
             if message["type"] == "http.response.start":
                 log_status(message["status"])
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+                if self.echo_request_id:
+                    message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
             await send(message)
 
         try:
@@ -88,12 +92,16 @@ class Guard:
                     "missing or wrong API key (Authorization: Bearer <key>)",
                     rid,
                     [(b"www-authenticate", b"Bearer")],
+                    self.echo_request_id,
                 )
                 return
             body = await self._read_body(scope, receive)
             if body is None:
                 log_status(413)
-                await send_error(send, 413, f"body: larger than max_body_bytes ({self.max_body_bytes})", rid)
+                await send_error(
+                    send, 413, f"body: larger than max_body_bytes ({self.max_body_bytes})", rid,
+                    echo=self.echo_request_id,
+                )
                 return
             await self.app(scope, _replay(body), send_logged)
         finally:

@@ -5,16 +5,24 @@ Example::
     served = ServedModels.load(ServeConfig(reranker="bm25"))
     await served.rank_batcher.score([("q", "text")])
     served.close()
+
+``batcher`` makes each model's batcher: :class:`~ragsieve.serve.batcher.PairBatcher` (a worker
+thread) by default, ``ServeBatcher`` (``@serve.batch``) on Ray Serve.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ragsieve.rerank.base import BaseRanker
-from ragsieve.serve.batcher import PairBatcher
+from ragsieve.serve.batcher import Batcher, PairBatcher
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.rag import LLMStages
+
+
+#: ``(ranker, *, max_wait_ms, max_batch_pairs, name) -> Batcher``: how a server batches one model's calls
+BatcherFactory = Callable[..., Batcher]
 
 
 def refuse_pickled_weights(spec: str) -> None:
@@ -36,9 +44,9 @@ def refuse_pickled_weights(spec: str) -> None:
 @dataclass
 class ServedModels:
     ranker: BaseRanker
-    rank_batcher: PairBatcher
+    rank_batcher: Batcher
     grader: BaseRanker | None = None
-    grade_batcher: PairBatcher | None = None
+    grade_batcher: Batcher | None = None
     grader_name: str | None = None
     llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
 
@@ -50,18 +58,18 @@ class ServedModels:
         return float(value) if isinstance(value, (int, float)) else None
 
     @classmethod
-    def load(cls, config: ServeConfig) -> ServedModels:
+    def load(cls, config: ServeConfig, batcher: BatcherFactory = PairBatcher) -> ServedModels:
         from ragsieve.registry import load_grader, load_reranker
 
         refuse_pickled_weights(config.reranker)
         ranker = load_reranker(config.reranker)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
-        served = cls(ranker, PairBatcher(ranker, name="ranker", **batch))
+        served = cls(ranker, batcher(ranker, name="ranker", **batch))
         if config.grader:
             served.grader = load_grader(config.grader)
-            served.grade_batcher = PairBatcher(served.grader, name="grader", **batch)
+            served.grade_batcher = batcher(served.grader, name="grader", **batch)
             served.grader_name = config.grader
-        served.llm = LLMStages.load(config, ranker, served.grader)
+        served.llm = LLMStages.load(config, ranker, served.grader, batcher)
         return served
 
     def close(self) -> None:

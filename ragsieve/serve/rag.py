@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from ragsieve.data.records import Passage
 from ragsieve.rerank.base import BaseRanker
-from ragsieve.serve.batcher import PairBatcher
+from ragsieve.serve.batcher import Batcher, PairBatcher
 from ragsieve.serve.config import ServeConfig
 
 if TYPE_CHECKING:
@@ -47,11 +47,12 @@ class LLMStages:
     pipeline: "RAGPipeline"
     lock: threading.Lock
     beta: float
-    gate_batcher: Optional[PairBatcher] = None
+    gate_batcher: Optional[Batcher] = None
     retrieve: bool = False  # an index is configured
 
     @classmethod
-    def load(cls, config: ServeConfig, ranker: BaseRanker, grader: Any = None) -> Optional["LLMStages"]:
+    def load(cls, config: ServeConfig, ranker: BaseRanker, grader: Any = None,
+             batcher: Callable[..., Batcher] = PairBatcher) -> Optional["LLMStages"]:
         if not config.llm:
             return None
         from ragsieve.gate import CBDRGate
@@ -68,11 +69,11 @@ class LLMStages:
 
             retriever = load_index(config.index)
         lock = threading.Lock()
-        gate, batcher = None, None
+        gate, gate_batcher = None, None
         if config.probe:
             probe = load_probe(config.probe, llm)
             gate = CBDRGate(probe, config.cbdr_beta)
-            batcher = PairBatcher(
+            gate_batcher = batcher(
                 _ProbeScores(probe, lock),
                 max_wait_ms=config.max_wait_ms,
                 max_batch_pairs=config.max_batch_pairs,
@@ -87,7 +88,7 @@ class LLMStages:
                            max_new_tokens=config.max_new_tokens),
             llm=llm, retriever=retriever, stages=stages, gate=gate,
         )
-        return cls(pipeline, lock, config.cbdr_beta, batcher, retriever is not None)
+        return cls(pipeline, lock, config.cbdr_beta, gate_batcher, retriever is not None)
 
     def answer(self, question: str) -> "RAGAnswer":
         with self.lock:

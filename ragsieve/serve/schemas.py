@@ -204,3 +204,4 @@ class Health(BaseModel):
     model: str
     batches: int
     pairs: int
+    replica: str | None = None  # on Ray Serve: the replica that answered

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,8 @@ from fastapi import Request
 from ragsieve.serve.chunks import plan_chunks
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError
-from ragsieve.serve.models import ServedModels
+from ragsieve.serve.batcher import PairBatcher
+from ragsieve.serve.models import BatcherFactory, ServedModels
 from ragsieve.serve.schemas import Document, ErrorBody, Meta
 
 if TYPE_CHECKING:
@@ -74,20 +75,32 @@ class ServeState:
     models: ServedModels
     name: str
     traffic: "TrafficLog | None" = None  # --log-traffic: served pairs → the evolve store, off the request path
+    batcher: BatcherFactory = PairBatcher  # how each model's calls are batched (reloads make the same kind)
+    replica: str | None = None  # on Ray Serve: which replica this is (/health says who answered)
+    # on Ray Serve: /admin/reload reloads every replica through this (returns how many serve the new models)
+    reload_everywhere: Callable[[], Awaitable[int]] | None = None
 
     @classmethod
-    def load(cls, config: ServeConfig, models: ServedModels | None = None) -> "ServeState":
+    def load(
+        cls, config: ServeConfig, models: ServedModels | None = None, batcher: BatcherFactory = PairBatcher
+    ) -> "ServeState":
         """Models load now, so a bad spec fails before the server binds."""
         config = config.expanded()  # a sieve's stages become plain specs
         if config.feedback_store:  # a wrong store path fails at start-up, not at the first feedback
             from ragsieve.evolve.live import pending_feedback
 
             pending_feedback(config.feedback_store)
-        models = models or ServedModels.load(config)
+        models = models or ServedModels.load(config, batcher)
         from ragsieve.evolve.live import traffic_log
 
         return cls(config, models, config.model_name or config.reranker,
-                   traffic_log(config.feedback_store, config.log_traffic))
+                   traffic_log(config.feedback_store, config.log_traffic), batcher)
+
+    async def reload(self) -> None:
+        """Fresh models from the config's specs, swapped whole; the old ones answer what they queued."""
+        fresh = await asyncio.to_thread(ServedModels.load, self.config, self.batcher)
+        old, self.models = self.models, fresh
+        await asyncio.to_thread(old.close)
 
     def close(self) -> None:
         """At shutdown: the traffic still queued is written, then the models are released."""

@@ -1,22 +1,20 @@
-"""The service itself: ``/health``, ``/v1/models`` and ``/admin/reload`` (the models, swapped whole)."""
+"""The service itself: ``/health``, ``/v1/models`` and ``/admin/reload`` (the models, swapped whole;
+on Ray Serve on every replica)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Depends
 
-from ragsieve.serve.models import ServedModels
 from ragsieve.serve.schemas import Health, ModelCard, ModelList
 from ragsieve.serve.state import ERRORS, ServeState, serve_state
 
 router = APIRouter(tags=["service"])
 
 
-@router.get("/health", response_model=Health)
+@router.get("/health", response_model=Health, response_model_exclude_none=True)
 async def health(state: ServeState = Depends(serve_state)):
     stats = state.models.rank_batcher.stats
-    return Health(status="ok", model=state.name, batches=stats.batches, pairs=stats.pairs)
+    return Health(status="ok", model=state.name, batches=stats.batches, pairs=stats.pairs, replica=state.replica)
 
 
 @router.get("/v1/models", response_model=ModelList, responses=ERRORS)
@@ -29,7 +27,8 @@ async def list_models(state: ServeState = Depends(serve_state)):
 
 @router.post("/admin/reload", responses=ERRORS, summary="Reload the models from their specs")
 async def reload(state: ServeState = Depends(serve_state)):
-    fresh = await asyncio.to_thread(ServedModels.load, state.config)
-    old, state.models = state.models, fresh
-    await asyncio.to_thread(old.close)
+    if state.reload_everywhere is not None:  # Ray Serve: every replica, not only the one this request reached
+        replicas = await state.reload_everywhere()
+        return {"status": "reloaded", "model": state.name, "replicas": replicas}
+    await state.reload()
     return {"status": "reloaded", "model": state.name}
