@@ -206,7 +206,11 @@ class Fit:
         extractor = HiddenStateExtractor(self.llm, layers[0], batch_size=self.config.batch_size,
                                          cache=StateCache(self.work / "states.sqlite"))
         y = np.array([self.closed[q.id] for q in qs] + [self.plain[q.id] for q in qs], dtype=np.int64)
-        return extract_layers(extractor, prompts, layers), y
+        from ragsieve.progress import reporting
+
+        # one forward per prompt, minutes of them: the fit's progress shows them as the probe phase's
+        with reporting(lambda _task, done, total: self.progress("probe", done, total)):
+            return extract_layers(extractor, prompts, layers), y
 
     def phase_probe(self) -> None:
         from sklearn.metrics import roc_auc_score

@@ -19,6 +19,7 @@ import numpy as np
 
 from ragsieve.errors import RagsieveError
 from ragsieve.models.layers import decoder_layers, last_position
+from ragsieve.progress import report
 
 if TYPE_CHECKING:
     import torch
@@ -192,6 +193,7 @@ def extract_layers(
             out[layer][idx] = states[layer]
             if cache is not None:
                 cache.put_many({keys[layer][i]: states[layer][j] for j, i in enumerate(idx)})
+        report("hidden states", lo + len(idx), len(order))  # minutes of forwards for a large fit: say so
     return out
 
 
