@@ -390,6 +390,7 @@ class PgVectorRetriever(Retriever):
         self.truncated_count = manifest.get("truncated_count")
         self._encoder = encoder
         self._conn: "psycopg.Connection | None" = None
+        self._settings: dict[str, str] = {}  # what this session was SET to, so a search sends only its query
         self._lock = threading.Lock()
         self._all_passages: list[Passage] | None = None
 
@@ -401,7 +402,7 @@ class PgVectorRetriever(Retriever):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_conn=None, _lock=None, _encoder=None)  # a connection and a lock do not cross processes
+        state.update(_conn=None, _settings={}, _lock=None, _encoder=None)  # a connection and a lock stay here
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -436,7 +437,14 @@ class PgVectorRetriever(Retriever):
         with self._lock:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._conn = connect(self.store)
+                self._settings = {}
             yield self._conn
+
+    def _set(self, conn: "psycopg.Connection", name: str, value: str) -> None:
+        """``SET name = value`` for this session, only when it changes (each SET is a round trip)."""
+        if self._settings.get(name) != value:
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            self._settings[name] = value
 
     # -- search -----------------------------------------------------------------------------
     def search_vectors(self, vectors: np.ndarray, k: int = 10, *, exact: bool = False) -> list[list[Hit]]:
@@ -454,11 +462,13 @@ class PgVectorRetriever(Retriever):
                      "ORDER BY embedding <=> %(q)s LIMIT %(k)s", t=self.store.table)
         exact = exact or k > _MAX_EF_SEARCH  # the HNSW scan cannot return more than ef_search rows
         out: list[list[Hit]] = []
-        with self._connection() as conn, conn.transaction():
-            if exact:  # no index scan: PostgreSQL sorts every row by distance
-                conn.execute("SET LOCAL enable_indexscan = off")
-            else:
-                conn.execute(f"SET LOCAL hnsw.ef_search = {max(self.ef_search, min(k, _MAX_EF_SEARCH))}")
+        with self._connection() as conn:
+            # exact: no index scan, so PostgreSQL sorts every row by distance; otherwise the graph, always
+            # (on a small table the planner would often pick the exact scan, and ef_search would mean nothing)
+            self._set(conn, "enable_indexscan", "off" if exact else "on")
+            self._set(conn, "enable_seqscan", "on" if exact else "off")
+            if not exact:
+                self._set(conn, "hnsw.ef_search", str(max(self.ef_search, min(k, _MAX_EF_SEARCH))))
             for vec in vectors:
                 rows = conn.execute(query, {"q": vec, "k": k}).fetchall()
                 out.append([
