@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--noise", type=float, default=0.5, help="norm of the Gaussian noise added to synthetic vectors")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-real", type=int, default=None,
-                    help="embed at most this many real passages (the rest synthetic); default: up to --n-vectors")
+                    help="embed only a seeded sample of this many real passages, across sources (the rest synthetic); "
+                    "default: the first --n-vectors")
     ap.add_argument("--pgvector", default=None, metavar="URL",
                     help="also measure a pgvector index: postgresql://... or 'local' (a throwaway server)")
     ap.add_argument("--no-progress", action="store_true")
@@ -329,7 +330,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     texts, per_source = collect_passages()
     print(f"real passages: {len(texts)} {per_source}", flush=True)
-    texts = texts[: min(args.n_vectors, args.n_real or args.n_vectors)]
+    if args.n_real and args.n_real < min(len(texts), args.n_vectors):
+        # a seeded sample across every source, in corpus order (the first N would all be FEVER sentences)
+        keep = sorted(random.Random(args.seed).sample(range(len(texts)), args.n_real))
+        texts = [texts[i] for i in keep]
+        bounds = np.cumsum(list(per_source.values()))  # collect_passages returns the sources in blocks
+        per_source = dict(zip(per_source, np.bincount(np.searchsorted(bounds, keep, side="right"),
+                                                      minlength=len(bounds)).tolist()))
+        print(f"sampled real passages: {len(texts)} {per_source}", flush=True)
+    texts = texts[: args.n_vectors]
     passages_vecs, pmeta = cached_embeddings(texts, "passages", args.encoder, args.batch_size, not args.no_progress)
     queries, q_sources = collect_queries(args.n_queries, set(texts), args.seed)
     query_vecs, qmeta = cached_embeddings(queries, "queries", args.encoder, args.batch_size, not args.no_progress)
@@ -401,6 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
         "n_real": n_real,
         "n_synthetic": n_synth,
         "real_sources": per_source,
+        "real_sample": f"seeded sample of {args.n_real} across sources (seed {args.seed})" if args.n_real else "the first n_real",
         "synthetic_method": f"random real vector + N(0, {args.noise}^2/dim) noise, renormalised",
         "dim": int(xb.shape[1]),
         "n_queries": len(xq),
