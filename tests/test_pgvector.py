@@ -139,6 +139,10 @@ def test_hnsw_recall_against_exact_search(pg):
 
     # k above ef_search still returns k rows (ef_search is raised to k for that query)
     assert len(retriever.search_vectors(queries[:1], k=150)[0]) == 150
+    # a dropped connection (a restarted server, an idle timeout) costs the next search nothing
+    pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'postgres' "
+               "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+    assert len(retriever.search_vectors(queries[:1], k=10)[0]) == 10
     # a retriever crosses processes (Ray workers) without its connection, and reconnects
     again = pickle.loads(pickle.dumps(retriever))
     assert [h.passage.id for h in again.search_vectors(queries[:1], k=5)[0]] == [f"p{i}" for i in hnsw[0][:5]]

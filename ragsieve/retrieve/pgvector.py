@@ -119,6 +119,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+@contextmanager
+def _database_errors(store: StoreURL, doing: str) -> Iterator[None]:
+    """A failure inside PostgreSQL (a dropped connection, a full disk, a lock timeout) as one line."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise RagsieveError(f"PostgreSQL at {store.where} failed while {doing}: {_first_line(exc)}") from None
+
+
 def connect(url: StoreURL, *, create_extension: bool = False) -> "psycopg.Connection":
     """An autocommit connection with pgvector's types registered; the ``vector`` extension must be there.
 
@@ -217,14 +228,14 @@ def check_store_target(url: str, *, overwrite: bool = False, adding: Sequence[Pa
     """
     store = StoreURL.parse(url)
     if adding is not None:
-        with connect(store) as conn:
+        with connect(store) as conn, _database_errors(store, "reading the index"):
             read_store_manifest(conn, store)
             clash = conn.execute(_sql("SELECT id FROM {t} WHERE id = ANY(%s) ORDER BY id LIMIT 1", t=store.table),
                                  ([p.id for p in adding],)).fetchone()
         if clash:
             raise RagsieveError(f"{store.where}: passage id '{clash[0]}' is already in the index")
         return
-    with connect(store, create_extension=True) as conn:
+    with connect(store, create_extension=True) as conn, _database_errors(store, "reading the index"):
         state = _table_state(conn, store)
     if state == "other":
         raise RagsieveError(f"{store.where}: that table exists and is not a ragsieve index; "
@@ -297,14 +308,15 @@ def build_store_index(
     }
     from psycopg.types.json import Jsonb
 
-    with connect(store) as conn, conn.transaction():
+    with connect(store) as conn, _database_errors(store, "building the index"), conn.transaction():
         conn.execute(_sql("CREATE TABLE IF NOT EXISTS {m} (name text PRIMARY KEY, manifest jsonb NOT NULL)",
                           m=MANIFESTS_TABLE))
-        # the row lock serialises two builds of one table; the second then finds the first's index
+        # the table lock serialises two builds; the second then finds what the first made
         conn.execute(_sql("LOCK TABLE {m} IN SHARE ROW EXCLUSIVE MODE", m=MANIFESTS_TABLE))
-        if _table_state(conn, store) == "index":
-            if not overwrite:
-                raise RagsieveError(f"{store.where} already holds an index (built meanwhile); use --overwrite")
+        state = _table_state(conn, store)
+        if state == "other" or (state == "index" and not overwrite):
+            raise RagsieveError(f"{store.where}: that table appeared during the build; build again")
+        if state == "index":
             conn.execute(_sql("DROP TABLE {t}", t=store.table))
             conn.execute(_sql("DELETE FROM {m} WHERE name = %s", m=MANIFESTS_TABLE), (store.table,))
         conn.execute(_sql("CREATE TABLE {t} (pos integer PRIMARY KEY, id text NOT NULL UNIQUE, title text NOT NULL, "
@@ -331,11 +343,10 @@ def add_to_store_index(url: str, passages: Iterable[Passage], *, show_progress: 
     store = StoreURL.parse(url)
     new = check_passages(passages)
     check_store_target(url, adding=new)
-    with connect(store) as conn:
-        manifest = read_store_manifest(conn, store)
+    manifest = load_store_index(url).manifest
     encoder = load_index_encoder(manifest["encoder"], int(manifest["dim"]))
     vecs = embed_texts(encoder, [p.full_text for p in new], show_progress=show_progress)
-    with connect(store) as conn, conn.transaction():
+    with connect(store) as conn, _database_errors(store, "adding passages"), conn.transaction():
         # the manifest row lock keeps two appends from taking the same positions
         row = conn.execute(_sql("SELECT manifest FROM {m} WHERE name = %s FOR UPDATE", m=MANIFESTS_TABLE),
                            (store.table,)).fetchone()
@@ -355,7 +366,7 @@ def load_store_index(url: str) -> "PgVectorRetriever":
         load_store_index("postgresql://me@localhost/rag?table=docs").search("penicillin", k=3)
     """
     store = StoreURL.parse(url)
-    with connect(store) as conn:
+    with connect(store) as conn, _database_errors(store, "reading the index"):
         manifest = read_store_manifest(conn, store)
     return PgVectorRetriever(url, manifest)
 
@@ -420,7 +431,7 @@ class PgVectorRetriever(Retriever):
     def passages(self) -> list[Passage]:
         """Every passage in index order, read from the table on first access (the whole table!)."""
         if self._all_passages is None:
-            with self._connection() as conn:
+            with self._connection() as conn, _database_errors(self.store, "reading the passages"):
                 rows = conn.execute(_sql("SELECT id, title, text, meta FROM {t} ORDER BY pos", t=self.store.table))
                 self._all_passages = [Passage(id=r[0], text=r[2], title=r[1], meta=r[3] or {}) for r in rows]
         return self._all_passages
@@ -461,6 +472,18 @@ class PgVectorRetriever(Retriever):
         query = _sql("SELECT id, title, text, meta, embedding <=> %(q)s AS distance FROM {t} "
                      "ORDER BY embedding <=> %(q)s LIMIT %(k)s", t=self.store.table)
         exact = exact or k > _MAX_EF_SEARCH  # the HNSW scan cannot return more than ef_search rows
+        import psycopg
+
+        with _database_errors(self.store, "searching"):
+            try:
+                return self._run_searches(query, vectors, k, exact)
+            except psycopg.OperationalError:
+                if self._conn is not None and not self._conn.broken:
+                    raise
+                # a restarted server or a dropped connection: once more, on a new connection
+                return self._run_searches(query, vectors, k, exact)
+
+    def _run_searches(self, query: Any, vectors: np.ndarray, k: int, exact: bool) -> list[list[Hit]]:
         out: list[list[Hit]] = []
         with self._connection() as conn:
             # exact: no index scan, so PostgreSQL sorts every row by distance; otherwise the graph, always
