@@ -8,7 +8,9 @@ and listens on a socket only; this runs its binaries directly instead:
 * ``initdb`` into a fresh ``mkdtemp`` folder (trust auth, superuser ``postgres``);
 * ``pg_ctl start`` on a free 127.0.0.1 port, its unix socket in the same folder, fsync off;
 * postgres refuses to run as root, so under root every command runs as ``nobody`` (the folder
-  is chowned to it): no user is created, nothing outside the temp folder changes;
+  is chowned to it): no user is created, nothing outside the temp folder changes. When ``nobody``
+  cannot reach the wheel's binaries (a checkout under /root, mode 700), the PostgreSQL build
+  (~40 MB) is copied into the temp folder first, keeping the layout its relative rpath needs;
 * ``stop()`` runs ``pg_ctl stop -m immediate`` and removes the folder.
 
 Example::
@@ -71,10 +73,34 @@ class PostgresServer:
             tail = log.read_text()[-2000:] if log and log.exists() else ""
             raise RuntimeError(f"{Path(str(args[0])).name} failed ({proc.returncode}): {proc.stderr.strip()}\n{tail}")
 
-    def start(self) -> "PostgresServer":
-        self.root = Path(tempfile.mkdtemp(prefix="ragsieve-pg-"))
+    def _reachable(self) -> bool:
+        """Whether the server's user can run the binaries where they are."""
+        try:
+            proc = subprocess.run([str(self.bin_dir / "postgres"), "--version"], capture_output=True, timeout=30,
+                                  **self._as_user)
+        except PermissionError:
+            return False
+        return proc.returncode == 0
+
+    def _copy_install(self) -> None:
+        """The wheel's PostgreSQL build and the libraries its rpath names, copied under the temp folder."""
+        install, package = self.bin_dir.parent, self.bin_dir.parent.parent
+        target = self.root / "pg" / package.name / install.name
+        shutil.copytree(install, target, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"  # initdb finds libpq at $ORIGIN/../../../<package>.libs
+        if libs.is_dir():
+            shutil.copytree(libs, self.root / "pg" / libs.name, symlinks=True)
+        self.bin_dir = target / "bin"
+
+    def start(self, *, copy_install: bool | None = None) -> "PostgresServer":
+        """initdb + pg_ctl start; ``copy_install`` forces (True) or skips (False) the copy, else only when needed."""
+        if self.root is not None:
+            return self  # already running: a second start would leave the first server behind
+        self.root = Path(tempfile.mkdtemp(prefix="ragsieve-pgvector-"))
         if self._as_user:
             os.chown(self.root, self._as_user["user"], self._as_user["group"])
+        if copy_install or (copy_install is None and self._as_user and not self._reachable()):
+            self._copy_install()
         data = self.root / "data"
         self._run(self.bin_dir / "initdb", "-D", data, "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8",
                   "--no-locale", "--no-sync")
