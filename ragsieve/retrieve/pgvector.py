@@ -492,12 +492,13 @@ class PgVectorRetriever(Retriever):
             self._set(conn, "enable_seqscan", "on" if exact else "off")
             if not exact:
                 self._set(conn, "hnsw.ef_search", str(max(self.ef_search, min(k, _MAX_EF_SEARCH))))
-            for vec in vectors:
-                rows = conn.execute(query, {"q": vec, "k": k}).fetchall()
-                out.append([
-                    Hit(Passage(id=r[0], text=r[2], title=r[1], meta=r[3] or {}), score=1.0 - float(r[4]), rank=i)
-                    for i, r in enumerate(rows)
-                ])
+            with conn.pipeline():  # every query of a batch sent before the first answer is awaited
+                cursors = [conn.execute(query, {"q": vec, "k": k}) for vec in vectors]
+                for cursor in cursors:
+                    out.append([
+                        Hit(Passage(id=r[0], text=r[2], title=r[1], meta=r[3] or {}), score=1.0 - float(r[4]), rank=i)
+                        for i, r in enumerate(cursor.fetchall())
+                    ])
         return out
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
