@@ -149,6 +149,20 @@ def test_hnsw_recall_against_exact_search(pg):
     assert isinstance(load_index(url), PgVectorRetriever) and len(load_index(url).passages) == 2000
 
 
+def test_index_url_parsing_keeps_libpq_parameters_and_no_password_in_messages():
+    from ragsieve.retrieve.pgvector import StoreURL, is_store_url
+
+    url = StoreURL.parse("postgresql://me:s3cret@db:5433/rag?sslmode=disable&table=docs")
+    assert (url.conninfo, url.table, url.where) == ("postgresql://me:s3cret@db:5433/rag?sslmode=disable", "docs",
+                                                   "db:5433/rag table docs")
+    local = StoreURL.parse("postgresql:///rag")  # no host: libpq's socket; urllib would lose a slash here
+    assert (local.conninfo, local.table) == ("postgresql:///rag", "ragsieve_passages")
+    assert StoreURL.parse("postgres://me@/rag?host=/run/pg").server == "/run/pg:5432/rag"
+    assert is_store_url("postgresql://x") and is_store_url("postgres://x") and not is_store_url("index/nq")
+    with pytest.raises(RagsieveError, match="table name ''"):
+        StoreURL.parse("postgresql://me@db/rag?table=")
+
+
 def test_bad_url_and_missing_extension_are_one_line(pg, corpus, cli):
     _one_line_error(cli("retrieve", "q", "--index", "postgresql://postgres@127.0.0.1:1/none"),
                     "cannot connect to PostgreSQL at 127.0.0.1:1/none")

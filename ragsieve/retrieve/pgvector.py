@@ -38,7 +38,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 
@@ -97,19 +97,21 @@ class StoreURL:
         """
         from psycopg.conninfo import conninfo_to_dict
 
-        parts = urlsplit(url.strip())
-        query = parse_qsl(parts.query, keep_blank_values=True)
+        # split by hand: urllib would turn postgresql:///db (no host: the local socket) into postgresql:/db
+        base, _, query_text = url.strip().partition("?")
+        query = parse_qsl(query_text, keep_blank_values=True)
         tables = [v for k, v in query if k == "table"]
         table = tables[-1] if tables else DEFAULT_TABLE
         if not _TABLE_NAME.fullmatch(table):
             raise RagsieveError(f"table name {table!r} in the index URL: use lowercase letters, digits and _ "
                                 "(at most 58, not starting with a digit)")
-        conninfo = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "table"])))
+        rest = urlencode([(k, v) for k, v in query if k != "table"])
+        conninfo = f"{base}?{rest}" if rest else base
         try:
             params = conninfo_to_dict(conninfo)
         except Exception as exc:  # psycopg.ProgrammingError: libpq's own parse message
             raise RagsieveError(f"bad PostgreSQL URL: {_first_line(exc)}") from None
-        host = str(params.get("host") or "localhost")
+        host = str(params.get("host") or "local socket")  # libpq's default when the URL names no host
         server = f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}"
         return cls(conninfo=conninfo, table=table, server=server)
 
