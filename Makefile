@@ -38,11 +38,12 @@ check-results: install
 	$(PY) tools/check_results.py
 
 # Speed and memory targets: each script writes bench/results/<name>.json (one run each).
+# bench/retrieval.py also puts its vectors into pgvector (a throwaway PostgreSQL, as the tests start).
 # bench/fit.py times a whole fit (~35-50 min on 2 cores) in a fresh folder, so no phase is resumed.
 # Not here: bench/evolve_budget.py estimates the CPU hours of an evolve config from its sizes
 # (`python bench/evolve_budget.py CONFIG`); it measures nothing and writes no result.
 bench: install
-	$(PY) bench/retrieval.py
+	$(PY) bench/retrieval.py --pgvector local
 	$(PY) bench/confidence.py
 	$(PY) bench/rerank.py
 	$(PY) bench/grader.py

@@ -239,6 +239,8 @@ def skip_reason(words: list[str]) -> str | None:
     for word in words:
         if any(word.startswith(prefix) for prefix in NEEDS_TRAINING):
             return f"needs {word}, which a training run makes"
+        if word.startswith(("postgresql://", "postgres://")):
+            return "needs a PostgreSQL server with pgvector (tests/test_pgvector.py starts one)"
     if words[:1] == ["rerank"] and words[1:2] == ["eval"]:
         return "needs preference files from `prefs build`"
     return None

@@ -18,7 +18,9 @@ from ragsieve.pipeline.config import DEFAULT_PROBE
 def ask_cmd(
     ctx: typer.Context,
     question: str = typer.Argument(..., help="The question."),
-    index: Optional[Path] = typer.Option(None, "--index", "-i", help="Index directory; needed unless --no-retrieval."),
+    index: Optional[str] = typer.Option(
+        None, "--index", "-i", help="Index folder or postgresql:// URL; needed unless --no-retrieval."
+    ),
     top_k: int = typer.Option(3, "--top-k", "-k", help="Passages fed to the LLM."),
     no_retrieval: bool = typer.Option(False, "--no-retrieval", help="Answer closed-book."),
     llm: str = typer.Option(DEFAULT_LLM, help="LLM spec: embedded:..., HF id/path, or openai:<url>#<model>."),
@@ -52,7 +54,7 @@ def ask_cmd(
     if sieve is not None:
         _refuse_what_the_sieve_sets(ctx)
     if not no_retrieval and index is None:
-        raise RagsieveError("give --index DIR (build one with `ragsieve index`) or use --no-retrieval")
+        raise RagsieveError("give --index DIR or URL (build one with `ragsieve index`) or use --no-retrieval")
     # Every option is checked here, before a model loads.
     config = build_config(PipelineConfig, {
         "llm": llm, "index": None if no_retrieval else str(index), "top_k": top_k, "candidates": candidates,

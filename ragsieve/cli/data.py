@@ -35,7 +35,11 @@ def datasets_cmd(data_dir: Optional[Path] = DataDirOption) -> None:
 
 @app.command("index")
 def index_cmd(
-    out: Path = typer.Option(..., "--out", "-o", help="Index directory to create (or to extend with --add)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Index directory to create (or to extend with --add)."),
+    store: Optional[str] = typer.Option(
+        None, "--store", help="Instead of --out: a dense index in PostgreSQL with pgvector, "
+        "postgresql://USER@HOST:PORT/DB[?table=NAME] (table default ragsieve_passages)."
+    ),
     passages: Optional[list[Path]] = typer.Option(
         None, "--passages", "-p", help="Your corpus: .jsonl {id?, text, title?, metadata?}, .txt/.md, or a folder "
         "of them (repeat for several)."
@@ -44,7 +48,7 @@ def index_cmd(
     chunk_tokens: int = typer.Option(200, help="Tokens per chunk of your documents (0 = keep documents whole)."),
     overlap_tokens: int = typer.Option(40, help="Tokens shared by neighbouring chunks."),
     dataset: str = typer.Option("nq-oracle", help="Without --passages: the benchmark whose passage pool is indexed."),
-    kind: str = typer.Option("hybrid", help="bm25 | dense | hybrid"),
+    kind: Optional[str] = typer.Option(None, help="bm25 | dense | hybrid (default hybrid; dense with --store)."),
     encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
     data_dir: Optional[Path] = DataDirOption,
     skip_bad: bool = SkipBadOption,
@@ -55,9 +59,19 @@ def index_cmd(
     from ragsieve.config import build_config
     from ragsieve.data import load_dataset
     from ragsieve.retrieve import ChunkConfig, add_to_index, build_index, read_corpus
+    from ragsieve.retrieve.pgvector import StoreURL, check_store_target, is_store_url
 
+    if (out is None) == (store is None):
+        raise RagsieveError("give --out DIR (an index folder) or --store postgresql://... (an index in PostgreSQL)")
+    if store is not None and not is_store_url(store):
+        raise RagsieveError(f"--store {store}: expected a postgresql://USER@HOST:PORT/DB URL")
+    kind = kind or ("dense" if store else "hybrid")
     if kind not in ("bm25", "dense", "hybrid"):
         raise RagsieveError(f"unknown index kind '{kind}'; known: bm25, dense, hybrid")
+    if store and kind != "dense":
+        raise RagsieveError(f"--store holds a dense index only (got --kind {kind}); BM25 and hybrid indexes are folders")
+    # what the messages name: the folder, or the server and table without the URL's password
+    target = StoreURL.parse(store).where if store else str(out)
     chunking = build_config(ChunkConfig, {"chunk_tokens": chunk_tokens, "overlap_tokens": overlap_tokens,
                                           "tokenizer": encoder}, source="options")
     def phase(text: str) -> None:
@@ -68,18 +82,24 @@ def index_cmd(
     if add:
         if not passages:
             raise RagsieveError("--add appends --passages to an index: give the files to add")
-        existing_dir(out, "index")
+        if out is not None:
+            existing_dir(out, "index")
         items = read_corpus(passages, chunking)
-        phase(f"adding {len(items)} passages to {out}")
-        add_to_index(out, items, show_progress=True)
-        console.print(f"added {len(items)} passages → {out}")
+        if store:
+            check_store_target(store, adding=items)
+        phase(f"adding {len(items)} passages to {target}")
+        add_to_index(store or out, items, show_progress=True)
+        console.print(f"added {len(items)} passages → {target}")
         return
-    output_dir(out, overwrite=overwrite)  # refused before anything is read or encoded
+    if out is not None:
+        output_dir(out, overwrite=overwrite)  # refused before anything is read or encoded
+    else:
+        check_store_target(store, overwrite=overwrite)  # the server, pgvector and the table, likewise
     if passages:
         items = read_corpus(passages, chunking)
         phase(f"building a {kind} index over {len(items)} passages")
-        build_index(items, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
-        console.print(f"indexed {len(items)} passages from {len(passages)} path(s) ({kind}) → {out}")
+        build_index(items, store or out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
+        console.print(f"indexed {len(items)} passages from {len(passages)} path(s) ({kind}) → {target}")
         return
     ds = load_dataset(dataset, data_dir=data_dir, skip_bad=skip_bad)
     if not ds.passages:
@@ -87,14 +107,14 @@ def index_cmd(
     if ds.skipped_lines:
         err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
     phase(f"building a {kind} index over {len(ds.passages)} passages of {dataset}")
-    build_index(ds.passages, out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
-    console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {out}")
+    build_index(ds.passages, store or out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
+    console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {target}")
 
 
 @app.command("retrieve")
 def retrieve_cmd(
     query: str = typer.Argument(..., help="The query text."),
-    index: Path = typer.Option(..., "--index", "-i", help="Index directory (ragsieve index)."),
+    index: str = typer.Option(..., "--index", "-i", help="Index folder or postgresql:// URL (ragsieve index)."),
     k: int = typer.Option(5, "-k", help="How many passages."),
     as_json: bool = JsonLinesOption,
 ) -> None:

@@ -14,7 +14,9 @@ from ragsieve.models.specs import DEFAULT_LLM
 
 @app.command("fit")
 def fit_cmd(
-    index: Path = typer.Option(..., "--index", "-i", help="Index of your corpus (`ragsieve index --passages ...`)."),
+    index: str = typer.Option(
+        ..., "--index", "-i", help="Index of your corpus, a folder or postgresql:// URL (`ragsieve index --passages ...`)."
+    ),
     questions: Path = typer.Option(..., "--questions", "-q", help="QA .jsonl: {question, answers: [...], id?}."),
     out: Path = typer.Option(..., "--out", "-o", help="The sieve folder to write; it is built in .OUT.partial, which "
                              "the same command resumes after a kill, and renamed to OUT when finished."),

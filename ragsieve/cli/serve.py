@@ -32,7 +32,9 @@ def serve_cmd(
     llm: Optional[str] = typer.Option(None, "--llm", help="LLM spec for /v1/ask and /v1/gate (none: not served)."),
     probe: Optional[str] = typer.Option(None, "--probe", help="Probe for /v1/gate, e.g. embedded:smollm2-nq."),
     cbdr_beta: Optional[float] = typer.Option(None, "--cbdr-beta", help="Retrieve when Conf(Q) <= beta."),
-    index: Optional[Path] = typer.Option(None, "--index", help="Index folder for /v1/ask (none: closed-book)."),
+    index: Optional[str] = typer.Option(
+        None, "--index", help="Index folder or postgresql:// URL for /v1/ask (none: closed-book)."
+    ),
     feedback_store: Optional[str] = typer.Option(
         None, "--feedback-store",
         help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`); with --ray every replica writes it.",

@@ -114,7 +114,46 @@ def _encoder_dim(encoder: "SentenceTransformer") -> int:
     return int(dim)
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
+def load_index_encoder(encoder_spec: str, dim: int) -> "SentenceTransformer":
+    """Load the bi-encoder an index was built with, refusing one whose vectors are not ``dim``-d.
+
+    Example::
+
+        encoder = load_index_encoder("embedded:all-minilm-l6-v2", 384)
+    """
+    from ragsieve.models.encoder import load_encoder
+
+    encoder = load_encoder(encoder_spec)
+    if _encoder_dim(encoder) != dim:
+        raise RagsieveError(
+            f"encoder '{encoder_spec}' gives {_encoder_dim(encoder)}-d vectors "
+            f"but the index holds {dim}-d vectors; use the encoder the index was built with"
+        )
+    return encoder
+
+
+def encode_queries(
+    encoder: "SentenceTransformer", queries: Sequence[str], *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> np.ndarray:
+    """Normalised float32 query vectors ``(len(queries), dim)``, in one batched encoder call.
+
+    Example::
+
+        q = encode_queries(load_encoder(), ["who wrote Hamlet"])
+    """
+    vecs = encoder.encode(
+        list(queries), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
+    return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+def normalise_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32 rows of unit length; non-finite or zero rows raise.
+
+    Example::
+
+        normalise_rows(np.array([[3.0, 4.0]]))  # [[0.6, 0.8]]
+    """
     x = np.ascontiguousarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     if not np.all(np.isfinite(x)) or np.any(norms == 0):
@@ -248,7 +287,7 @@ class DenseRetriever(Retriever):
             vecs = np.asarray(embeddings)
             if vecs.ndim != 2 or vecs.shape[0] != len(passages):
                 raise RagsieveError(f"embeddings have shape {vecs.shape}; expected ({len(passages)}, dim)")
-            vecs = _normalise(vecs)
+            vecs = normalise_rows(vecs)
         index = make_faiss_index(vecs, exact=exact, m=m, ef_construction=ef_construction, ef_search=ef_search)
         return cls(
             passages,
@@ -268,15 +307,7 @@ class DenseRetriever(Retriever):
     def encoder(self) -> "SentenceTransformer":
         """The bi-encoder, loaded from ``encoder_spec`` on first use."""
         if self._encoder is None:
-            from ragsieve.models.encoder import load_encoder
-
-            encoder = load_encoder(self.encoder_spec)
-            if _encoder_dim(encoder) != self.dim:
-                raise RagsieveError(
-                    f"encoder '{self.encoder_spec}' gives {_encoder_dim(encoder)}-d vectors "
-                    f"but the index holds {self.dim}-d vectors; use the encoder the index was built with"
-                )
-            self._encoder = encoder
+            self._encoder = load_index_encoder(self.encoder_spec, self.dim)
         return self._encoder
 
     @property
@@ -301,14 +332,7 @@ class DenseRetriever(Retriever):
 
             q = dense.encode_queries(["who wrote Hamlet"])
         """
-        vecs = self.encoder.encode(
-            list(queries),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(vecs, dtype=np.float32)
+        return encode_queries(self.encoder, queries, batch_size=self.batch_size)
 
     # -- search -----------------------------------------------------------------------------
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
@@ -318,7 +342,7 @@ class DenseRetriever(Retriever):
 
             dense.search_vectors(dense.embeddings[:2], k=3)
         """
-        vectors = _normalise(np.atleast_2d(np.asarray(vectors)))
+        vectors = normalise_rows(np.atleast_2d(np.asarray(vectors)))
         if vectors.shape[1] != self.dim:
             raise RagsieveError(f"query vectors are {vectors.shape[1]}-d; the index is {self.dim}-d")
         k = min(_check_k(k), len(self))

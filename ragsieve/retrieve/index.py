@@ -13,6 +13,10 @@ An index directory looks like::
 and renames it into place only when complete (:func:`ragsieve.atomic.atomic_directory`),
 so an interrupted build never leaves a half-written index behind, and the next build
 removes what a killed one left; ``manifest.json`` is the last file written.
+
+An index spec is a folder or a ``postgresql://`` URL (a dense index in a pgvector table,
+:mod:`ragsieve.retrieve.pgvector`); :func:`build_index`, :func:`add_to_index` and
+:func:`load_index` take either, so every command that takes an index takes both.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ragsieve.retrieve.base import PASSAGES_FILE, Retriever, check_passages, rea
 from ragsieve.retrieve.bm25 import BM25Retriever
 from ragsieve.retrieve.dense import DenseRetriever
 from ragsieve.retrieve.hybrid import HybridRetriever
+from ragsieve.retrieve.pgvector import add_to_store_index, build_store_index, is_store_url, load_store_index
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -79,6 +84,9 @@ def build_index(
 ) -> Retriever:
     """Build a ``kind`` index over ``passages`` and write it atomically to ``out_dir``.
 
+    ``out_dir`` may be a ``postgresql://`` URL instead of a folder: a dense index in a
+    pgvector table (:func:`ragsieve.retrieve.pgvector.build_store_index`).
+
     Inputs: ``kind`` is ``"hybrid"``, ``"bm25"`` or ``"dense"``; ``encoder_spec`` names the
     bi-encoder (ignored for ``"bm25"``); ``overwrite`` replaces an existing ``out_dir``;
     ``options`` go to the retriever's ``build`` (e.g. ``exact=True``, ``m=32``,
@@ -90,6 +98,8 @@ def build_index(
         retriever = build_index(dataset.passages, "indexes/nq", kind="hybrid", show_progress=False)
         retriever.search("who got the first nobel prize in physics", k=10)
     """
+    if is_store_url(out_dir):
+        return build_store_index(passages, str(out_dir), kind, encoder_spec, overwrite=overwrite, **options)
     cls = _retriever_class(kind)
     out = Path(out_dir)
     if out.exists() and not overwrite:  # before the (long) build, not after it
@@ -129,6 +139,8 @@ def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_pro
 
         add_to_index("index/mine", read_corpus(["new_docs/"]))
     """
+    if is_store_url(index_dir):  # rows join the live HNSW graph: nothing is rebuilt
+        return add_to_store_index(str(index_dir), passages, show_progress=show_progress)
     path = Path(index_dir)
     manifest = read_manifest(path)
     old = load_index(path)
@@ -172,13 +184,16 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
 
 
 def load_index(index_dir: str | Path) -> Retriever:
-    """Load an index folder written by :func:`build_index`.
+    """Load an index folder written by :func:`build_index`, or the PostgreSQL index a ``postgresql://`` URL names.
 
     Example::
 
         retriever = load_index("indexes/nq")
         retriever.kind, len(retriever.passages)
+        load_index("postgresql://me@localhost/rag?table=docs").search("who wrote Hamlet", k=5)
     """
+    if is_store_url(index_dir):
+        return load_store_index(str(index_dir))
     path = Path(index_dir)
     manifest = read_manifest(path)
     cls = _retriever_class(manifest.get("kind"))

