@@ -32,8 +32,10 @@ def serve_cmd(
     probe: Optional[str] = typer.Option(None, "--probe", help="Probe for /v1/gate, e.g. embedded:smollm2-nq."),
     cbdr_beta: Optional[float] = typer.Option(None, "--cbdr-beta", help="Retrieve when Conf(Q) <= beta."),
     index: Optional[Path] = typer.Option(None, "--index", help="Index folder for /v1/ask (none: closed-book)."),
-    feedback_store: Optional[Path] = typer.Option(
-        None, "--feedback-store", help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`)."
+    feedback_store: Optional[str] = typer.Option(
+        None, "--feedback-store",
+        help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`): its folder, or the "
+             "postgresql:// URL of a PostgreSQL store's rows (every replica can share it).",
     ),
     log_traffic: bool = typer.Option(
         False, "--log-traffic",
@@ -70,7 +72,7 @@ def serve_cmd(
         "probe": probe,
         "cbdr_beta": cbdr_beta,
         "index": str(index) if index else None,
-        "feedback_store": str(feedback_store) if feedback_store else None,
+        "feedback_store": feedback_store,
         "log_traffic": log_traffic or None,
     }
     values.update({k: v for k, v in options.items() if v is not None})  # options override the file
