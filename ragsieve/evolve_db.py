@@ -46,7 +46,7 @@ from sqlalchemy import (
     BigInteger, Column, Float, Index, Integer, MetaData, PrimaryKeyConstraint, Table, Text, create_engine, event,
     inspect, select, text,
 )
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -152,10 +152,16 @@ def _postgres_url(url: str) -> str:
 
 
 def _without_password(url: str) -> str:
+    """The URL as messages and the folder's ``evolve.database`` show it: no password, no driver name."""
     try:
-        return make_url(url).set(password=None).render_as_string()
+        parsed = make_url(url)
     except ArgumentError:
         return url
+    if parsed.get_backend_name() in _POSTGRES_SCHEMES:
+        parsed = parsed.set(drivername="postgresql")
+    # URL.set(password=None) keeps the password ("None: unchanged"): build the URL without one
+    return URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database,
+                      parsed.query).render_as_string(hide_password=False)
 
 
 @dataclass(frozen=True)
@@ -410,7 +416,8 @@ def upsert(conn: Connection, table: Table, rows: Sequence[dict], keys: Sequence[
 def insert_new(conn: Connection, table: Table, row: dict, key: str) -> int:
     """Insert unless a row with the same ``key`` exists (``INSERT OR IGNORE``); 1 if written, else 0."""
     stmt = _dialect_insert(conn, table).values(**row).on_conflict_do_nothing(index_elements=[key])
-    return conn.execute(stmt).rowcount
+    # RETURNING counts what was written on both backends (rowcount is -1 here on psycopg)
+    return len(conn.execute(stmt.returning(table.c[key])).all())
 
 
 # --------------------------------------------------------------------------- what serving reads
