@@ -120,7 +120,8 @@ live_traffic = Table(
     "live_traffic", metadata,
     Column("id", _ID, primary_key=True, autoincrement=True),
     Column("query", Text, nullable=False), Column("document", Text, nullable=False),
-    Column("key", Text, nullable=False, unique=True), Column("added_at", Text, nullable=False), Column("round", Integer),
+    Column("key", Text, nullable=False, unique=True), Column("added_at", Text, nullable=False),
+    Column("round", Integer),
     Index("live_traffic_round", "round"),
     sqlite_autoincrement=True,
 )

@@ -267,6 +267,7 @@ def test_a_postgres_store_is_named_by_its_folder_or_url(postgres, tmp_path, cli)
     status = cli("evolve", "status", "--store", folder)
     assert status.code == 0 and f"rows in {url}" in " ".join(status.out.split()), status.out
     assert store_status(url)["store"] == url  # the rows alone
+    assert cli("evolve", "status", "--store", url, "--json").code == 0
     fb = tmp_path / "fb.jsonl"
     fb.write_text(json.dumps({"query": "q", "document": "d", "label": 1}) + "\n")
     added = cli("feedback", "add", fb, "--store", url)
@@ -278,7 +279,9 @@ def test_a_postgres_store_is_named_by_its_folder_or_url(postgres, tmp_path, cli)
         (("evolve", "status", "--store", tmp_path / "empty", "--db", other), "no evolve store in"),
         (("evolve", "init", "--store", tmp_path / "again", "--db", url, "--examples", rows), "already holds"),
         (("evolve", "status", "--store", folder, "--db", "mysql://x@y/z"), "PostgreSQL"),
-        (("evolve", "status", "--store", tmp_path / "x", "--db", url.replace(str(postgres.port), "1")), "cannot connect"),
+        (("evolve", "status", "--store", url.replace(str(postgres.port), "1")), "cannot connect"),
+        (("evolve", "init", "--store", url, "--examples", rows), "give the database with --db"),
+        (("evolve", "step", "--store", url), "needs the store folder"),
     ]:
         result = cli(*args)
         assert result.code == 2 and len(result.err.strip().splitlines()) == 1 and needle in result.err, result.err
@@ -332,7 +335,8 @@ def _v1_store(folder):
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(_V1_DDL)
     with conn:
-        conn.execute("INSERT INTO meta VALUES ('config', ?)", (EvolveStoreConfig(template="relevance").model_dump_json(),))
+        config = EvolveStoreConfig(template="relevance").model_dump_json()
+        conn.execute("INSERT INTO meta VALUES ('config', ?)", (config,))
         for i, (q, p, y) in enumerate(ROWS):
             x = _pair(9 - i, q, p, y)
             conn.execute("INSERT INTO examples VALUES (?, 0, ?)", (x.id, json.dumps(x.to_json())))
@@ -341,7 +345,8 @@ def _v1_store(folder):
         x = _pair(5, "q", "held out", 1)
         conn.execute("INSERT INTO test_examples VALUES (?, ?)", (x.id, json.dumps(x.to_json())))
         conn.execute("INSERT INTO rounds VALUES (0, 'sft', 'adapters/round-000', '{\"n_new_pairs\": 4}', 'then')")
-        conn.execute("INSERT INTO live_feedback (query, document, label, source, added_at) VALUES ('lq', 'ld', 1, 'ui', 'then')")
+        conn.execute("INSERT INTO live_feedback (query, document, label, source, added_at)"
+                     " VALUES ('lq', 'ld', 1, 'ui', 'then')")
     conn.close()
     return folder
 

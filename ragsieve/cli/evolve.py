@@ -26,14 +26,16 @@ from ragsieve.models.specs import DEFAULT_LLM
 evolve_app = typer.Typer(help="Evolving LLM reranker: a deployment store advanced round by round.", no_args_is_help=True)
 app.add_typer(evolve_app, name="evolve")
 
-StoreOption = typer.Option(..., "--store", help="Store directory (adapters/, and evolve.sqlite unless --db).")
+StoreOption = typer.Option(
+    ..., "--store", help="Store directory (adapters/, and evolve.sqlite unless --db); for feedback, ingest and "
+                         "status also the postgresql:// URL of a PostgreSQL store's rows.")
 DbOption = typer.Option(
     None, "--db", envvar="RAGSIEVE_FEEDBACK_DB", show_envvar=True,
     help="PostgreSQL URL (postgresql://user@host:port/db) holding the store's rows instead of evolve.sqlite; "
          "`init` records it in the folder, so later commands need only --store.")
 
 
-def _location(store: Path, db: Optional[str]):
+def _location(store: str | Path, db: Optional[str]):
     from ragsieve.evolve_db import locate_store
 
     return locate_store(store, db)
@@ -45,7 +47,7 @@ def _fmt(value) -> str:
 
 @evolve_app.command("init")
 def init_cmd(
-    store: Path = StoreOption,
+    store: str = StoreOption,
     examples: Optional[Path] = typer.Option(
         None, "--examples",
         help="Your labelled rows, jsonl {query, passage, label} (+ id, query_id, extra template fields): "
@@ -84,7 +86,12 @@ def init_cmd(
     from ragsieve.config import build_config, read_mapping
     from ragsieve.errors import RagsieveError
 
+    from ragsieve.evolve_db import is_database_url
+
     # every value is checked before the store folder exists
+    if is_database_url(store):
+        raise RagsieveError("--store is the store's folder (its adapters go there); give the database with --db")
+    store = Path(store)
     if (examples is None) == (dataset is None):
         raise RagsieveError("give either --examples (your labelled rows) or --dataset (a benchmark simulation)")
     if template is not None and dataset is not None:
@@ -148,7 +155,7 @@ def _check_label_words(cfg) -> None:
 
 @evolve_app.command("step")
 def step_cmd(
-    store: Path = StoreOption,
+    store: str = StoreOption,
     all_rounds: bool = typer.Option(False, "--all", help="Keep stepping until no round is queued."),
     db: Optional[str] = DbOption,
 ) -> None:
@@ -190,7 +197,7 @@ def step_cmd(
 @evolve_app.command("feedback")
 def feedback_cmd(
     file: Path = typer.Argument(..., help="jsonl rows {id, label} (0/1 or a label word) for queued examples."),
-    store: Path = StoreOption,
+    store: str = StoreOption,
     db: Optional[str] = DbOption,
 ) -> None:
     """Add gold labels; a round whose examples all have one runs as a full-feedback round."""
@@ -203,7 +210,7 @@ def feedback_cmd(
 @evolve_app.command("ingest")
 def ingest_cmd(
     file: Path = typer.Argument(..., help="jsonl rows {id, fields: {...}, label?} forming one new round."),
-    store: Path = StoreOption,
+    store: str = StoreOption,
     db: Optional[str] = DbOption,
 ) -> None:
     """Queue a new batch of candidates as the next round."""
@@ -214,7 +221,7 @@ def ingest_cmd(
 
 @evolve_app.command("status")
 def status_cmd(
-    store: Path = StoreOption, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: str = StoreOption, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     db: Optional[str] = DbOption,
 ) -> None:
     """Finished rounds with their metrics, queued rounds and the replay buffer."""

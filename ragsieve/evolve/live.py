@@ -77,7 +77,8 @@ class FeedbackItem(StrictConfig):
 
     def rows(self) -> list[dict]:
         """Its ``live_feedback`` rows (a preference: two, sharing a ``pair_id``)."""
-        common = {"query": self.query, "source": self.source, "fields": json.dumps(self.fields) if self.fields else None}
+        extra = json.dumps(self.fields) if self.fields else None
+        common = {"query": self.query, "source": self.source, "fields": extra}
         if self.document is not None:
             return [{**common, "document": self.document, "label": int(self.label), "pair_id": None}]
         pair = uuid.uuid4().hex
@@ -121,7 +122,8 @@ def read_feedback_file(path: str | Path) -> list[FeedbackItem]:
 def pending_feedback(store: Store) -> int:
     """Rows that arrived since the last promotion."""
     with _live(store) as opened:
-        return opened._rows(select(func.count()).select_from(db.live_feedback).where(db.live_feedback.c.round.is_(None)))[0][0]
+        t = db.live_feedback
+        return opened._rows(select(func.count()).select_from(t).where(t.c.round.is_(None)))[0][0]
 
 
 def _feedback_slot(conn: Connection) -> int:
@@ -221,7 +223,8 @@ def promote_traffic(store: Store) -> int | None:
         template = opened.config.verdict_template()
         with opened.transaction() as conn:
             t = db.live_traffic
-            rows = conn.execute(select(t.c.id, t.c.query, t.c.document).where(t.c.round.is_(None)).order_by(t.c.id)).all()
+            waiting = select(t.c.id, t.c.query, t.c.document).where(t.c.round.is_(None)).order_by(t.c.id)
+            rows = conn.execute(waiting).all()
             if not rows:
                 return None
             rounds = [r[0] for r in conn.execute(union(select(db.examples.c.round), select(db.rounds.c.round)))]
