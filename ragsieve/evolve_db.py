@@ -299,7 +299,7 @@ def database_error(location: StoreLocation, exc: BaseException) -> RagsieveError
         return sqlite_error(location.label, orig, STORE_REBUILD)
     lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
     reason = lines[0] if lines else type(orig).__name__
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated or "connect" in reason.lower():
+    if (isinstance(exc, DBAPIError) and exc.connection_invalidated) or "connect" in reason.lower():
         return RagsieveError(f"{location.label}: cannot connect ({reason}); check the server is up, the URL, "
                              "and the password (PGPASSWORD or ~/.pgpass)")
     return RagsieveError(f"{location.label}: {reason}")
@@ -362,6 +362,8 @@ def open_database(location: StoreLocation, *, create: bool = False) -> Engine:
                 raise missing_store(location)
             folder.mkdir(parents=True, exist_ok=True)
     engine = _engine(location)
+    if _schema_key(location) in _verified:  # a server opens its store per request: checked on the first
+        return engine
     try:
         with engine.connect() as conn:
             current = _stored_version(conn)
@@ -372,7 +374,24 @@ def open_database(location: StoreLocation, *, create: bool = False) -> Engine:
                 _migrate(conn, location)
     except SQLAlchemyError as exc:
         raise database_error(location, exc) from None
+    _verified.add(_schema_key(location))
     return engine
+
+
+#: stores whose schema this process has checked, by :func:`_schema_key`
+_verified: set[tuple] = set()
+
+
+def _schema_key(location: StoreLocation) -> tuple:
+    """A store's identity for :data:`_verified`: an SQLite file by inode, so a file replaced under a
+    running server (restored, re-created) is checked again."""
+    if location.postgres:
+        return os.getpid(), location.url
+    try:
+        stat = (location.dir / DB_FILE).stat()
+    except FileNotFoundError:
+        return ()  # not made yet (create): never in the set
+    return os.getpid(), location.engine_url(), stat.st_dev, stat.st_ino
 
 
 def store_exists(location: StoreLocation) -> bool:

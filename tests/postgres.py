@@ -68,7 +68,8 @@ def _free_port() -> int:
 class TempPostgres:
     """One throwaway server (see the module doc); ``new_database()`` gives each test its own database."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fsync: bool = False) -> None:
+        self.fsync = fsync  # off for tests (nothing to keep); on for a benchmark of real commits
         self.bin = pg_bin()
         if self.bin is None:
             raise RuntimeError(skip_reason())
@@ -93,7 +94,8 @@ class TempPostgres:
                   "--no-locale", "--no-sync")
         for _ in range(3):  # the free port may be taken between the probe and the bind
             self.port = _free_port()
-            options = f"-F -p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=100"
+            options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=100"
+            options += "" if self.fsync else " -F"
             done = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
                              "-o", options, "start", check=False)
             if done.returncode == 0:

@@ -372,10 +372,13 @@ def test_an_old_sqlite_store_opens_migrated_with_its_rows_and_order(tmp_path, cl
     assert status.code == 0 and json.loads(status.out)["rounds"][0]["n_new_pairs"] == 4
     assert store_status(folder)["queued"][0] == {"round": 1, "examples": 1, "feedback": 1}
 
-    with sqlite3.connect(folder / "evolve.sqlite") as conn:  # a store from a newer ragsieve is refused, not rewritten
-        conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    newer = tmp_path / "newer"  # a store from a newer ragsieve is refused, not rewritten
+    newer.mkdir()
+    with sqlite3.connect(folder / "evolve.sqlite") as conn, sqlite3.connect(newer / "evolve.sqlite") as copy:
+        conn.backup(copy)
+        copy.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     with pytest.raises(RagsieveError, match="newer than this ragsieve"):
-        EvolveStore(folder)
+        EvolveStore(newer)
 
 
 # --------------------------------------------------------------------------- evolve step on PostgreSQL

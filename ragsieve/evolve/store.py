@@ -260,12 +260,14 @@ class EvolveStore:
     def pairs(self, before_round: int | None = None) -> list[Pair]:
         """The replay buffer (optionally only rounds < ``before_round``), joined with the examples."""
         p, e = db.pairs, db.examples
-        stmt = select(p.c.round, p.c.label, p.c.source, e.c.data).join(e, e.c.id == p.c.example_id)
+        stmt = select(p.c.round, p.c.example_id, p.c.label, p.c.source, e.c.data).join(e, e.c.id == p.c.example_id)
         if before_round is not None:
             stmt = stmt.where(p.c.round < before_round)
+        # sorted here, by code point: a PostgreSQL collation would order the ids (and so the replay draw) differently
+        rows = sorted(self._rows(stmt), key=lambda r: (r[0], r[1]))
         return [
             Pair(LabeledPair.from_json(json.loads(data)), int(label), source, int(rnd))
-            for rnd, label, source, data in self._rows(stmt.order_by(p.c.round, p.c.example_id))
+            for rnd, _, label, source, data in rows
         ]
 
     def round_log(self) -> list[dict[str, Any]]:
