@@ -39,12 +39,12 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import (
     BigInteger, Column, Float, Index, Integer, MetaData, PrimaryKeyConstraint, Table, Text, create_engine, event,
-    inspect, select, text,
+    func, inspect, select,
 )
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
@@ -170,7 +170,7 @@ class StoreLocation:
     """Where a store's rows and adapters are: ``dir`` (None: rows only) and ``url`` (None: ``dir/evolve.sqlite``)."""
 
     dir: Path | None
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # may hold a password: never printed
 
     @property
     def postgres(self) -> bool:
@@ -281,13 +281,14 @@ def _postgres_engine(url: str) -> Engine:
 
 @contextmanager
 def write_transaction(engine: Engine, *, lock: bool = True) -> Iterator[Connection]:
-    """One write transaction holding the store's writer lock (``lock=False``: a pure append on
-    PostgreSQL, which needs none); rolled back on any error, a kill included."""
+    """One write transaction holding the store's writer lock (``lock=False``: a pure append, which
+    on PostgreSQL needs none; SQLite always takes its one write lock); rolled back on any error, a
+    kill included."""
     with engine.connect() as conn:
-        conn.execution_options(store_write=lock)
+        conn.execution_options(store_write=True)
         with conn.begin():
             if lock and conn.dialect.name == "postgresql":
-                conn.execute(select(text(f"pg_advisory_xact_lock({WRITER_LOCK})")))
+                conn.execute(select(func.pg_advisory_xact_lock(WRITER_LOCK)))
             yield conn
 
 
@@ -308,7 +309,8 @@ def database_error(location: StoreLocation, exc: BaseException) -> RagsieveError
 # --------------------------------------------------------------------------- schema versions
 
 def _v2_ordered_examples(conn: Connection) -> None:
-    """``examples`` and ``test_examples`` get ``seq``, their insertion order (SQLite's hidden rowid until now)."""
+    """``examples`` and ``test_examples`` get ``seq``, their insertion order (SQLite's hidden rowid until now;
+    version 1 stores exist only as SQLite files)."""
     names = set(inspect(conn).get_table_names())
     for table in (examples, test_examples):
         if table.name not in names:

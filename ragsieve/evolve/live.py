@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from pydantic import Field, ValidationError, model_validator
 from sqlalchemy import func, select, union, update
@@ -53,7 +53,7 @@ from ragsieve.evolve.store import _open as open_store
 from ragsieve.evolve_db import StoreLocation, insert_new, insert_rows, upsert
 
 #: a store: its folder, a ``postgresql://`` URL, or a :class:`~ragsieve.evolve_db.StoreLocation`
-Store = "str | Path | StoreLocation"
+Store = Union[str, Path, StoreLocation]
 
 
 class FeedbackItem(StrictConfig):
