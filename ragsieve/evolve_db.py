@@ -208,7 +208,8 @@ def locate_store(store: "str | os.PathLike[str] | StoreLocation", database: str 
         return StoreLocation(folder, recorded)
     url = _postgres_url(database)
     if (folder / DB_FILE).is_file():
-        raise RagsieveError(f"{folder} keeps its rows in {DB_FILE}, not in {_without_password(url)}; drop --db")
+        raise RagsieveError(f"{folder} keeps its rows in {DB_FILE}, not in {_without_password(url)}; "
+                            "drop --db (or RAGSIEVE_FEEDBACK_DB)")
     if recorded is not None and _without_password(recorded) != _without_password(url):
         raise RagsieveError(f"{folder} keeps its rows in {_without_password(recorded)}, not in "
                             f"{_without_password(url)}")
