@@ -64,6 +64,8 @@ DB_POINTER = "evolve.database"  # a folder whose rows live in PostgreSQL: the da
 SCHEMA_VERSION = 2
 #: the PostgreSQL advisory lock every write transaction of a store takes (one writer at a time, as on SQLite)
 WRITER_LOCK = 0x72616773  # "rags"
+#: held by a running `evolve step` on PostgreSQL, so steps from two machines do not train the same round
+STEP_LOCK = WRITER_LOCK + 1
 
 # SQLite's INTEGER PRIMARY KEY is its rowid (autoincrementing); PostgreSQL gets a BIGSERIAL
 _ID = BigInteger().with_variant(Integer, "sqlite")
@@ -291,6 +293,24 @@ def write_transaction(engine: Engine, *, lock: bool = True) -> Iterator[Connecti
             if lock and conn.dialect.name == "postgresql":
                 conn.execute(select(func.pg_advisory_xact_lock(WRITER_LOCK)))
             yield conn
+
+
+@contextmanager
+def step_lock(location: StoreLocation, engine: Engine) -> Iterator[None]:
+    """On PostgreSQL, a session lock that one ``evolve step`` at a time holds (a folder's file lock
+    covers only its machine); released when the step ends or its process dies. Nothing on SQLite."""
+    if not location.postgres:
+        yield
+        return
+    with engine.connect() as conn:
+        if not conn.execute(select(func.pg_try_advisory_lock(STEP_LOCK))).scalar():
+            raise RagsieveError(f"another `evolve step` is running on {location.label}")
+        conn.commit()  # the lock is the session's; no transaction stays open through the step
+        try:
+            yield
+        finally:
+            conn.execute(select(func.pg_advisory_unlock(STEP_LOCK)))
+            conn.commit()
 
 
 def database_error(location: StoreLocation, exc: BaseException) -> RagsieveError:

@@ -386,6 +386,7 @@ def test_an_old_sqlite_store_opens_migrated_with_its_rows_and_order(tmp_path, cl
 
 def test_evolve_step_trains_from_a_postgres_store_and_serves_its_rounds(postgres, tmp_path, tiny_llm_dir, cli):
     from ragsieve.evolve.store import EvolveStore
+    from ragsieve.evolve_db import step_lock
     from ragsieve.registry import load_reranker
 
     url = postgres.new_database()
@@ -407,5 +408,8 @@ def test_evolve_step_trains_from_a_postgres_store_and_serves_its_rounds(postgres
     assert "round 1 (feedback): 2 examples, 2 accepted labels" in second.out
     s = EvolveStore(folder)
     assert [r["mode"] for r in s.round_log()] == ["sft", "feedback"] and len(s.adapters()) == 2
+    with step_lock(s.location, s.engine):  # a step elsewhere (another machine's folder) holds the database
+        busy = cli("evolve", "step", "--store", folder)
+    assert busy.code == 2 and "another `evolve step` is running on postgresql://" in busy.err, busy.err
     served = load_reranker(f"evolve:{folder}")  # config and adapters read from the rows in PostgreSQL
     assert len(served.rank(ROWS[0][0], [ROWS[0][1], ROWS[1][1]]).results) == 2

@@ -61,7 +61,7 @@ from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.evolve_db import (
     DB_FILE, StoreLocation, database_error, finished_adapters, insert_rows, locate_store, open_database,
-    store_config_json, store_exists, upsert, write_pointer, write_transaction,
+    step_lock, store_config_json, store_exists, upsert, write_pointer, write_transaction,
 )
 
 if TYPE_CHECKING:
@@ -492,7 +492,7 @@ def run_step(store_dir: "str | Path | StoreLocation") -> StepReport:
     folder = location.need_dir("`evolve step` (it writes adapters)")
     try:
         with FileLock(str(folder / ".step.lock"), timeout=1):
-            with _open(location) as store:
+            with _open(location) as store, step_lock(location, store.engine):
                 store.check()
                 return _run_next_round(store)
     except Timeout:
