@@ -123,6 +123,13 @@ class TempPostgres:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
 
+    def drop_database(self, url: str) -> None:
+        """Drop a database under its users' feet (their sessions are ended): a store that went away."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {url.rsplit('/', 1)[1]} WITH (FORCE)")
+
     def __enter__(self) -> "TempPostgres":
         try:
             return self.start()

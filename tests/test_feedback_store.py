@@ -249,6 +249,24 @@ def test_serve_appends_feedback_and_traffic_to_the_store(location):
     assert promote_traffic(location) == 2
 
 
+def test_feedback_to_a_database_that_went_away_is_503(postgres):
+    from ragsieve.serve import ServeConfig, create_app
+    from ragsieve.serve.runner import BackgroundServer
+
+    url = postgres.new_database()
+    make_store(url)  # the rows alone: no folder
+    item = {"query": "q", "document": "d", "label": 1}
+    with_password = url.replace("ragsieve@", "ragsieve:hunter2@")  # the test server trusts any password
+    with BackgroundServer(create_app(ServeConfig(reranker="bm25", feedback_store=with_password))) as server:
+        assert httpx.post(f"{server.url}/v1/feedback", json=item).status_code == 200
+        postgres.drop_database(url)
+        r = httpx.post(f"{server.url}/v1/feedback", json=item)
+        assert r.status_code == 503 and r.json()["error"].startswith("feedback store unavailable"), r.text
+        assert "hunter" not in r.text and len(r.json()["error"].splitlines()) == 1
+        body = {"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet.", "Paris"]}
+        assert httpx.post(f"{server.url}/v1/rerank", json=body).status_code == 200  # ranking goes on
+
+
 # --------------------------------------------------------------------------- naming a store
 
 
