@@ -59,8 +59,9 @@ from ragsieve.evolve.methods import MethodConfig, Pair
 from ragsieve.data.records import LabeledPair
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.evolve_db import DB_FILE  # noqa: F401  (re-exported: the SQLite file's name, for callers)
 from ragsieve.evolve_db import (
-    DB_FILE, StoreLocation, database_error, finished_adapters, insert_rows, locate_store, open_database,
+    StoreLocation, database_error, finished_adapters, insert_rows, locate_store, open_database,
     step_lock, store_config_json, store_exists, upsert, write_pointer, write_transaction,
 )
 
