@@ -42,6 +42,7 @@ start, w, n = sys.argv[4], sys.argv[5], int(sys.argv[6])
 items = [FeedbackItem(query=f"q{w}-{i}", document="a served passage " * 20, label=i % 2, source="bench")
          for i in range(n)]
 append_feedback(store, items[:1])  # connect and check the schema once, as a running server has
+print("READY", flush=True)
 while not os.path.exists(start):
     time.sleep(0.005)
 t0, lat = time.time(), []
@@ -69,7 +70,8 @@ def one_run(folder: Path, url: str | None, writers: int, appends: int) -> dict:
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(REPO), str(location.dir), url or "", str(start),
                                str(w), str(appends + 1)], stdout=subprocess.PIPE, text=True, env=env)
              for w in range(writers)]
-    time.sleep(3.0 + writers)  # every writer imported and connected (waiting on the start file)
+    for p in procs:  # every writer imported and connected, waiting on the start file
+        assert p.stdout.readline().strip() == "READY"
     start.touch()
     outs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
     from ragsieve.evolve.live import pending_feedback
