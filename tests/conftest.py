@@ -203,3 +203,16 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for the session (tests/postgres.py), stopped afterwards; skipped only
+    where its binaries are absent."""
+    from tests.postgres import PostgresServer, skip_reason
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server

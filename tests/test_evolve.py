@@ -657,7 +657,7 @@ def _pairs(store_dir):
 
     store = EvolveStore(store_dir)
     try:
-        return sorted(store.conn.execute("SELECT example_id, round, label, source FROM pairs"))
+        return sorted((p.example.id, p.round, p.label, p.source) for p in store.pairs())
     finally:
         store.close()
 

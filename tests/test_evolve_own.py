@@ -329,7 +329,7 @@ def test_own_data_serve_feedback_step_reload_changes_the_fed_back_scores(tmp_pat
     s = EvolveStore(store)
     try:
         assert len(s.recorded_verdicts()) == 6 + 4  # M_{t-1}'s verdicts on rounds 1 and 2, for later checks
-        assert [r[0] for r in s.conn.execute("SELECT round FROM pairs WHERE round > 0 GROUP BY round")] == [1]
+        assert sorted({p.round for p in s.pairs() if p.round > 0}) == [1]
     finally:
         s.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -421,12 +422,13 @@ def _store_with_pages(store_dir: Path) -> Path:
 
     store = EvolveStore(store_dir, create=True)
     with store.transaction() as conn:
-        conn.executemany(
+        conn.exec_driver_sql(
             "INSERT INTO examples (id, round, data) VALUES (?, ?, ?)",
             [(f"x{i}", 1, json.dumps({"text": "padding " * 40})) for i in range(400)],
         )
-    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     store.close()
+    with sqlite3.connect(store_dir / DB_FILE) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return store_dir / DB_FILE
 
 

@@ -16,7 +16,6 @@ import pytest
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.retrieve import PgVectorRetriever, build_index, load_index
-from tests.postgres import PostgresServer
 
 # a corpus of our own: one unmistakable answer per question
 DOCS = [
@@ -29,10 +28,10 @@ DOCS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pg():
-    with PostgresServer() as server:
-        yield server
+@pytest.fixture
+def pg(postgres):
+    """The session's one PostgreSQL (tests/conftest.py), shared with the feedback store's tests."""
+    return postgres
 
 
 @pytest.fixture

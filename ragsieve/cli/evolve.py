@@ -7,6 +7,8 @@ Example::
     ragsieve evolve step --store state/fever          # round 0 (M0), then one round per call
     ragsieve evolve feedback gold.jsonl --store state/fever    # {id, label}: gold labels of queued examples
     ragsieve evolve status --store state/fever
+    ragsieve evolve init --store state/shared --db postgresql://rs@db/feedback --examples labels.jsonl
+    ragsieve evolve step --store state/shared        # the folder remembers its database (evolve.database)
 """
 
 from __future__ import annotations
@@ -24,7 +26,19 @@ from ragsieve.models.specs import DEFAULT_LLM
 evolve_app = typer.Typer(help="Evolving LLM reranker: a deployment store advanced round by round.", no_args_is_help=True)
 app.add_typer(evolve_app, name="evolve")
 
-StoreOption = typer.Option(..., "--store", help="Store directory (evolve.sqlite + adapters/).")
+StoreOption = typer.Option(
+    ..., "--store", help="Store directory (adapters/, and evolve.sqlite unless --db); for feedback, ingest and "
+                         "status also the postgresql:// URL of a PostgreSQL store's rows.")
+DbOption = typer.Option(
+    None, "--db", envvar="RAGSIEVE_FEEDBACK_DB", show_envvar=True,
+    help="PostgreSQL URL (postgresql://user@host:port/db) holding the store's rows instead of evolve.sqlite; "
+         "`init` records it in the folder, so later commands need only --store.")
+
+
+def _location(store: str | Path, db: Optional[str]):
+    from ragsieve.evolve_db import locate_store
+
+    return locate_store(store, db)
 
 
 def _fmt(value) -> str:
@@ -33,7 +47,7 @@ def _fmt(value) -> str:
 
 @evolve_app.command("init")
 def init_cmd(
-    store: Path = StoreOption,
+    store: str = StoreOption,
     examples: Optional[Path] = typer.Option(
         None, "--examples",
         help="Your labelled rows, jsonl {query, passage, label} (+ id, query_id, extra template fields): "
@@ -64,6 +78,7 @@ def init_cmd(
     config: Optional[Path] = typer.Option(None, help="YAML/JSON EvolveStoreConfig (overrides the options)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Benchmark data folder."),
     overwrite: bool = OverwriteOption,
+    db: Optional[str] = DbOption,
 ) -> None:
     """Create a store from your labelled rows (--examples) or a benchmark (--dataset, a simulation)."""
     from ragsieve.atomic import atomic_directory
@@ -71,7 +86,12 @@ def init_cmd(
     from ragsieve.config import build_config, read_mapping
     from ragsieve.errors import RagsieveError
 
+    from ragsieve.evolve_db import is_database_url
+
     # every value is checked before the store folder exists
+    if is_database_url(store):
+        raise RagsieveError("--store is the store's folder (its adapters go there); give the database with --db")
+    store = Path(store)
     if (examples is None) == (dataset is None):
         raise RagsieveError("give either --examples (your labelled rows) or --dataset (a benchmark simulation)")
     if template is not None and dataset is not None:
@@ -83,6 +103,8 @@ def init_cmd(
     unit_interval(tau, "--tau")
     unit_interval(alpha, "--alpha")
     output_dir(store, overwrite=overwrite)
+    if db is not None:
+        _location(store, db)  # a malformed URL fails before anything is built
     from ragsieve.evolve.methods import MethodConfig
     from ragsieve.evolve.store import EvolveStoreConfig, init_store_from_dataset, init_store_from_examples
     from ragsieve.prompts.verdicts import GENERIC_TEMPLATE, resolve_template, template_mapping
@@ -104,13 +126,14 @@ def init_cmd(
     if cfg.template_spec:
         _check_label_words(cfg)
     with atomic_directory(store, overwrite=overwrite, exists_hint="pass --overwrite to replace it") as building:
+        target = _location(building, db)
         if examples is not None:
-            _, n_sft, n_test = init_store_from_examples(building, examples, cfg, test_size=test_size)
+            _, n_sft, n_test = init_store_from_examples(target, examples, cfg, test_size=test_size)
             console.print(f"initialised {store}: {examples} ({cfg.template} template), SFT set {n_sft}, "
                           f"test split {n_test}; serve it with --log-traffic and post feedback to grow it")
             return
         init_store_from_dataset(
-            building, dataset, cfg, initial_size=initial_size, round_size=round_size, rounds=rounds,
+            target, dataset, cfg, initial_size=initial_size, round_size=round_size, rounds=rounds,
             data_dir=str(data_dir) if data_dir else None, test_size=test_size,
         )
     console.print(f"initialised {store}: {dataset}, SFT set {initial_size}, {rounds} rounds of {round_size}")
@@ -132,8 +155,9 @@ def _check_label_words(cfg) -> None:
 
 @evolve_app.command("step")
 def step_cmd(
-    store: Path = StoreOption,
+    store: str = StoreOption,
     all_rounds: bool = typer.Option(False, "--all", help="Keep stepping until no round is queued."),
+    db: Optional[str] = DbOption,
 ) -> None:
     """Run the next round: waiting feedback first, then queued rounds, then served traffic (one line each)."""
     from ragsieve.evolve.live import promote_feedback, promote_traffic
@@ -141,6 +165,7 @@ def step_cmd(
     from ragsieve.progress import reporting
     from ragsieve.progress import progress_bar
 
+    store = _location(store, db)
     # feedback since the last round goes ahead of any unlabelled round; traffic since then queues last
     promoted = promote_feedback(store)
     if promoted is not None:
@@ -172,36 +197,42 @@ def step_cmd(
 @evolve_app.command("feedback")
 def feedback_cmd(
     file: Path = typer.Argument(..., help="jsonl rows {id, label} (0/1 or a label word) for queued examples."),
-    store: Path = StoreOption,
+    store: str = StoreOption,
+    db: Optional[str] = DbOption,
 ) -> None:
     """Add gold labels; a round whose examples all have one runs as a full-feedback round."""
     from ragsieve.evolve.store import add_feedback
 
-    counts = add_feedback(store, file)
+    counts = add_feedback(_location(store, db), file)
     console.print("feedback stored: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
 
 
 @evolve_app.command("ingest")
 def ingest_cmd(
     file: Path = typer.Argument(..., help="jsonl rows {id, fields: {...}, label?} forming one new round."),
-    store: Path = StoreOption,
+    store: str = StoreOption,
+    db: Optional[str] = DbOption,
 ) -> None:
     """Queue a new batch of candidates as the next round."""
     from ragsieve.evolve.store import ingest
 
-    console.print(f"queued as round {ingest(store, file)}")
+    console.print(f"queued as round {ingest(_location(store, db), file)}")
 
 
 @evolve_app.command("status")
-def status_cmd(store: Path = StoreOption, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def status_cmd(
+    store: str = StoreOption, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    db: Optional[str] = DbOption,
+) -> None:
     """Finished rounds with their metrics, queued rounds and the replay buffer."""
     from ragsieve.evolve.store import store_status
 
-    status = store_status(store)
+    status = store_status(_location(store, db))
     if as_json:
         print(json.dumps(status, indent=1))
         return
-    table = Table(title=f"{status['store']} ({status['template']}, {status['llm']})")
+    rows_in = f", rows in {status['database']}" if status["database"] else ""
+    table = Table(title=f"{status['store']} ({status['template']}, {status['llm']}{rows_in})")
     for col in ("round", "mode", "accuracy", "f1", "n", "new pairs", "pseudo-label acc", "labellers used",
                 "test acc", "seconds"):
         table.add_column(col)

@@ -37,7 +37,8 @@ def serve_cmd(
     ),
     feedback_store: Optional[str] = typer.Option(
         None, "--feedback-store",
-        help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`); with --ray every replica writes it.",
+        help="Evolve store that /v1/feedback appends to (`ragsieve evolve init`): its folder, or the "
+             "postgresql:// URL of a PostgreSQL store's rows (with --ray every replica writes it).",
     ),
     log_traffic: bool = typer.Option(
         False, "--log-traffic",

@@ -4,8 +4,9 @@ learning over rounds with SFT, DPO, ReplayDPO or CautiousDPO, and its deployment
 The model itself is :class:`ragsieve.rerank.pointwise.PointwiseLLMReranker` (prompts in
 :mod:`ragsieve.prompts.verdicts`, LoRA deltas in :mod:`ragsieve.models.lora`); this package
 trains it. Modules: ``tasks`` (binary tasks and rounds), ``train`` (SFT / TRL DPO),
-``verdict_dpo`` (the one-forward DPO loss), ``judges``, ``methods``, ``store`` (SQLite
-deployment state). ML libraries load inside functions, so importing this stays light.
+``verdict_dpo`` (the one-forward DPO loss), ``judges``, ``methods``, ``store`` (deployment
+state, its rows in SQLite or PostgreSQL: :mod:`ragsieve.evolve_db`). ML libraries load inside
+functions, so importing this stays light.
 """
 
 from ragsieve.evolve.judges import JudgeSpec, build_judges

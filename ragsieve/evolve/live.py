@@ -3,8 +3,9 @@
 Feedback rows come from ``POST /v1/feedback`` or ``ragsieve feedback add FILE``: a pointwise
 label ``{query, document, label}`` or a preference ``{query, chosen, rejected}`` (stored as a
 positive and a negative row sharing a ``pair_id``), each with a ``source`` tag. They go into
-the ``live_feedback`` table of ``<store>/evolve.sqlite`` (WAL mode: many writers, one
-transaction per call, a busy writer waits instead of failing).
+the store's ``live_feedback`` table (:mod:`ragsieve.evolve_db`: SQLite in WAL mode, where a busy
+writer waits instead of failing, or PostgreSQL, which every serve replica can write to), one
+transaction per call.
 
 Traffic (``ragsieve serve --log-traffic``): every served (query, document) pair, once
 (:func:`traffic_key`), into ``live_traffic``, at most the store's ``max_traffic`` waiting;
@@ -31,35 +32,28 @@ import hashlib
 import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from pydantic import Field, ValidationError, model_validator
+from sqlalchemy import func, select, union, update
+from sqlalchemy.engine import Connection
 
+from ragsieve import evolve_db as db
 from ragsieve.config import StrictConfig, format_validation_error
 from ragsieve.data.records import LabeledPair
 from ragsieve.errors import DataError
 from ragsieve.evolve.store import EvolveStore, _now
 from ragsieve.evolve.store import _open as open_store
+from ragsieve.evolve_db import StoreLocation, insert_new, insert_rows, upsert
 
-_LIVE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS live_feedback (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, query TEXT NOT NULL, document TEXT NOT NULL, label INTEGER NOT NULL,
-    source TEXT NOT NULL, pair_id TEXT, fields TEXT, added_at TEXT NOT NULL, round INTEGER
-);
-CREATE INDEX IF NOT EXISTS live_feedback_round ON live_feedback(round);
-CREATE TABLE IF NOT EXISTS live_traffic (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, query TEXT NOT NULL, document TEXT NOT NULL, key TEXT NOT NULL UNIQUE,
-    added_at TEXT NOT NULL, round INTEGER
-);
-CREATE INDEX IF NOT EXISTS live_traffic_round ON live_traffic(round);
-"""
+#: a store: its folder, a ``postgresql://`` URL, or a :class:`~ragsieve.evolve_db.StoreLocation`
+Store = Union[str, Path, StoreLocation]
 
 
 class FeedbackItem(StrictConfig):
@@ -81,34 +75,32 @@ class FeedbackItem(StrictConfig):
             raise ValueError("give either 'document' and 'label', or 'chosen' and 'rejected'")
         return self
 
-    def rows(self) -> list[tuple[str, str, int, str, str | None, str]]:
+    def rows(self) -> list[dict]:
+        """Its ``live_feedback`` rows (a preference: two, sharing a ``pair_id``)."""
         extra = json.dumps(self.fields) if self.fields else None
+        common = {"query": self.query, "source": self.source, "fields": extra}
         if self.document is not None:
-            return [(self.query, self.document, int(self.label), self.source, None, extra)]
+            return [{**common, "document": self.document, "label": int(self.label), "pair_id": None}]
         pair = uuid.uuid4().hex
         return [
-            (self.query, self.chosen, 1, self.source, pair, extra),
-            (self.query, self.rejected, 0, self.source, pair, extra),
+            {**common, "document": self.chosen, "label": 1, "pair_id": pair},
+            {**common, "document": self.rejected, "label": 0, "pair_id": pair},
         ]
 
 
 @contextmanager
-def _live(store_dir: str | Path) -> Iterator[EvolveStore]:
-    """The store with the live table; a damaged file is one line (the store's own wrapper), never a traceback."""
-    with open_store(store_dir) as store:
-        store.conn.executescript(_LIVE_SCHEMA)
-        yield store
+def _live(store: Store) -> Iterator[EvolveStore]:
+    """The open store; a damaged file or a lost server is one line (the store's own wrapper), never a traceback."""
+    with open_store(store) as opened:
+        yield opened
 
 
-def append_feedback(store_dir: str | Path, items: Sequence[FeedbackItem]) -> int:
+def append_feedback(store: Store, items: Sequence[FeedbackItem]) -> int:
     """Append ``items`` in one transaction; returns the number of rows written."""
-    rows = [(*r, _now()) for item in items for r in item.rows()]
-    with _live(store_dir) as store, store.transaction() as conn:
-        conn.executemany(
-            "INSERT INTO live_feedback (query, document, label, source, pair_id, fields, added_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+    rows = [{**r, "added_at": _now()} for item in items for r in item.rows()]
+    # a pure append reads nothing it depends on: on PostgreSQL it needs no writer lock (replicas write side by side)
+    with _live(store) as opened, opened.transaction(lock=False) as conn:
+        insert_rows(conn, db.live_feedback, rows)
     return len(rows)
 
 
@@ -127,40 +119,44 @@ def read_feedback_file(path: str | Path) -> list[FeedbackItem]:
     return items
 
 
-def pending_feedback(store_dir: str | Path) -> int:
+def pending_feedback(store: Store) -> int:
     """Rows that arrived since the last promotion."""
-    with _live(store_dir) as store:
-        return store.conn.execute("SELECT COUNT(*) FROM live_feedback WHERE round IS NULL").fetchone()[0]
+    with _live(store) as opened:
+        t = db.live_feedback
+        return opened._rows(select(func.count()).select_from(t).where(t.c.round.is_(None)))[0][0]
 
 
-def _feedback_slot(conn: sqlite3.Connection) -> int:
+def _feedback_slot(conn: Connection) -> int:
     """The round a new feedback round takes: right after the queued full-feedback rounds, before any
     round with unlabelled examples (traffic, an ingested batch, a benchmark round), which move back
     one. Feedback is what the user said; it trains before anything the model labels itself."""
-    done = [r[0] for r in conn.execute("SELECT round FROM rounds")]
+    done = [r[0] for r in conn.execute(select(db.rounds.c.round))]
     first_open = max(done) + 1 if done else 0
+    e, f = db.examples, db.feedback
     queued = conn.execute(
-        "SELECT e.round, COUNT(*), COUNT(f.example_id) FROM examples e LEFT JOIN feedback f ON f.example_id = e.id"
-        " WHERE e.round >= ? GROUP BY e.round ORDER BY e.round", (first_open,)
-    ).fetchall()
+        select(e.c.round, func.count(), func.count(f.c.example_id))
+        .join(f, f.c.example_id == e.c.id, isouter=True)
+        .where(e.c.round >= first_open).group_by(e.c.round).order_by(e.c.round)
+    ).all()
     slot = next((r for r, n, labelled in queued if labelled < n), None)
     if slot is None:
         return max([first_open, *[r + 1 for r, _, _ in queued]])
-    for table in ("examples", "live_feedback", "live_traffic"):  # descending: no transient clash
-        conn.execute(f"UPDATE {table} SET round = round + 1 WHERE round >= ?", (slot,))
+    for table in (db.examples, db.live_feedback, db.live_traffic):
+        conn.execute(update(table).where(table.c.round >= slot).values(round=table.c.round + 1))
     return slot
 
 
-def promote_feedback(store_dir: str | Path) -> int | None:
+def promote_feedback(store: Store) -> int | None:
     """Queue the feedback since the last promotion as one fully labelled round, ahead of any queued
     unlabelled round (:func:`_feedback_slot`); its id, or None."""
-    with _live(store_dir) as store:
-        template = store.config.verdict_template()
-        with store.transaction() as conn:
+    with _live(store) as opened:
+        template = opened.config.verdict_template()
+        with opened.transaction() as conn:
+            t = db.live_feedback
             rows = conn.execute(
-                "SELECT id, query, document, label, source, pair_id, fields FROM live_feedback"
-                " WHERE round IS NULL ORDER BY id"
-            ).fetchall()
+                select(t.c.id, t.c.query, t.c.document, t.c.label, t.c.source, t.c.pair_id, t.c.fields)
+                .where(t.c.round.is_(None)).order_by(t.c.id)
+            ).all()
             if not rows:
                 return None
             round_id = _feedback_slot(conn)
@@ -181,13 +177,16 @@ def promote_feedback(store_dir: str | Path) -> int | None:
                         dataset=template.name,
                     )
                 )
-            store._insert_examples(conn, examples, round_id)
-            conn.executemany(
-                "INSERT OR REPLACE INTO feedback (example_id, label, added_at) VALUES (?, ?, ?)",
-                [(x.id, x.label, _now()) for x in examples],
-            )
-            conn.executemany("UPDATE live_feedback SET round = ? WHERE id = ?", [(round_id, r[0]) for r in rows])
+            opened._insert_examples(conn, examples, round_id)
+            upsert(conn, db.feedback, [{"example_id": x.id, "label": x.label, "added_at": _now()} for x in examples],
+                   ["example_id"])
+            _mark_promoted(conn, t, [r[0] for r in rows], round_id)
         return round_id
+
+
+def _mark_promoted(conn: Connection, table, ids: list[int], round_id: int) -> None:
+    for start in range(0, len(ids), 500):  # bounded IN lists
+        conn.execute(update(table).where(table.c.id.in_(ids[start:start + 500])).values(round=round_id))
 
 
 # --------------------------------------------------------------------------- served traffic
@@ -200,36 +199,35 @@ def traffic_key(query: str, document: str) -> str:
     return hashlib.sha256(f"{query}\x00{document}".encode("utf-8", "replace")).hexdigest()
 
 
-def append_traffic(store_dir: str | Path, pairs: Sequence[tuple[str, str]]) -> int:
+def append_traffic(store: Store, pairs: Sequence[tuple[str, str]]) -> int:
     """Write served (query, document) pairs as unlabelled traffic, deduplicated, while fewer than the
     store's ``max_traffic`` wait for the next round; returns the number of new rows."""
-    with _live(store_dir) as store:
-        room = store.config.max_traffic
-        with store.transaction() as conn:
-            waiting = conn.execute("SELECT COUNT(*) FROM live_traffic WHERE round IS NULL").fetchone()[0]
+    with _live(store) as opened:
+        room = opened.config.max_traffic
+        with opened.transaction() as conn:  # the writer lock: replicas do not overfill the bound together
+            t = db.live_traffic
+            waiting = conn.execute(select(func.count()).select_from(t).where(t.c.round.is_(None))).scalar_one()
             written = 0
             for query, document in pairs:
                 if waiting + written >= room:
                     break
-                written += conn.execute(
-                    "INSERT OR IGNORE INTO live_traffic (query, document, key, added_at) VALUES (?, ?, ?, ?)",
-                    (query, document, traffic_key(query, document), _now()),
-                ).rowcount
+                row = {"query": query, "document": document, "key": traffic_key(query, document), "added_at": _now()}
+                written += insert_new(conn, t, row, "key")
             return written
 
 
-def promote_traffic(store_dir: str | Path) -> int | None:
+def promote_traffic(store: Store) -> int | None:
     """Queue the traffic since the last promotion as one unlabelled round (CautiousDPO labels it);
     its id, or None when nothing new arrived."""
-    with _live(store_dir) as store:
-        template = store.config.verdict_template()
-        with store.transaction() as conn:
-            rows = conn.execute(
-                "SELECT id, query, document FROM live_traffic WHERE round IS NULL ORDER BY id"
-            ).fetchall()
+    with _live(store) as opened:
+        template = opened.config.verdict_template()
+        with opened.transaction() as conn:
+            t = db.live_traffic
+            waiting = select(t.c.id, t.c.query, t.c.document).where(t.c.round.is_(None)).order_by(t.c.id)
+            rows = conn.execute(waiting).all()
             if not rows:
                 return None
-            rounds = [r[0] for r in conn.execute("SELECT round FROM examples UNION SELECT round FROM rounds")]
+            rounds = [r[0] for r in conn.execute(union(select(db.examples.c.round), select(db.rounds.c.round)))]
             round_id = max([r + 1 for r in rounds] or [0])
             examples = []
             for rowid, query, document in rows:
@@ -237,8 +235,8 @@ def promote_traffic(store_dir: str | Path) -> int | None:
                 fields.update(template.fields_for(query, document))
                 examples.append(LabeledPair(f"traffic-{rowid}", f"traffic-q:{traffic_key(query, '')[:16]}",
                                             query, document, -1, fields, group="traffic", dataset=template.name))
-            store._insert_examples(conn, examples, round_id)
-            conn.executemany("UPDATE live_traffic SET round = ? WHERE id = ?", [(round_id, r[0]) for r in rows])
+            opened._insert_examples(conn, examples, round_id)
+            _mark_promoted(conn, t, [r[0] for r in rows], round_id)
         return round_id
 
 
@@ -257,9 +255,9 @@ class TrafficLog:
         traffic.flush(); traffic.close()
     """
 
-    def __init__(self, store_dir: str | Path, max_queued: int = 1024, max_documents: int = 100):
-        pending_feedback(store_dir)  # a missing or damaged store fails at start-up, not in the writer
-        self.store_dir = str(store_dir)
+    def __init__(self, store: Store, max_queued: int = 1024, max_documents: int = 100):
+        pending_feedback(store)  # a missing or damaged store fails at start-up, not in the writer
+        self.store = store if isinstance(store, StoreLocation) else str(store)
         self.max_documents = max_documents  # per request: a 1,000-document request logs its first 100
         self.queue: queue.Queue = queue.Queue(maxsize=max_queued)
         self.dropped = 0
@@ -297,7 +295,7 @@ class TrafficLog:
                     break
                 batch += more
             try:
-                self.written += append_traffic(self.store_dir, batch)
+                self.written += append_traffic(self.store, batch)
             except Exception as exc:  # noqa: BLE001 - the service keeps serving; the log says why
                 log.error("traffic log: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
@@ -315,10 +313,10 @@ class TrafficLog:
         self._thread.join(timeout=5)
 
 
-def traffic_log(store_dir: str | None, enabled: bool) -> TrafficLog | None:
+def traffic_log(store: str | None, enabled: bool) -> TrafficLog | None:
     """The service's traffic log (``ragsieve serve --log-traffic``), which needs a feedback store."""
     if not enabled:
         return None
-    if not store_dir:
+    if not store:
         raise DataError("--log-traffic needs --feedback-store (the evolve store the traffic goes to)")
-    return TrafficLog(store_dir)
+    return TrafficLog(store)

@@ -1,11 +1,12 @@
-"""Deployment state of an evolving reranker in one SQLite file, advanced a round at a time.
+"""Deployment state of an evolving reranker, advanced a round at a time.
 
-``<store>/evolve.sqlite`` holds the configuration (the verdict template too, saved whole when
-it is the user's own file), the incoming examples by round (with hidden gold labels when
-simulating from a benchmark, for the round log only), feedback labels, an optional test split
-(``evolve init --test-size``), the replay buffer (every training pair with its round and
-source: gold / self / jury), each round's verdicts of the model before it trained on them
-(``verdicts``: what the labeller check judges the model by) and the round log;
+The store's rows (:mod:`ragsieve.evolve_db`: ``<store>/evolve.sqlite`` by default, or a
+PostgreSQL database every serve replica writes to) hold the configuration (the verdict template
+too, saved whole when it is the user's own file), the incoming examples by round (with hidden
+gold labels when simulating from a benchmark, for the round log only), feedback labels, an
+optional test split (``evolve init --test-size``), the replay buffer (every training pair with
+its round and source: gold / self / jury), each round's verdicts of the model before it trained
+on them (``verdicts``: what the labeller check judges the model by) and the round log;
 ``<store>/adapters/round-NNN`` holds each round's LoRA delta. The model after round t is the
 base LLM with the deltas of rounds 0..t merged in order.
 
@@ -35,7 +36,6 @@ Example::
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,8 +46,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 from pydantic import Field
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from ragsieve.artifacts import STORE_REBUILD, damaged, sqlite_error
+from ragsieve import evolve_db as db
+from ragsieve.artifacts import STORE_REBUILD, damaged
 from ragsieve.config import StrictConfig, build_config
 from ragsieve.errors import DataError, RagsieveError
 from ragsieve.evolve.judges import JudgeSpec
@@ -55,35 +59,15 @@ from ragsieve.evolve.methods import MethodConfig, Pair
 from ragsieve.data.records import LabeledPair
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
-from ragsieve.rerank.evolving import DB_FILE, finished_adapters, missing_store, store_config_json
+from ragsieve.evolve_db import DB_FILE  # noqa: F401  (re-exported: the SQLite file's name, for callers)
+from ragsieve.evolve_db import (
+    StoreLocation, database_error, finished_adapters, insert_rows, locate_store, open_database,
+    step_lock, store_config_json, store_exists, upsert, write_pointer, write_transaction,
+)
 
 if TYPE_CHECKING:
     from ragsieve.models.verdict import VerdictScores
     from ragsieve.prompts.verdicts import VerdictTemplate
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS examples (
-    id TEXT PRIMARY KEY, round INTEGER NOT NULL, data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS examples_round ON examples(round);
-CREATE TABLE IF NOT EXISTS feedback (
-    example_id TEXT PRIMARY KEY, label INTEGER NOT NULL, added_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS pairs (
-    example_id TEXT NOT NULL, round INTEGER NOT NULL, label INTEGER NOT NULL, source TEXT NOT NULL,
-    PRIMARY KEY (example_id, round)
-);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY, mode TEXT NOT NULL, adapter TEXT, record TEXT NOT NULL, finished_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS test_examples (id TEXT PRIMARY KEY, data TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS verdicts (
-    example_id TEXT NOT NULL, round INTEGER NOT NULL, logp_true REAL NOT NULL, logp_false REAL NOT NULL,
-    PRIMARY KEY (example_id, round)
-);
-"""
-
 
 class EvolveStoreConfig(StrictConfig):
     """How a deployed reranker evolves (saved in the store at ``init``)."""
@@ -155,142 +139,143 @@ def _now() -> str:
 
 
 class EvolveStore:
-    """The SQLite file and adapter folders of one deployment (see the module doc).
+    """The rows (SQLite file or PostgreSQL, :mod:`ragsieve.evolve_db`) and adapter folders of one
+    deployment (see the module doc).
 
     Example::
 
-        store = EvolveStore("state/fever")
+        store = EvolveStore("state/fever")        # or EvolveStore(locate_store("state/fever", "postgresql://..."))
         store.round_log(), len(store.pairs()), store.adapters()
         store.close()
     """
 
-    def __init__(self, store_dir: str | Path, *, create: bool = False):
-        self.dir = Path(store_dir)
-        path = self.dir / DB_FILE
-        if self.dir.is_file():
-            raise RagsieveError(f"{self.dir}: is a file; give the evolve store folder (the one holding {DB_FILE})")
-        if not path.is_file() and not create:
-            raise missing_store(self.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        # autocommit mode; multi-statement writes use explicit transactions (see `transaction`)
-        self.conn = sqlite3.connect(path, isolation_level=None, timeout=60)
-        try:
-            self.conn.execute("PRAGMA journal_mode=WAL")  # the first read: a non-database fails here
-            self.conn.execute("PRAGMA synchronous=FULL")
-            self.conn.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            self.conn.close()
-            raise sqlite_error(path, exc, STORE_REBUILD) from None
+    def __init__(self, store: "str | Path | StoreLocation", *, create: bool = False):
+        self.location = locate_store(store)
+        self.dir = self.location.dir  # None: a database URL alone (feedback and traffic need no folder)
+        self.engine = open_database(self.location, create=create)
 
     def close(self) -> None:
-        self.conn.close()
+        """Nothing stays open between calls (each read and write takes a pooled connection); kept for callers."""
+
+    def _rows(self, stmt) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(stmt).all())
 
     def check(self) -> None:
-        """Refuse a damaged file now (``PRAGMA quick_check``), not after minutes of training."""
+        """Refuse a damaged SQLite file now (``PRAGMA quick_check``), not after minutes of training."""
+        if self.location.postgres:
+            return  # the server keeps its own pages consistent
         try:
-            problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(1)")]
-        except sqlite3.Error as exc:
-            raise sqlite_error(self.dir / DB_FILE, exc, STORE_REBUILD) from None
+            with self.engine.connect() as conn:
+                problems = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check(1)")]
+        except SQLAlchemyError as exc:
+            raise database_error(self.location, exc) from None
         if problems != ["ok"]:
             # the report starts with a "*** in database main ***" banner; the next line says what
             lines = [line for line in str(problems[0]).splitlines() if line.strip() and not line.startswith("***")]
-            raise damaged(self.dir / DB_FILE, f"integrity check: {(lines or ['failed'])[0]}", STORE_REBUILD)
+            raise damaged(self.location.label, f"integrity check: {(lines or ['failed'])[0]}", STORE_REBUILD)
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def transaction(self, *, lock: bool = True) -> Iterator[Connection]:
+        """One write transaction under the store's writer lock (see :func:`ragsieve.evolve_db.write_transaction`)."""
+        with write_transaction(self.engine, lock=lock) as conn:
+            yield conn
 
     # -- configuration -------------------------------------------------------------
     @property
     def config(self) -> EvolveStoreConfig:
-        source = f"{self.dir / DB_FILE}: config"
-        return build_config(EvolveStoreConfig, store_config_json(self.conn, self.dir), source=source)
+        with self.engine.connect() as conn:
+            saved = store_config_json(conn, self.location.label)
+        return build_config(EvolveStoreConfig, saved, source=f"{self.location.label}: config")
 
     # -- examples and feedback -----------------------------------------------------
     def add_examples(self, examples: Sequence[LabeledPair], round_id: int) -> None:
         with self.transaction() as conn:
             self._insert_examples(conn, examples, round_id)
 
-    def _insert_examples(self, conn: sqlite3.Connection, examples: Sequence[LabeledPair], round_id: int) -> None:
+    def _insert_examples(self, conn: Connection, examples: Sequence[LabeledPair], round_id: int) -> None:
+        rows = [{"id": x.id, "round": round_id, "data": json.dumps(x.to_json(), ensure_ascii=False)} for x in examples]
         try:
-            conn.executemany(
-                "INSERT INTO examples (id, round, data) VALUES (?, ?, ?)",
-                [(x.id, round_id, json.dumps(x.to_json(), ensure_ascii=False)) for x in examples],
-            )
-        except sqlite3.IntegrityError:
-            known = {r[0] for r in conn.execute("SELECT id FROM examples")}
-            dup = next((x.id for x in examples if x.id in known), "?")
+            with conn.begin_nested():  # a savepoint: PostgreSQL refuses every statement after an error otherwise
+                insert_rows(conn, db.examples, rows)
+        except IntegrityError:
+            known = {r[0] for r in conn.execute(select(db.examples.c.id))}
+            seen: set[str] = set()
+            dup = next((x.id for x in examples if x.id in known or x.id in seen or seen.add(x.id)), "?")
             raise DataError(f"example id '{dup}' is already in the store") from None
 
     def examples(self, round_id: int) -> list[LabeledPair]:
-        rows = self.conn.execute("SELECT data FROM examples WHERE round = ? ORDER BY rowid", (round_id,))
+        t = db.examples
+        rows = self._rows(select(t.c.data).where(t.c.round == round_id).order_by(t.c.seq))
         return [LabeledPair.from_json(json.loads(r[0])) for r in rows]
 
     def test_examples(self) -> list[LabeledPair]:
         """The store's test split (``evolve init --test-size``): scored after every round, never trained on."""
-        rows = self.conn.execute("SELECT data FROM test_examples ORDER BY rowid")
+        rows = self._rows(select(db.test_examples.c.data).order_by(db.test_examples.c.seq))
         return [LabeledPair.from_json(json.loads(r[0])) for r in rows]
 
     def recorded_verdicts(self) -> dict[str, tuple[float, float]]:
         """M_{t-1}'s (logp_true, logp_false) on each example of round t, recorded before round t trained."""
-        rows = self.conn.execute(
-            "SELECT v.example_id, v.logp_true, v.logp_false FROM verdicts v JOIN examples e"
-            " ON e.id = v.example_id AND e.round = v.round"
+        v, e = db.verdicts, db.examples
+        rows = self._rows(
+            select(v.c.example_id, v.c.logp_true, v.c.logp_false)
+            .join(e, (e.c.id == v.c.example_id) & (e.c.round == v.c.round))
+            .order_by(e.c.seq)
         )
         return {i: (float(t), float(f)) for i, t, f in rows}
 
     def example_rounds(self) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT DISTINCT round FROM examples ORDER BY round")]
+        return [r[0] for r in self._rows(select(db.examples.c.round).distinct().order_by(db.examples.c.round))]
+
+    def example_round_of(self) -> dict[str, int]:
+        """Every example id → its round."""
+        return dict(self._rows(select(db.examples.c.id, db.examples.c.round)))
 
     def set_feedback(self, labels: dict[str, int]) -> None:
         with self.transaction() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO feedback (example_id, label, added_at) VALUES (?, ?, ?)",
-                [(i, int(v), _now()) for i, v in labels.items()],
-            )
+            upsert(conn, db.feedback, [{"example_id": i, "label": int(v), "added_at": _now()}
+                                       for i, v in labels.items()], ["example_id"])
 
     def feedback(self, example_ids: Sequence[str]) -> dict[str, int]:
         wanted = set(example_ids)
-        return {i: int(v) for i, v in self.conn.execute("SELECT example_id, label FROM feedback") if i in wanted}
+        rows = self._rows(select(db.feedback.c.example_id, db.feedback.c.label))
+        return {i: int(v) for i, v in rows if i in wanted}
 
     # -- rounds, adapters, replay buffer -------------------------------------------------
     def done_rounds(self) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT round FROM rounds ORDER BY round")]
+        return [r[0] for r in self._rows(select(db.rounds.c.round).order_by(db.rounds.c.round))]
 
     def next_round(self) -> int:
         done = self.done_rounds()
         return done[-1] + 1 if done else 0
 
     def adapter_dir(self, round_id: int) -> Path:
-        return self.dir / "adapters" / f"round-{round_id:03d}"
+        return self.location.need_dir("an adapter") / "adapters" / f"round-{round_id:03d}"
 
     def adapters(self) -> list[Path]:
         """The deltas of the finished rounds, in order (rounds that trained nothing have none)."""
-        return finished_adapters(self.conn, self.dir)
+        folder = self.location.need_dir("the adapters")
+        with self.engine.connect() as conn:
+            return finished_adapters(conn, folder)
 
     def pairs(self, before_round: int | None = None) -> list[Pair]:
         """The replay buffer (optionally only rounds < ``before_round``), joined with the examples."""
-        sql = (
-            "SELECT p.round, p.label, p.source, e.data FROM pairs p JOIN examples e ON e.id = p.example_id"
-            + (" WHERE p.round < ?" if before_round is not None else "")
-            + " ORDER BY p.round, p.example_id"
-        )
-        args = (before_round,) if before_round is not None else ()
+        p, e = db.pairs, db.examples
+        stmt = select(p.c.round, p.c.example_id, p.c.label, p.c.source, e.c.data).join(e, e.c.id == p.c.example_id)
+        if before_round is not None:
+            stmt = stmt.where(p.c.round < before_round)
+        # sorted here, by code point: a PostgreSQL collation would order the ids (and so the replay draw) differently
+        rows = sorted(self._rows(stmt), key=lambda r: (r[0], r[1]))
         return [
             Pair(LabeledPair.from_json(json.loads(data)), int(label), source, int(rnd))
-            for rnd, label, source, data in self.conn.execute(sql, args)
+            for rnd, _, label, source, data in rows
         ]
 
     def round_log(self) -> list[dict[str, Any]]:
-        rows = self.conn.execute("SELECT round, mode, adapter, record, finished_at FROM rounds ORDER BY round")
+        r = db.rounds
+        rows = self._rows(select(r.c.round, r.c.mode, r.c.adapter, r.c.record, r.c.finished_at).order_by(r.c.round))
         return [
-            {"round": r, "mode": m, "adapter": a, "finished_at": f, **json.loads(rec)} for r, m, a, rec, f in rows
+            {"round": n, "mode": m, "adapter": a, "finished_at": f, **json.loads(rec)} for n, m, a, rec, f in rows
         ]
 
     def commit_round(
@@ -298,76 +283,73 @@ class EvolveStore:
         verdicts: tuple[Sequence[LabeledPair], "VerdictScores"] | None = None,
     ) -> None:
         """Write the round's pairs, M_{t-1}'s verdicts on its examples and its log entry in one transaction."""
-        rel = str(adapter.relative_to(self.dir)) if adapter is not None else None
+        rel = str(adapter.relative_to(self.location.need_dir("an adapter"))) if adapter is not None else None
         with self.transaction() as conn:
             self._insert_pairs(conn, pairs)
             if verdicts is not None:
                 examples, scores = verdicts
-                conn.executemany(
-                    "INSERT OR REPLACE INTO verdicts (example_id, round, logp_true, logp_false) VALUES (?, ?, ?, ?)",
-                    [(x.id, round_id, float(t), float(f))
-                     for x, t, f in zip(examples, scores.logp_true, scores.logp_false)],
-                )
-            conn.execute(
-                "INSERT INTO rounds (round, mode, adapter, record, finished_at) VALUES (?, ?, ?, ?, ?)",
-                (round_id, mode, rel, json.dumps(record), _now()),
-            )
+                upsert(conn, db.verdicts, [
+                    {"example_id": x.id, "round": round_id, "logp_true": float(t), "logp_false": float(f)}
+                    for x, t, f in zip(examples, scores.logp_true, scores.logp_false)
+                ], ["example_id", "round"])
+            insert_rows(conn, db.rounds, [{"round": round_id, "mode": mode, "adapter": rel,
+                                           "record": json.dumps(record), "finished_at": _now()}])
 
-    def _insert_pairs(self, conn: sqlite3.Connection, pairs: Sequence[Pair]) -> None:
-        conn.executemany(
-            "INSERT INTO pairs (example_id, round, label, source) VALUES (?, ?, ?, ?)",
-            [(p.example.id, p.round, p.label, p.source) for p in pairs],
-        )
+    def _insert_pairs(self, conn: Connection, pairs: Sequence[Pair]) -> None:
+        insert_rows(conn, db.pairs, [{"example_id": p.example.id, "round": p.round, "label": p.label,
+                                      "source": p.source} for p in pairs])
 
 
 # --------------------------------------------------------------------------- operations
 
 
 @contextmanager
-def _open(store_dir: str | Path, *, create: bool = False) -> Iterator[EvolveStore]:
-    """An open store, closed afterwards; SQLite errors (a page found corrupt mid-read) become one line."""
-    store = EvolveStore(store_dir, create=create)
+def _open(store: "str | Path | StoreLocation", *, create: bool = False) -> Iterator[EvolveStore]:
+    """An open store; database errors (a page found corrupt mid-read, a server gone) become one line."""
+    opened = EvolveStore(store, create=create)
     try:
-        yield store
-    except sqlite3.Error as exc:
-        raise sqlite_error(store.dir / DB_FILE, exc, STORE_REBUILD) from None
+        yield opened
+    except SQLAlchemyError as exc:
+        raise database_error(opened.location, exc) from None
     finally:
-        store.close()
+        opened.close()
 
 
 def init_store(
-    store_dir: str | Path,
+    store: "str | Path | StoreLocation",
     config: EvolveStoreConfig,
     initial: Sequence[LabeledPair],
     rounds: Sequence[Sequence[LabeledPair]] = (),
     test: Sequence[LabeledPair] = (),
-) -> Path:
+) -> "Path | StoreLocation":
     """Create a store: ``initial`` (labelled) becomes round 0, ``rounds`` the queued batches,
-    ``test`` (labelled) the split scored after every round."""
+    ``test`` (labelled) the split scored after every round. Returns the store as given (a folder as a Path)."""
     config.verdict_template()  # fail now, not at the first step
-    if (Path(store_dir) / DB_FILE).is_file():
-        raise RagsieveError(f"{store_dir} already holds an evolve store; use another directory")
+    location = locate_store(store)
+    if store_exists(location):
+        where = "database" if location.postgres else "directory"
+        raise RagsieveError(f"{location.label if location.postgres else location.dir} already holds an evolve "
+                            f"store; use another {where}")
     if not initial or len({x.label for x in initial}) < 2:
         raise DataError("the initial SFT set needs labelled examples of both classes")
-    with _open(store_dir, create=True) as store, store.transaction() as conn:
-        conn.execute("INSERT INTO meta (key, value) VALUES ('config', ?)", (config.model_dump_json(),))
-        conn.execute("INSERT INTO meta (key, value) VALUES ('created', ?)", (_now(),))
-        store._insert_examples(conn, initial, 0)
-        conn.executemany(
-            "INSERT INTO feedback (example_id, label, added_at) VALUES (?, ?, ?)",
-            [(x.id, int(x.label), _now()) for x in initial],
-        )
+    if location.dir is not None:
+        location.dir.mkdir(parents=True, exist_ok=True)
+    with _open(location, create=True) as opened, opened.transaction() as conn:
+        insert_rows(conn, db.meta, [{"key": "config", "value": config.model_dump_json()},
+                                    {"key": "created", "value": _now()}])
+        opened._insert_examples(conn, initial, 0)
+        insert_rows(conn, db.feedback, [{"example_id": x.id, "label": int(x.label), "added_at": _now()}
+                                        for x in initial])
         for t, batch in enumerate(rounds, start=1):
-            store._insert_examples(conn, batch, t)
-        conn.executemany(
-            "INSERT INTO test_examples (id, data) VALUES (?, ?)",
-            [(x.id, json.dumps(x.to_json(), ensure_ascii=False)) for x in test],
-        )
-    return Path(store_dir)
+            opened._insert_examples(conn, batch, t)
+        insert_rows(conn, db.test_examples, [{"id": x.id, "data": json.dumps(x.to_json(), ensure_ascii=False)}
+                                             for x in test])
+    write_pointer(location)
+    return store if isinstance(store, StoreLocation) else Path(store)
 
 
 def init_store_from_dataset(
-    store_dir: str | Path,
+    store_dir: "str | Path | StoreLocation",
     dataset: str,
     config: EvolveStoreConfig,
     *,
@@ -376,7 +358,7 @@ def init_store_from_dataset(
     rounds: int = 4,
     data_dir: str | None = None,
     test_size: int = 0,
-) -> Path:
+) -> "Path | StoreLocation":
     """Simulate a deployment on a benchmark: its SFT set and rounds (gold hidden from training)."""
     from ragsieve.evolve.tasks import build_task_rounds
 
@@ -420,8 +402,8 @@ def read_labelled_examples(path: str | Path, template: "VerdictTemplate") -> lis
 
 
 def init_store_from_examples(
-    store_dir: str | Path, path: str | Path, config: EvolveStoreConfig, *, test_size: int = 0
-) -> tuple[Path, int, int]:
+    store_dir: "str | Path | StoreLocation", path: str | Path, config: EvolveStoreConfig, *, test_size: int = 0
+) -> "tuple[Path | StoreLocation, int, int]":
     """Start a store from the user's labelled rows: all of them train M0 (round 0), but
     ``test_size`` examples of whole queries (balanced) held out as the test split.
     Returns the store, the SFT size and the test size."""
@@ -432,8 +414,7 @@ def init_store_from_examples(
     if test_size:
         test, used = select_test(examples, test_size, config.seed, True, str(path))
         examples = [x for x in examples if x.query_id not in used]
-    init_store(store_dir, config, examples, test=test)
-    return Path(store_dir), len(examples), len(test)
+    return init_store(store_dir, config, examples, test=test), len(examples), len(test)
 
 
 def _read_rows(path: str | Path) -> list[tuple[str, dict]]:
@@ -453,7 +434,7 @@ def _label_value(value: Any, where: str, words: dict[str, int]) -> int:
     raise DataError(f"{where}: label {value!r} is not 0/1 or a label word ({', '.join(words)})")
 
 
-def ingest(store_dir: str | Path, path: str | Path) -> int:
+def ingest(store_dir: "str | Path | StoreLocation", path: str | Path) -> int:
     """Queue a new batch (one round) from jsonl rows ``{id, fields: {...}, label?}``; returns its round."""
     with _open(store_dir) as store:
         template = store.config.verdict_template()
@@ -476,7 +457,7 @@ def ingest(store_dir: str | Path, path: str | Path) -> int:
         return round_id
 
 
-def add_feedback(store_dir: str | Path, path: str | Path) -> dict[str, int]:
+def add_feedback(store_dir: "str | Path | StoreLocation", path: str | Path) -> dict[str, int]:
     """Record gold labels (jsonl ``{id, label}``, label 0/1 or a label word) for queued examples.
 
     A round whose examples all have feedback runs as a full-feedback round; partial
@@ -486,7 +467,7 @@ def add_feedback(store_dir: str | Path, path: str | Path) -> dict[str, int]:
     with _open(store_dir) as store:
         template = store.config.verdict_template()
         words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
-        round_of = dict(store.conn.execute("SELECT id, round FROM examples"))
+        round_of = store.example_round_of()
         first_open = store.next_round()
         labels: dict[str, int] = {}
         for where, row in _read_rows(path):
@@ -504,19 +485,19 @@ def add_feedback(store_dir: str | Path, path: str | Path) -> dict[str, int]:
         return counts
 
 
-def run_step(store_dir: str | Path) -> StepReport:
+def run_step(store_dir: "str | Path | StoreLocation") -> StepReport:
     """Run the next round of the store (see the module doc); idle when none is queued."""
     from filelock import FileLock, Timeout
 
-    store_dir = Path(store_dir)
-    EvolveStore(store_dir).close()  # a missing store is an error before any lock file is made
+    location = EvolveStore(store_dir).location  # a missing store is an error before any lock file is made
+    folder = location.need_dir("`evolve step` (it writes adapters)")
     try:
-        with FileLock(str(store_dir / ".step.lock"), timeout=1):
-            with _open(store_dir) as store:
+        with FileLock(str(folder / ".step.lock"), timeout=1):
+            with _open(location) as store, step_lock(location, store.engine):
                 store.check()
                 return _run_next_round(store)
     except Timeout:
-        raise RagsieveError(f"another `evolve step` is running on {store_dir}") from None
+        raise RagsieveError(f"another `evolve step` is running on {folder}") from None
 
 
 def _run_next_round(store: EvolveStore) -> StepReport:
@@ -619,9 +600,9 @@ def _check_labellers(
     """
     from ragsieve.evolve.judges import SELF_LABELLER, check_labellers
 
-    rows = store.conn.execute(
-        "SELECT e.data, f.label FROM feedback f JOIN examples e ON e.id = f.example_id WHERE e.round >= 1"
-        " ORDER BY e.round, e.rowid"
+    f, e = db.feedback, db.examples
+    rows = store._rows(
+        select(e.c.data, f.c.label).join(e, e.c.id == f.c.example_id).where(e.c.round >= 1).order_by(e.c.round, e.c.seq)
     )
     labelled = [replace(LabeledPair.from_json(json.loads(data)), label=int(label)) for data, label in rows]
     from ragsieve.models.verdict import VerdictScores
@@ -635,24 +616,24 @@ def _check_labellers(
     return check, passed, SELF_LABELLER in check["used"]
 
 
-def store_status(store_dir: str | Path) -> dict[str, Any]:
+def store_status(store_dir: "str | Path | StoreLocation") -> dict[str, Any]:
     """Configuration, finished rounds (the log), queued rounds and the replay buffer by source."""
     with _open(store_dir) as store:
         cfg = store.config
         done = store.done_rounds()
         queued = [r for r in store.example_rounds() if r not in set(done)]
-        sizes = dict(store.conn.execute("SELECT round, COUNT(*) FROM examples GROUP BY round"))
-        fb = dict(
-            store.conn.execute(
-                "SELECT e.round, COUNT(*) FROM feedback f JOIN examples e ON e.id = f.example_id GROUP BY e.round"
-            )
+        e, f, p = db.examples, db.feedback, db.pairs
+        sizes = dict(store._rows(select(e.c.round, func.count()).group_by(e.c.round)))
+        fb = dict(store._rows(select(e.c.round, func.count()).join(f, e.c.id == f.c.example_id).group_by(e.c.round)))
+        buffer = store._rows(
+            select(p.c.round, p.c.source, func.count()).group_by(p.c.round, p.c.source).order_by(p.c.round, p.c.source)
         )
-        buffer = store.conn.execute("SELECT round, source, COUNT(*) FROM pairs GROUP BY round, source ORDER BY round")
         return {
-            "store": str(store.dir),
+            "store": str(store.dir) if store.dir is not None else store.location.label,
+            "database": store.location.label if store.location.postgres else None,
             "llm": cfg.llm,
             "template": cfg.template,
-            "test_examples": store.conn.execute("SELECT COUNT(*) FROM test_examples").fetchone()[0],
+            "test_examples": store._rows(select(func.count()).select_from(db.test_examples))[0][0],
             "next_round": store.next_round() if queued else None,
             "rounds": store.round_log(),
             "queued": [{"round": r, "examples": sizes.get(r, 0), "feedback": fb.get(r, 0)} for r in queued],

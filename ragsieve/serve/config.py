@@ -29,7 +29,7 @@ class ServeConfig(StrictConfig):
     top_k: int = Field(3, ge=1, description="/v1/ask: passages that reach the LLM; /v1/filter: its cut (top_n overrides)")
     candidates: int = Field(20, ge=1, description="/v1/ask: passages retrieved for the reranker")
     max_new_tokens: int = Field(16, ge=1)
-    feedback_store: str | None = None  # evolve store directory that /v1/feedback appends to
+    feedback_store: str | None = None  # evolve store that /v1/feedback appends to: its folder or a postgresql:// URL
     log_traffic: bool = False  # also write every served (query, documents) to feedback_store as unlabelled traffic
 
     # limits: over-limit requests are answered 413 with a JSON error naming the field
