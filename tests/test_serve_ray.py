@@ -22,13 +22,16 @@ from tests.test_serve import (  # noqa: E402 - the serve suite's client tests, r
     DOCS,
     QUERY,
     test_cohere_v2_client_gets_the_expected_order,  # noqa: F401
-    test_filter_without_a_grader_needs_a_threshold,  # noqa: F401
     test_health_models_reload_and_openapi,  # noqa: F401
     test_open_webui_and_dify_style_raw_json,  # noqa: F401
     test_tei_body_on_rerank_answers_in_tei_shape,  # noqa: F401
     test_uncalibrated_scores_are_the_logistic_of_the_raw_score,  # noqa: F401
 )
 from tests.test_serve_feedback import live_rows, make_store  # noqa: E402
+from tests.test_serve_filter import (  # noqa: E402 - /v1/filter's client tests, on the [0, 1] scale
+    test_a_threshold_outside_unit_range_is_a_one_line_422,  # noqa: F401
+    test_without_a_grader_a_threshold_is_needed,  # noqa: F401
+)
 
 REPLICAS = 2
 

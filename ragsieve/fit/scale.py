@@ -22,6 +22,7 @@ Needs the optional extra ``ragsieve[ray]``. Example (a local Ray instance on thi
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from typing import Any, Sequence
 
@@ -42,6 +43,10 @@ def init_ray(address: str, num_cpus: int | None = None) -> None:
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address == "local":
+        # Serve's HTTP proxy must say it is ready within 5 s, 3 times over, or it is killed and started
+        # again; on a busy 2-core machine its start alone took > 20 s and Serve looped. The local
+        # instance's processes inherit this environment.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         ray.init(num_cpus=num_cpus, **kwargs)
     else:
         ray.init(address=address, **kwargs)
