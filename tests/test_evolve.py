@@ -1014,7 +1014,8 @@ def test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done
     metrics = EvolveM0Sweep().run(cfg, tmp_path, Console(quiet=True))
     r = metrics["by_dataset"]["bioasq"]
     assert [(g["lr"], g["epochs"]) for g in r["grid"]] == [(1e-2, 1), (1e-2, 2), (3e-2, 1), (3e-2, 2)]
-    assert r["dev"] == {"n": 6, "positives": 3} and r["configured"]["lr"] == 1e-2
+    assert {k: r["dev"][k] for k in ("n", "positives")} == {"n": 6, "positives": 3} and r["configured"]["lr"] == 1e-2
+    assert r["dev"]["interval"] == "bootstrap over queries" and 1 <= r["dev"]["queries"] <= 6  # dev shares questions
     best = max(g["accuracy"] for g in r["grid"])
     assert r["chosen"]["dev_accuracy"] == best
     assert (r["override"] == {}) == (r["chosen"] == {**r["chosen"], "lr": 1e-2, "epochs": 2})
