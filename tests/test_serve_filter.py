@@ -15,13 +15,7 @@ from scipy.special import expit, logit
 from ragsieve.serve import ServeConfig, create_app
 from ragsieve.serve.runner import BackgroundServer
 
-DOCS = [
-    "Paris is the capital and largest city of France.",
-    "Hamlet is a tragedy written by William Shakespeare around 1600.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Shakespeare's Hamlet tells of Prince Hamlet of Denmark.",
-]
-QUERY = "who wrote hamlet shakespeare"
+from tests.test_serve import DOCS, QUERY  # the serve suite's documents and query
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
