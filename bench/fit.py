@@ -1,20 +1,32 @@
 """Speed of `ragsieve fit` on the embedded defaults: seconds per phase and the share spent in LLM forwards.
 
-Builds (or reuses) the hybrid index over the NQ-oracle passage pool, writes a QA file of
-``--questions`` NQ questions from the train split (the demo's held-out questions are never
-used), runs the full fit into ``--out`` and times it. LLM forward time is measured with
-forward hooks on the LLM itself (generation, probe states and Conf(Q+C) passes alike).
-Target (issue #13): 300 questions in ≤ 60 min on 2 cores. Writes ``bench/results/fit.json``.
+Builds (or reuses) the hybrid index of ``--dataset``, writes a QA file of its questions, runs the full
+fit into ``--out`` and times it. LLM forward time is measured with forward hooks on the LLM itself
+(generation, probe states and Conf(Q+C) passes alike). Target (issue #13): 300 questions in ≤ 60 min
+on 2 cores. Writes ``bench/results/fit.json``.
+
+* ``nq`` (default): the NQ-oracle passage pool; the first ``--questions`` (300) NQ questions of the
+  train side (the demo's held-out questions are never used).
+* ``hotpotqa`` (issue #39): the paragraphs of all 1,517 HotpotQA distractor questions, built exactly as
+  ``ragsieve index --passages`` builds a corpus (written to ``<out>/passages.jsonl``, read and chunked by
+  :func:`ragsieve.retrieve.read_corpus`: 14,798 paragraphs, 16,497 passages); the questions are those the start reranker
+  (``align.init``, ``embedded:base``) never trained or early-stopped on: it mined 1,000 of the 1,517, so 517
+  remain (HotpotQA has no demo held-out set; that rule is NQ's). Default split 0.2 / 0.18 / 0.62:
+  102 / 111 / 304 by the id hash, ≥ 300 test questions. ``--ship`` and ``--regrade`` are NQ's only.
 
     python bench/fit.py [--questions 300] [--out /tmp/ragsieve-fit-bench] [--config FIT.yaml] [--ship]
     python bench/fit.py --regrade       # only the shipped sieve's grader threshold, after embedded:base changes
+    python bench/fit.py --dataset hotpotqa --out ~/.cache/ragsieve/fits/hotpotqa --records results/fit/hotpotqa/records
+    python bench/fit.py --dataset hotpotqa --out /tmp/hp --prepare-only   # QA file + index, then exit
 
 ``--config`` gives the FitConfig fields (``experiments/sieve_default.yaml`` by default);
 ``--ship`` then copies the fitted sieve (without ``work/``) to ``ragsieve/assets/sieves/default``
 and its metrics to ``results/fit/metrics.json``: how the shipped default sieve is built.
+``--prepare-only`` writes the QA file, builds (or loads) the cached index, prints the split sizes and
+exits before the LLM loads.
 
-A rerun resumes the fit (the phases already done take no time): pass a fresh ``--out`` to
-time a whole fit.
+A rerun resumes the fit (the phases already done take no time) and reuses the cached index
+(``~/.cache/ragsieve/indexes/``, keyed by the passages): pass a fresh ``--out`` to time a whole fit.
 """
 
 from __future__ import annotations
@@ -24,57 +36,158 @@ import json
 import os
 import platform
 import time
+from collections.abc import Collection
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+DATASETS = ("nq", "hotpotqa")
+#: train,dev,test shares when --split is not given for HotpotQA: its 517 questions → 102 / 111 / 304
+HOTPOTQA_SPLIT = "0.2,0.18,0.62"
 
-def main() -> None:
+
+def write_qa_file(path: Path, questions) -> None:
+    """The fit's QA file: id, question and answers per line (no gold passages: the fit does not read them)."""
+    path.write_text("".join(json.dumps({"id": q.id, "question": q.text, "answers": list(q.answers)}) + "\n"
+                            for q in questions))
+
+
+def nq_inputs(limit: int) -> tuple[str, list, list]:
+    """(index name, NQ-oracle's passage pool, its first ``limit`` train-side questions; 0 = all)."""
     from ragsieve.data import held_out_questions, load_dataset
-    from ragsieve.fit import PHASES, Fit, FitConfig
+
+    ds = load_dataset("nq-oracle")
+    held_out = {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
+    return "nq-oracle", ds.passages, [q for q in ds.questions if q.id not in held_out][: limit or None]
+
+
+def hotpotqa_inputs(out: Path, limit: int, exclude: Collection[str], encoder: str,
+                    data_dir: str | Path | None = None) -> tuple[str, list, list]:
+    """(index name, the 1,517 questions' paragraphs as ``ragsieve index --passages`` reads them, the questions
+    not in ``exclude``, the first ``limit`` of them; 0 = all).
+
+    The paragraphs go to ``<out>/passages.jsonl`` (id = title, as in the distractor file) and come back
+    through :func:`~ragsieve.retrieve.read_corpus` with the CLI's chunking, so the index is the one
+    ``ragsieve index --passages <out>/passages.jsonl --out DIR`` builds.
+
+    Example::
+
+        name, passages, questions = hotpotqa_inputs(Path("/tmp/hp"), 0, set(), DEFAULT_ENCODER)
+    """
+    from ragsieve.benchmarks.mining import hotpot_1517
+    from ragsieve.retrieve import ChunkConfig, read_corpus
+
+    ds = hotpot_1517(data_dir)
+    corpus = out / "passages.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n" for p in ds.passages))
+    passages = read_corpus([corpus], ChunkConfig(tokenizer=encoder))  # ChunkConfig's defaults are the CLI's
+    questions = [q for q in ds.questions if q.id not in set(exclude)]
+    return ds.name, passages, questions[: limit or None]
+
+
+def start_reranker_trained(dataset: str, align_init: str) -> set[str]:
+    """Ids of ``dataset``'s HotpotQA questions the start reranker trained or early-stopped on (none for a start
+    reranker without a mining recipe).
+
+    Empty for ``nq``, whose QA file stays as it was (the NQ refit resumes from it), although ``embedded:base``
+    mined 725 of its 1,500 questions.
+    """
+    if dataset != "hotpotqa":
+        return set()
+    from ragsieve.benchmarks.mining import trained_question_ids
+    from ragsieve.registry import reranker_folder
+
+    return trained_question_ids("hotpotqa-distractor", reranker_folder(align_init, "align.init"))
+
+
+def prepare(dataset: str, out: Path, limit: int, exclude: Collection[str] = (), kind: str = "hybrid",
+            encoder: str | None = None, data_dir: str | Path | None = None) -> dict[str, Any]:
+    """Write ``<out>/qa.jsonl`` and build or load the cached index.
+
+    Returns ``{qa, index, questions, passages, index_seconds, reused}`` (paths, counts, the build's seconds,
+    whether the cached index was reused).
+
+    Example::
+
+        prepare("hotpotqa", Path("/tmp/hp"), 0, start_reranker_trained("hotpotqa", "embedded:base"))
+    """
     from ragsieve.models.specs import DEFAULT_ENCODER
     from ragsieve.retrieve.cached import build_or_load_index, cached_index_dir
 
+    encoder = encoder or DEFAULT_ENCODER
+    out.mkdir(parents=True, exist_ok=True)
+    if dataset == "nq":
+        name, passages, questions = nq_inputs(limit)
+    else:
+        name, passages, questions = hotpotqa_inputs(out, limit, exclude, encoder, data_dir)
+    qa = out / "qa.jsonl"
+    write_qa_file(qa, questions)
+    t0 = time.perf_counter()
+    _, reused = build_or_load_index(name, passages, kind, encoder)
+    return {"qa": qa, "index": cached_index_dir(name, passages, kind, encoder), "questions": len(questions),
+            "passages": len(passages), "index_seconds": time.perf_counter() - t0, "reused": reused}
+
+
+def main() -> None:
+    from ragsieve.fit import PHASES, Fit, FitConfig
+    from ragsieve.fit.config import AlignConfig
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=300)
+    parser.add_argument("--dataset", choices=DATASETS, default="nq",
+                        help="nq: NQ-oracle's train side; hotpotqa: the 1,517 distractor questions' paragraphs, and "
+                             "the questions the start reranker never trained on (see the docstring)")
+    parser.add_argument("--questions", type=int,
+                        help="how many questions (default: 300 for nq, all 517 for hotpotqa; 0 = all)")
     parser.add_argument("--out", default="/tmp/ragsieve-fit-bench")
     parser.add_argument("--gate", default="parity")
     parser.add_argument("--result", default="bench/results/fit.json")
     parser.add_argument("--config", default="experiments/sieve_default.yaml", help="FitConfig fields (YAML/JSON)")
     parser.add_argument("--ship", action="store_true", help="copy the sieve into the package as embedded:default")
     parser.add_argument("--split", help="train,dev,test shares (e.g. 0.2,0.3,0.5) instead of the config's: a large "
-                        "refit needs fewer train and more test questions than a 300-question one")
+                        f"refit needs fewer train and more test questions than a 300-question one (hotpotqa: "
+                        f"{HOTPOTQA_SPLIT} unless given)")
     parser.add_argument("--records", help="folder of the fit's text-free records (answers, shifts), read at start "
                         "and kept as it runs: a refit resumes from them on another machine")
     parser.add_argument("--regrade", action="store_true",
                         help="only recalibrate the shipped sieve's grader threshold on the same dev split "
                              "(after embedded:base changes, its scores move and the old threshold means nothing)")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="write the QA file and build (or load) the index, print the split sizes, then exit")
     args = parser.parse_args()
+    if args.dataset != "nq" and (args.ship or args.regrade):
+        parser.error(f"--ship and --regrade concern the shipped NQ default sieve, not --dataset {args.dataset}")
     from ragsieve.config import build_config, read_mapping
+    from ragsieve.fit.run import fit_splits
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ds = load_dataset("nq-oracle")
-    held_out = {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
-    train = [q for q in ds.questions if q.id not in held_out][: args.questions]
-    qa = out / "qa.jsonl"
-    qa.write_text("".join(json.dumps({"id": q.id, "question": q.text, "answers": list(q.answers)}) + "\n" for q in train))
-    t0 = time.perf_counter()
-    build_or_load_index("nq-oracle", ds.passages, "hybrid", DEFAULT_ENCODER)
-    index_seconds = time.perf_counter() - t0
-    index_dir = cached_index_dir("nq-oracle", ds.passages, "hybrid", DEFAULT_ENCODER)
-
     values = read_mapping(args.config) if args.config else {"gate": args.gate}
-    values.update({"index": str(index_dir), "questions": str(qa), "out": str(out / "sieve")})
+    split = args.split or (HOTPOTQA_SPLIT if args.dataset == "hotpotqa" else None)
+    if split:
+        try:
+            values["split"] = dict(zip(("train", "dev", "test"), map(float, split.split(",")), strict=True))
+        except ValueError:
+            parser.error(f"--split {split!r}: give three shares, train,dev,test (e.g. 0.2,0.3,0.5)")
+    limit = args.questions if args.questions is not None else (300 if args.dataset == "nq" else 0)
+    exclude = start_reranker_trained(args.dataset, AlignConfig.model_validate(values.get("align") or {}).init)
+    prepared = prepare(args.dataset, out, limit, exclude)
+    index_seconds = prepared["index_seconds"]
+
+    values.update({"index": str(prepared["index"]), "questions": str(prepared["qa"]), "out": str(out / "sieve")})
     if args.records:
         values["records"] = args.records
-    if args.split:
-        try:
-            values["split"] = dict(zip(("train", "dev", "test"), map(float, args.split.split(",")), strict=True))
-        except ValueError:
-            parser.error(f"--split {args.split!r}: give three shares, train,dev,test (e.g. 0.2,0.3,0.5)")
     config = build_config(FitConfig, values, source=args.config or "options")
+    from ragsieve.data.qa_files import read_qa_file
+
+    splits = fit_splits(config, read_qa_file(config.questions)[: config.max_questions or None])  # too small: error
+    if args.prepare_only:
+        print(json.dumps({"dataset": args.dataset, "qa": str(prepared["qa"]), "index": str(prepared["index"]),
+                          "passages": prepared["passages"], "index_reused": prepared["reused"],
+                          "index_seconds": round(index_seconds, 1), "questions": prepared["questions"],
+                          "excluded_start_reranker_trained": len(exclude),
+                          "split": {name: len(qs) for name, qs in splits.items()}}))
+        return
     from ragsieve.progress import progress_bar
 
     # a refit runs for hours under nohup: plain stderr lines per phase, every 10 % or 30 s
@@ -121,7 +234,8 @@ def main() -> None:
             fit.timings[phase] = round(time.perf_counter() - start, 2)
         seconds = time.perf_counter() - total
     result = {
-        "questions": len(train),
+        "dataset": args.dataset,
+        "questions": prepared["questions"],
         "seconds_total": round(seconds, 1),
         "minutes_total": round(seconds / 60, 1),
         "target_minutes": 60,
