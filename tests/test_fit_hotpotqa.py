@@ -85,7 +85,21 @@ def test_hotpotqa_questions_are_those_the_start_reranker_never_saw(fit_bench):
     shares = dict(zip(("train", "dev", "test"), map(float, fit_bench.HOTPOTQA_SPLIT.split(","))))
     sizes = {name: len(qs) for name, qs in split_questions(questions, shares, 0).items()}  # the fit's split, seed 0
     assert sizes == {"train": 102, "dev": 111, "test": 304}
-    assert fit_bench.start_reranker_trained("nq", "embedded:base") == set()  # NQ's fit keeps the demo's rule
+
+
+def test_nq_questions_skip_the_demo_and_the_start_reranker(fit_bench):
+    """NQ's refit (issue #39, 1,086 questions, split 241 / 326 / 519): neither the demo's held-out questions nor
+    the 1,000 embedded:base mined."""
+    from ragsieve.data import held_out_questions, load_dataset
+    from ragsieve.data.qa_files import split_questions
+
+    trained = fit_bench.start_reranker_trained("nq", "embedded:base")
+    _, _, questions = fit_bench.nq_inputs(0, trained)
+    held_out = {q.id for q in held_out_questions(load_dataset("nq-oracle").questions, 0.2, 0)}
+    ids = {q.id for q in questions}
+    assert len(trained) == 1000 and len(ids) == 1086 and not ids & (trained | held_out)
+    sizes = {name: len(qs) for name, qs in split_questions(questions, {"train": 0.2, "dev": 0.3, "test": 0.5}, 0).items()}
+    assert sizes == {"train": 241, "dev": 326, "test": 519}
 
 
 def test_hotpotqa_refuses_ship_and_regrade(fit_bench, monkeypatch, capsys):
