@@ -109,6 +109,33 @@ def test_reload_reaches_every_replica(bm25_server):
     assert set(after) == set(before) and all(h["batches"] == 0 for h in after.values()), after
 
 
+def test_reloads_leave_no_batch_loop_behind(bm25_server):
+    """Each reload makes new batchers; they share the replica's one @serve.batch queue per model, so
+    no idle batch loop (holding an old model) is left per reload."""
+    from ray import serve
+
+    from ragsieve.serve.ray import APP_NAME
+
+    url = bm25_server.url
+    for _ in range(2):  # with the reload test's, three reloads
+        r = httpx.post(f"{url}/admin/reload", timeout=120)
+        assert r.status_code == 200 and r.json()["replicas"] == REPLICAS, r.text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until both replicas scored with their new batchers
+        httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=30)
+        seen = replicas_seen(url, timeout=5)
+        if len(seen) == REPLICAS and all(h["batches"] > 0 for h in seen.values()):
+            break
+    handle = serve.get_app_handle(APP_NAME)
+    loops: dict[str, int] = {}
+    for _ in range(40):  # the handle picks a replica per call
+        replica, n = handle.batch_loops.remote().result(timeout_s=60)
+        loops[replica] = n
+        if len(loops) == REPLICAS:
+            break
+    assert loops == {replica: 1 for replica in seen}, loops  # the ranker's one loop each, however many reloads
+
+
 def _feedback_rows(item: dict) -> list[tuple]:
     """The (query, document, label, source) rows one /v1/feedback item stores (a preference: two)."""
     if "document" in item:
