@@ -88,6 +88,24 @@ def test_index_store_then_retrieve_ask_and_add(pg, corpus, tmp_path, cli, tiny_l
 
 
 @pytest.mark.integration
+def test_add_counts_the_truncated_new_passages(pg, tmp_path, cli):
+    """`index --add` adds its truncated passages (longer than MiniLM's 256 tokens) to the index's recorded
+    count, as a build records them, instead of keeping the count of the first build."""
+    url = pg.url(table="truncation")
+    long = " ".join(["penicillin"] * 600)
+    first, more = tmp_path / "first.jsonl", tmp_path / "more.jsonl"
+    first.write_text("".join(json.dumps(d) + "\n" for d in [*DOCS, {"id": "long0", "text": long}]))
+    more.write_text("".join(json.dumps(d) + "\n" for d in [{"id": "long1", "text": long}, {"id": "short", "text": "A short one."},
+                                                             {"id": "long2", "text": long}]))
+    assert cli("index", "--passages", first, "--store", url, "--chunk-tokens", "0").code == 0
+    assert load_index(url).truncated_count == 1
+    r = cli("index", "--add", "--passages", more, "--store", url, "--chunk-tokens", "0")
+    assert r.code == 0, r.err
+    retriever = load_index(url)
+    assert len(retriever) == 10 and retriever.truncated_count == 3
+
+
+@pytest.mark.integration
 def test_serve_ask_retrieves_from_the_database(pg, tiny_llm_dir):
     import httpx
 

@@ -217,6 +217,21 @@ def test_truncation_count(tiny_encoder_path: str, caplog: pytest.LogCaptureFixtu
     assert DenseRetriever.build(PASSAGES[:2], embeddings=np.eye(2, 4)).truncated_count is None
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_add_counts_the_truncated_new_passages(tiny_encoder_path: str, tmp_path: Path, kind: str) -> None:
+    from ragsieve.retrieve import add_to_index
+    from ragsieve.retrieve.index import read_manifest
+
+    long = " ".join(["penicillin"] * 3 * TINY_MAX_SEQ)
+    out = tmp_path / kind
+    build_index([*PASSAGES[:4], Passage("long0", long)], out, kind=kind, encoder_spec=tiny_encoder_path,
+                show_progress=False)
+    assert load_index(out).truncated_count == 1
+    add_to_index(out, [Passage("long1", long), PASSAGES[4], Passage("long2", long)])
+    assert load_index(out).truncated_count == 3  # the index's count, not unknown (None) after an add
+    assert "truncated_count" not in read_manifest(out)["options"]  # a count, not a build option
+
+
 # -- persistence ----------------------------------------------------------------------------
 
 

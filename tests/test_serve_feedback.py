@@ -34,10 +34,16 @@ def make_store(path, llm: str = "embedded:smollm2-135m-instruct", **config):
 
 
 def live_rows(store) -> list[tuple]:
-    with sqlite3.connect(store / "evolve.sqlite") as conn:
-        return conn.execute(
-            "SELECT query, document, label, source, pair_id, round FROM live_feedback ORDER BY id"
-        ).fetchall()
+    """Every live feedback row, promoted or not, in arrival order: a store folder or a ``postgresql://`` URL."""
+    from sqlalchemy import select
+
+    from ragsieve import evolve_db as db
+    from ragsieve.evolve.store import EvolveStore
+
+    t = db.live_feedback
+    rows = EvolveStore(store)._rows(select(t.c.query, t.c.document, t.c.label, t.c.source, t.c.pair_id, t.c.round)
+                                    .order_by(t.c.id))
+    return [tuple(row) for row in rows]
 
 
 def test_feedback_endpoint_appends_and_evolve_step_gets_a_full_feedback_round(tmp_path, cli):

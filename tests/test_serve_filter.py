@@ -181,3 +181,40 @@ def test_openapi_documents_the_scale(bm25_server):
     assert "[0, 1]" in request["threshold"]["description"] and "raw" in request["raw_scores"]["description"]
     assert "[0, 1]" in kept_doc["grade_score"]["description"] and "[0, 1]" in kept_doc["relevance_score"]["description"]
     assert "[0, 1]" in schemas["FilterResponse"]["properties"]["threshold"]["description"]
+
+
+def test_a_request_a_reload_overtakes_ranks_and_grades_with_the_models_it_started_with(tmp_path):
+    """/v1/filter holds one snapshot of the served models: a reload while the request waits in the
+    ranker's batch serves a re-saved grader to later requests, and this request still ranks AND grades
+    with the pair it started with (before, the grader it read was closed under it: a 503)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragsieve.registry import new_grader
+
+    grader_dir = tmp_path / "grader"
+    new_grader("ranker", base="bm25", threshold=0.1).save(grader_dir)
+    # a batch waits 1 s for company: time for a reload to overtake a request inside it
+    app = create_app(ServeConfig(reranker="bm25", grader=str(grader_dir), max_wait_ms=1000))
+    body = {"query": QUERY, "documents": DOCS, "raw_scores": True}
+    with BackgroundServer(app) as server, ThreadPoolExecutor(1) as pool:
+        before = kept(server, raw_scores=True)
+        assert before["threshold"] == 0.1
+        old_models = app.state.serve.models
+        inflight = pool.submit(httpx.post, f"{server.url}/v1/filter", json=body, timeout=120)
+        deadline = time.monotonic() + 60
+        while old_models.users == 0 and time.monotonic() < deadline:  # until the request holds the models
+            time.sleep(0.01)
+        assert old_models.users == 1
+        new_grader("ranker", base="bm25", threshold=5.0).save(grader_dir)
+        reloaded = httpx.post(f"{server.url}/admin/reload", timeout=120)
+        assert reloaded.status_code == 200, reloaded.text
+        overtaken = inflight.result()
+        assert overtaken.status_code == 200, overtaken.text
+        # the old grader's threshold and cut, the old ranker's scores: nothing of the new models
+        assert overtaken.json()["threshold"] == 0.1
+        assert [(x["index"], x["relevance_score"], x["grade_score"]) for x in overtaken.json()["results"]] == [
+            (x["index"], x["relevance_score"], x["grade_score"]) for x in before["results"]]
+        assert old_models.users == 0 and app.state.serve.models is not old_models
+        after = kept(server, raw_scores=True)
+        assert after["threshold"] == 5.0 and after["results"] == []  # the new grader, for the next request

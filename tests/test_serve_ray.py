@@ -2,14 +2,16 @@
 
 The serve suite's client tests (the real cohere client, raw TEI / Open WebUI / Dify bodies,
 /admin/reload) run again here against the 2-replica deployment; then a reload must reach both
-replicas, and a replica killed mid-load must cost no answer from the other, no feedback row,
-and come back.
+replicas, feedback posted by several clients at once must land, from both replicas, in the one
+PostgreSQL store they share and be what ``evolve step`` reads, and a replica killed mid-load must
+cost no answer from the other, no feedback row, and come back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import httpx
@@ -37,22 +39,31 @@ REPLICAS = 2
 
 
 @pytest.fixture(scope="module")
-def bm25_server(tmp_path_factory):
-    """Two replicas of BM25 sharing one SQLite feedback store; the name the imported tests expect."""
+def bm25_server(request, tmp_path_factory):
+    """Two replicas of BM25 sharing one feedback store, the name the imported tests expect: a database of
+    the session's PostgreSQL (tests/postgres.py, which `make install` provides), as replicas on several
+    machines would share it; a SQLite store folder only where PostgreSQL's binaries are absent."""
     from ray import serve
 
+    from ragsieve.evolve_db import close_engines
     from ragsieve.serve import ServeConfig
     from ragsieve.serve.ray import serve_on_ray
 
-    store = make_store(tmp_path_factory.mktemp("ray") / "store")
+    try:
+        postgres = request.getfixturevalue("postgres")
+    except pytest.skip.Exception:
+        postgres = None
+    store = postgres.new_database() if postgres else tmp_path_factory.mktemp("ray") / "store"
+    make_store(store)
     config = ServeConfig(reranker="bm25", model_name="ragsieve-bm25", feedback_store=str(store), max_wait_ms=50)
     try:
         url = serve_on_ray(config, replicas=REPLICAS, port=0, num_cpus=2, reload_poll_s=0.2,
                            health_check_period_s=1.0)
-        yield SimpleNamespace(url=url, store=store)
+        yield SimpleNamespace(url=url, store=store, postgres=postgres is not None)
     finally:
         serve.shutdown()
         ray.shutdown()
+        close_engines()  # the test's own connections to the store
 
 
 def replicas_seen(url: str, want: int = REPLICAS, timeout: float = 30.0) -> dict[str, dict]:
@@ -96,6 +107,84 @@ def test_reload_reaches_every_replica(bm25_server):
     # fresh models, fresh batchers: every replica, not only the one the request reached, starts at 0
     after = replicas_seen(url)
     assert set(after) == set(before) and all(h["batches"] == 0 for h in after.values()), after
+
+
+def test_reloads_leave_no_batch_loop_behind(bm25_server):
+    """Each reload makes new batchers; they share the replica's one @serve.batch queue per model, so
+    no idle batch loop (holding an old model) is left per reload."""
+    from ray import serve
+
+    from ragsieve.serve.ray import APP_NAME
+
+    url = bm25_server.url
+    for _ in range(2):  # with the reload test's, three reloads
+        r = httpx.post(f"{url}/admin/reload", timeout=120)
+        assert r.status_code == 200 and r.json()["replicas"] == REPLICAS, r.text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until both replicas scored with their new batchers
+        httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=30)
+        seen = replicas_seen(url, timeout=5)
+        if len(seen) == REPLICAS and all(h["batches"] > 0 for h in seen.values()):
+            break
+    handle = serve.get_app_handle(APP_NAME)
+    loops: dict[str, int] = {}
+    for _ in range(40):  # the handle picks a replica per call
+        replica, n = handle.batch_loops.remote().result(timeout_s=60)
+        loops[replica] = n
+        if len(loops) == REPLICAS:
+            break
+    assert loops == {replica: 1 for replica in seen}, loops  # the ranker's one loop each, however many reloads
+
+
+def _feedback_rows(item: dict) -> list[tuple]:
+    """The (query, document, label, source) rows one /v1/feedback item stores (a preference: two)."""
+    if "document" in item:
+        return [(item["query"], item["document"], item["label"], item["source"])]
+    return [(item["query"], item["chosen"], 1, item["source"]), (item["query"], item["rejected"], 0, item["source"])]
+
+
+def test_replicas_share_the_postgres_feedback_store(bm25_server):
+    """Client threads post feedback at once; both replicas take some, every row lands once in the one
+    PostgreSQL store, and `evolve step`'s reader (promote_feedback) queues all of them as its next round."""
+    from ragsieve.evolve.live import pending_feedback, promote_feedback
+    from ragsieve.evolve.store import EvolveStore
+
+    if not bm25_server.postgres:
+        pytest.skip("no PostgreSQL here: the replicas share a SQLite store")
+    url, store = bm25_server.url, bm25_server.store
+    rows_before, pending_before = len(live_rows(store)), pending_feedback(store)
+    clients, per_client = 6, 15
+
+    def post(k: int) -> list[tuple[dict, str]]:
+        answered = []
+        with httpx.Client(base_url=url, timeout=120) as http:
+            for i in range(per_client):
+                if i % 3 == 2:  # every third a preference: two rows sharing a pair_id
+                    item = {"query": f"pg q{k}", "chosen": f"pg {k}-{i} good", "rejected": f"pg {k}-{i} bad"}
+                else:
+                    item = {"query": f"pg q{k}", "document": f"pg {k}-{i}", "label": i % 2}
+                item["source"] = f"client{k}"
+                r = http.post("/v1/feedback", json=item)
+                assert r.status_code == 200 and r.json()["stored"] == len(_feedback_rows(item)), r.text
+                answered.append((item, r.headers["x-ragsieve-replica"]))
+        return answered
+
+    with ThreadPoolExecutor(clients) as pool:
+        answered = [a for batch in pool.map(post, range(clients)) for a in batch]
+    assert len({replica for _, replica in answered}) == REPLICAS, answered  # both replicas wrote
+    want = sorted(row for item, _ in answered for row in _feedback_rows(item))
+    stored = live_rows(store)[rows_before:]
+    assert sorted(row[:4] for row in stored) == want  # every row, once: none lost, none doubled
+    pair_ids = [row[4] for row in stored if row[4] is not None]
+    assert len(pair_ids) == 2 * len(set(pair_ids)) == 2 * clients * (per_client // 3)  # preferences stay pairs
+    assert pending_feedback(store) == pending_before + len(want)
+
+    round_id = promote_feedback(store)  # what `evolve step` runs first: the feedback becomes a round
+    s = EvolveStore(store)
+    examples = s.examples(round_id)
+    assert len(examples) == pending_before + len(want) and pending_feedback(store) == 0
+    assert sorted((x.query, x.passage, x.label, x.group) for x in examples if x.query.startswith("pg q")) == want
+    assert s.feedback([x.id for x in examples]) == {x.id: x.label for x in examples}  # gold labels, recorded
 
 
 def test_a_killed_replica_costs_no_feedback_and_comes_back(bm25_server):

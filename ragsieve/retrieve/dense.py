@@ -58,6 +58,24 @@ def count_truncated(encoder: "SentenceTransformer", texts: Sequence[str], chunk:
     return n
 
 
+def report_truncated(encoder: "SentenceTransformer", texts: Sequence[str]) -> int:
+    """:func:`count_truncated`, with the warning every index build and add gives when it is not 0.
+
+    Example::
+
+        truncated = report_truncated(encoder, [p.full_text for p in passages])
+    """
+    truncated = count_truncated(encoder, texts)
+    if truncated:
+        log.warning(
+            "%d of %d passages are longer than the encoder's max_seq_length (%s tokens) and were truncated",
+            truncated,
+            len(texts),
+            encoder.max_seq_length,
+        )
+    return truncated
+
+
 def embed_texts(
     encoder: "SentenceTransformer",
     texts: Sequence[str],
@@ -253,12 +271,14 @@ class DenseRetriever(Retriever):
         ef_search: int = DEFAULT_EF_SEARCH,
         batch_size: int = DEFAULT_BATCH_SIZE,
         show_progress: bool = True,
+        truncated_count: int | None = None,
     ) -> "DenseRetriever":
         """Embed ``passages`` (``full_text``) and index them.
 
         Inputs: ``encoder_spec`` (spec string saved with the index) or an already loaded
         ``encoder`` (its spec is still what gets saved); ``embeddings`` ``(n, dim)`` skips
-        encoding (rows are re-normalised); ``exact`` picks ``IndexFlatIP`` over HNSW;
+        encoding (rows are re-normalised), and ``truncated_count`` then says how many of them
+        were encoded from truncated text, if the caller knows; ``exact`` picks ``IndexFlatIP`` over HNSW;
         ``m`` / ``ef_construction`` / ``ef_search`` tune HNSW; ``batch_size`` and
         ``show_progress`` control encoding.
 
@@ -267,21 +287,14 @@ class DenseRetriever(Retriever):
             dense = DenseRetriever.build(passages, embeddings=vecs, exact=True)
         """
         passages = check_passages(passages)
-        truncated: int | None = None
+        truncated = truncated_count
         if embeddings is None:
             if encoder is None:
                 from ragsieve.models.encoder import load_encoder
 
                 encoder = load_encoder(encoder_spec)
             texts = [p.full_text for p in passages]
-            truncated = count_truncated(encoder, texts)
-            if truncated:
-                log.warning(
-                    "%d of %d passages are longer than the encoder's max_seq_length (%s tokens) and were truncated",
-                    truncated,
-                    len(texts),
-                    encoder.max_seq_length,
-                )
+            truncated = report_truncated(encoder, texts)
             vecs = embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress)
         else:
             vecs = np.asarray(embeddings)

@@ -118,7 +118,8 @@ def build_index(
             "encoder": options.get("encoder_spec") if cls.uses_encoder else None,
             "n_passages": len(passages),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "options": _jsonable_options({k: v for k, v in options.items() if k != "encoder_spec"}),
+            "options": _jsonable_options({k: v for k, v in options.items()
+                                          if k not in ("encoder_spec", "truncated_count")}),
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return retriever
@@ -153,12 +154,16 @@ def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_pro
     options = {k: v for k, v in (manifest.get("options") or {}).items() if k in _KEPT_OPTIONS}
     if cls.uses_encoder:
         from ragsieve.models.encoder import load_encoder
-        from ragsieve.retrieve.dense import embed_texts
+        from ragsieve.retrieve.dense import embed_texts, report_truncated
 
         dense = old if kind == "dense" else old.dense
         encoder = load_encoder(manifest["encoder"])
-        vecs = embed_texts(encoder, [p.full_text for p in new], show_progress=show_progress)
-        options.update(embeddings=np.concatenate([dense.embeddings, vecs]), encoder_spec=manifest["encoder"])
+        texts = [p.full_text for p in new]
+        truncated = report_truncated(encoder, texts)
+        vecs = embed_texts(encoder, texts, show_progress=show_progress)
+        before = dense.truncated_count  # None: built from injected vectors, so unknown it stays
+        options.update(embeddings=np.concatenate([dense.embeddings, vecs]), encoder_spec=manifest["encoder"],
+                       truncated_count=None if before is None else before + truncated)
     return build_index([*old.passages, *new], path, kind=kind, overwrite=True, **options)
 
 

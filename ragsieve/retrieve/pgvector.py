@@ -47,7 +47,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.retrieve.base import Hit, Retriever, _check_k, check_passages
 from ragsieve.retrieve.dense import (
-    DEFAULT_BATCH_SIZE, DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_M, count_truncated, embed_texts,
+    DEFAULT_BATCH_SIZE, DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_M, embed_texts, report_truncated,
     encode_queries, load_index_encoder, normalise_rows,
 )
 
@@ -289,7 +289,7 @@ def build_store_index(
 
             encoder = load_encoder(encoder_spec)
         texts = [p.full_text for p in passages]
-        truncated = count_truncated(encoder, texts)
+        truncated = report_truncated(encoder, texts)
         vecs = embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress)
     else:
         vecs = np.asarray(embeddings)
@@ -347,14 +347,18 @@ def add_to_store_index(url: str, passages: Iterable[Passage], *, show_progress: 
     check_store_target(url, adding=new)
     manifest = load_store_index(url).manifest
     encoder = load_index_encoder(manifest["encoder"], int(manifest["dim"]))
-    vecs = embed_texts(encoder, [p.full_text for p in new], show_progress=show_progress)
+    texts = [p.full_text for p in new]
+    truncated = report_truncated(encoder, texts)
+    vecs = embed_texts(encoder, texts, show_progress=show_progress)
     with connect(store) as conn, _database_errors(store, "adding passages"), conn.transaction():
         # the manifest row lock keeps two appends from taking the same positions
         row = conn.execute(_sql("SELECT manifest FROM {m} WHERE name = %s FOR UPDATE", m=MANIFESTS_TABLE),
                            (store.table,)).fetchone()
         start = conn.execute(_sql("SELECT coalesce(max(pos) + 1, 0) FROM {t}", t=store.table)).fetchone()[0]
         _copy_rows(conn, store.table, new, vecs, start=start)
-        manifest = {**row[0], "n_passages": start + len(new)}
+        before = row[0].get("truncated_count")  # None: built from injected vectors, so unknown it stays
+        manifest = {**row[0], "n_passages": start + len(new),
+                    "truncated_count": None if before is None else before + truncated}
         conn.execute(_sql("UPDATE {m} SET manifest = %s WHERE name = %s", m=MANIFESTS_TABLE),
                      (Jsonb(manifest), store.table))
     return PgVectorRetriever(url, manifest, encoder=encoder)

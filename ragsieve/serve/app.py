@@ -58,7 +58,8 @@ def create_app(
     install_error_handlers(app)
     api_key = state.config.api_key.get_secret_value() if state.config.api_key else None
     app.add_middleware(
-        Guard, api_key=api_key, max_body_bytes=state.config.max_body_bytes, echo_request_id=echo_request_id
+        Guard, api_key=api_key, max_body_bytes=state.config.max_body_bytes, echo_request_id=echo_request_id,
+        replica=state.replica,
     )
     for router in ROUTERS:
         app.include_router(router)

@@ -5,6 +5,8 @@ being parsed and a missing key (401) costs no model time. Every response carries
 ``x-request-id`` (the client's, if it sent one) and every log line names it. Behind Ray Serve's
 proxy, which sets that header itself (the client's id, else one it makes and passes in), the
 Guard uses the proxy's id and leaves the header to it (``echo_request_id=False``), so it is sent once.
+A Ray Serve replica (``replica=``) also names itself on every response (``x-ragsieve-replica``), as
+``/health`` does: which replica answered a request, without a request of its own.
 """
 
 from __future__ import annotations
@@ -39,14 +41,27 @@ async def send_error(send, status: int, message: str, request_id: str, extra_hea
     await send({"type": "http.response.body", "body": body})
 
 
+def _with_header(send, name: bytes, value: bytes):
+    """``send`` adding one header to the response start."""
+
+    async def send_with_header(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (name, value)]}
+        await send(message)
+
+    return send_with_header
+
+
 class Guard:
     """Request id + access log, API key check (all paths but /health), body-size cap."""
 
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, echo_request_id: bool = True):
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, echo_request_id: bool = True,
+                 replica: str | None = None):
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.echo_request_id = echo_request_id
+        self.replica = replica
 
     def _authorised(self, scope) -> bool:
         if not self.api_key or scope["path"] in OPEN_PATHS:
@@ -60,6 +75,8 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.replica is not None:  # errors answered here (401, 413) name the replica too
+            send = _with_header(send, b"x-ragsieve-replica", self.replica.encode())
         # a client-chosen id is kept only if it is short and printable (it goes into logs)
         given = _header(scope, b"x-request-id")
         rid = given if given and len(given) <= 64 and given.isprintable() else uuid.uuid4().hex[:16]

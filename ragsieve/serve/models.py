@@ -13,7 +13,7 @@ thread) by default, ``ServeBatcher`` (``@serve.batch``) on Ray Serve.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ragsieve.rerank.base import BaseRanker
 from ragsieve.serve.batcher import Batcher, PairBatcher
@@ -49,6 +49,8 @@ class ServedModels:
     grade_batcher: Batcher | None = None
     grader_name: str | None = None
     llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
+    # requests holding these models (ServeState.snapshot): a reload closes them once none does
+    users: int = field(default=0, init=False, repr=False, compare=False)
 
     @property
     def threshold(self) -> float | None:

@@ -66,13 +66,58 @@ def _ray_serve():
     return ray, serve
 
 
+#: this process's ``@serve.batch`` queues, one per (model slot, batch settings): see :func:`_batch_lane`
+_LANES: dict[tuple[str, int, float], Any] = {}
+
+
+def _batch_lane(name: str, max_batch_pairs: int, max_wait_ms: float):
+    """The replica's one ``@serve.batch`` queue for the model slot ``name``, shared by the
+    :class:`ServeBatcher` each reload makes for that slot.
+
+    Why one per slot and not one per batcher: a ``@serve.batch`` queue starts a loop task on first
+    use that Ray Serve never stops; a queue per reload left that task, the queue and (through the
+    batch function) the old model behind until Python's cycle collector found them, destroying a
+    pending task on the way. A lane's items are ``(batcher, pairs)``; a batch may hold jobs of a
+    reload's old and new batchers, and each batcher's jobs are scored by its own ranker.
+    """
+    key = (name, max_batch_pairs, max_wait_ms)
+    if key in _LANES:
+        return _LANES[key]
+    _, serve = _ray_serve()
+
+    def batch_pairs(jobs: list[tuple["ServeBatcher", list[tuple[str, str]]]]) -> int:
+        # a request larger than a batch counts as one full batch: scored alone, never refused
+        return sum(min(len(pairs), max_batch_pairs) for _, pairs in jobs)
+
+    async def score_batch(jobs: list[tuple["ServeBatcher", list[tuple[str, str]]]]) -> list[np.ndarray | Exception]:
+        by_batcher: dict[ServeBatcher, list[int]] = {}
+        for i, (batcher, _) in enumerate(jobs):
+            by_batcher.setdefault(batcher, []).append(i)
+        results: list[np.ndarray | Exception] = [np.zeros(0)] * len(jobs)
+        for batcher, positions in by_batcher.items():
+            own = [jobs[i][1] for i in positions]
+            batcher.stats.record([len(pairs) for pairs in own])
+            # Serve fails every request of a batch whose function raises: score_jobs returns a failed
+            # job's exception in its place instead, and ServeBatcher.score raises it for that job only
+            for i, result in zip(positions, await asyncio.to_thread(score_jobs, batcher.ranker, own)):
+                results[i] = result
+        return results
+
+    score_batch.__name__ = f"score_{name}"  # Serve tags its batch metrics with it
+    _LANES[key] = serve.batch(
+        max_batch_size=max_batch_pairs, batch_wait_timeout_s=max_wait_ms / 1000.0, batch_size_fn=batch_pairs
+    )(score_batch)
+    return _LANES[key]
+
+
 class ServeBatcher:
     """:class:`~ragsieve.serve.batcher.PairBatcher`'s interface on Ray Serve's ``@serve.batch``.
 
     A batch holds at most ``max_batch_pairs`` pairs (a larger request is scored alone) and
     waits at most ``max_wait_ms`` for company; one batch runs at a time, off the event loop.
-    Each instance has its own queue (``@serve.batch`` keeps one queue per decorated function,
-    so the function is made here, per model). Must be created inside a replica.
+    The queue belongs to the model slot (``name``), not to the batcher: the batchers a reload
+    makes share it (:func:`_batch_lane`), each with its own ranker and stats. Must be used
+    inside a replica.
 
     Example (inside a Serve replica)::
 
@@ -82,25 +127,11 @@ class ServeBatcher:
 
     def __init__(self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 256,
                  name: str = "model"):
-        _, serve = _ray_serve()
+        _ray_serve()
         self.ranker = ranker
         self.stats = BatchStats()
         self._closed = False
-
-        def batch_pairs(jobs: list[list[tuple[str, str]]]) -> int:
-            # a request larger than a batch counts as one full batch: scored alone, never refused
-            return sum(min(len(job), max_batch_pairs) for job in jobs)
-
-        async def score_batch(jobs: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:
-            self.stats.record([len(job) for job in jobs])
-            # Serve fails every request of a batch whose function raises: score_jobs returns a
-            # failed job's exception in its place instead, and score() raises it for that job only
-            return await asyncio.to_thread(score_jobs, self.ranker, jobs)
-
-        score_batch.__name__ = f"score_{name}"  # Serve tags its batch metrics with it
-        self._score_batch = serve.batch(
-            max_batch_size=max_batch_pairs, batch_wait_timeout_s=max_wait_ms / 1000.0, batch_size_fn=batch_pairs
-        )(score_batch)
+        self._lane = (name, max_batch_pairs, max_wait_ms)
 
     async def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Scores of ``pairs`` (in order), computed in a shared batch off the event loop."""
@@ -108,7 +139,7 @@ class ServeBatcher:
             return np.zeros(0, dtype=float)
         if self._closed:
             raise ServeError(503, "the model was just reloaded; retry the request")
-        result = await self._score_batch(list(pairs))
+        result = await _batch_lane(*self._lane)((self, list(pairs)))
         if isinstance(result, Exception):
             raise result
         return result
@@ -223,6 +254,14 @@ class Replica:
                 raise ServeError(503, f"reloaded {len(live) - len(behind)} of {len(live)} replicas in "
                                       f"{RELOAD_TIMEOUT_S:.0f} s; the others reload when their load finishes")
             await asyncio.sleep(self.poll_s / 2)
+
+    async def batch_loops(self) -> tuple[str, int]:
+        """(this replica's id, how many ``@serve.batch`` loops run in it): one per batched model, however
+        often it reloaded. For checks and debugging, through a handle:
+        ``serve.get_app_handle("ragsieve").batch_loops.remote().result()``."""
+        loops = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").endswith(
+            "_process_batches")]
+        return self.id, len(loops)
 
     def __del__(self):
         follower = getattr(self, "_follower", None)

@@ -14,7 +14,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,10 +39,12 @@ ERRORS = {
     401: {"model": ErrorBody, "description": "missing or wrong API key"},
     413: {"model": ErrorBody, "description": "over a configured limit (the error names the field)"},
     422: {"model": ErrorBody, "description": "malformed request (the error names the field)"},
-    503: {"model": ErrorBody, "description": "the model was reloaded while the request queued; retry"},
+    503: {"model": ErrorBody, "description": "the model was reloaded under the request; retry"},
 }
 
 INLINE_CHUNKING_CHARS = 200_000
+#: how long a reload lets requests that hold the old models finish on them before it closes them
+RELOAD_DRAIN_S = 120.0
 
 
 def clean_text(text: str) -> str:
@@ -96,11 +100,33 @@ class ServeState:
         return cls(config, models, config.model_name or config.reranker,
                    traffic_log(config.feedback_store, config.log_traffic), batcher)
 
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[ServedModels]:
+        """The served models for one request, whole: a reload meanwhile gives later requests the new
+        ones, and closes these only once every request holding them is done (within ``RELOAD_DRAIN_S``),
+        so a request never scores with one reranker and grades with another.
+
+        Example::
+
+            async with state.snapshot() as models:
+                raw = await state.scores(models, query, docs, meta)
+        """
+        models = self.models
+        models.users += 1  # on the event loop, like the reload that reads it: no lock needed
+        try:
+            yield models
+        finally:
+            models.users -= 1
+
     async def reload(self) -> None:
-        """Fresh models from the config's specs, swapped whole; the old ones answer what they queued."""
+        """Fresh models from the config's specs, swapped whole; the old ones finish the requests that
+        hold them (:meth:`snapshot`), then close."""
         fresh = await asyncio.to_thread(ServedModels.load, self.config, self.batcher)
         old, self.models = self.models, fresh
-        await asyncio.to_thread(old.close)
+        deadline = time.monotonic() + RELOAD_DRAIN_S
+        while old.users and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(old.close)  # a request still holding them after that gets a 503: retry
 
     def close(self) -> None:
         """At shutdown: the traffic still queued is written, then the models are released."""
@@ -124,21 +150,19 @@ class ServeState:
                 )
         return clean_text(query), [clean_text(d) for d in docs]
 
-    async def scores(self, query: str, docs: list[str], meta: Meta) -> np.ndarray:
-        """One raw score per document (best chunk for long ones); ``meta`` records the chunking."""
-        return await self._raw_scores(self.models, query, docs, meta)
-
     async def rerank_scores(self, query: str, docs: list[str], meta: Meta) -> tuple[np.ndarray, np.ndarray]:
         """(logits, the [0, 1] scores clients threshold), from one model snapshot: the ranker's
         :meth:`~ragsieve.rerank.base.BaseRanker.logit_scores` and
         :meth:`~ragsieve.rerank.base.BaseRanker.unit_scores` of its raw scores (both in the raw order)."""
-        models = self.models  # one snapshot: a reload mid-request does not mix models
-        raw = await self._raw_scores(models, query, docs, meta)
-        if not len(raw):
-            return np.zeros(0), np.zeros(0)
-        return models.ranker.logit_scores(raw), models.ranker.unit_scores(raw)
+        async with self.snapshot() as models:
+            raw = await self.scores(models, query, docs, meta)
+            if not len(raw):
+                return np.zeros(0), np.zeros(0)
+            return models.ranker.logit_scores(raw), models.ranker.unit_scores(raw)
 
-    async def _raw_scores(self, models: ServedModels, query: str, docs: list[str], meta: Meta) -> np.ndarray:
+    async def scores(self, models: ServedModels, query: str, docs: list[str], meta: Meta) -> np.ndarray:
+        """One raw score per document from ``models``' ranker, the request's :meth:`snapshot` (best chunk
+        for long documents); ``meta`` records the chunking."""
         if self.traffic is not None:
             self.traffic.record(query, docs)  # a queue put: the write happens off the request path
         args = (models.ranker, query, docs, self.config.max_chunks_per_doc)

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from ragsieve.pipeline.stages import SieveStages
 from ragsieve.rerank.base import as_passages, ranked_from_scores
 from ragsieve.serve.errors import ServeError, request_id
+from ragsieve.serve.models import ServedModels
 from ragsieve.serve.schemas import FilteredDocument, FilterRequest, FilterResponse, Meta
 from ragsieve.serve.state import ERRORS, ServeState, finite, serve_state, texts
 
@@ -36,7 +37,13 @@ router = APIRouter(tags=["filter"])
 )
 async def filter_docs(request: Request, body: FilterRequest = Body(...), state: ServeState = Depends(serve_state)):
     query, docs = state.check(body.query, texts(body.documents))
-    served = state.models
+    # one set of models for the whole request: a reload meanwhile cannot rank with one and grade with another
+    async with state.snapshot() as served:
+        return await _filter(request, body, state, served, query, docs)
+
+
+async def _filter(request: Request, body: FilterRequest, state: ServeState, served: ServedModels, query: str,
+                  docs: list[str]) -> FilterResponse:
     # whose scores the threshold cuts: the grader's, else the ranker is its own grader
     grader = served.grader if served.grader is not None else served.ranker
     if body.threshold is None:
@@ -52,7 +59,7 @@ async def filter_docs(request: Request, body: FilterRequest = Body(...), state: 
     stages = SieveStages.from_config(state.config, served.ranker, served.grader).override(
         top_k=body.top_n, threshold=threshold
     )
-    scores = await state.scores(query, docs, meta)
+    scores = await state.scores(served, query, docs, meta)
     result = stages.cut(ranked_from_scores(query, as_passages(docs), scores))
     if served.grade_batcher is not None:  # the grader's scores, batched with other requests'
         result = stages.decide(result, finite(await served.grade_batcher.score(stages.grade_pairs(result))))

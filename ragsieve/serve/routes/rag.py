@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter, Body, Depends
 
 from ragsieve.serve.errors import ServeError
+from ragsieve.serve.models import ServedModels
 from ragsieve.serve.rag import LLMStages
 from ragsieve.serve.schemas import AskRequest, AskResponse, Context, GateRequest, GateResponse
 from ragsieve.serve.state import ERRORS, ServeState, finite, serve_state
@@ -14,8 +15,8 @@ from ragsieve.serve.state import ERRORS, ServeState, finite, serve_state
 router = APIRouter(tags=["rag"])
 
 
-def llm_stages(state: ServeState) -> LLMStages:
-    stages = state.models.llm
+def llm_stages(models: ServedModels) -> LLMStages:
+    stages = models.llm
     if stages is None:
         raise ServeError(400, "no LLM configured (start with --llm, and --probe for the gate)")
     return stages
@@ -25,10 +26,11 @@ def llm_stages(state: ServeState) -> LLMStages:
              summary="CBDR: Conf(Q) and whether to retrieve (Conf(Q) <= beta)")
 async def gate(body: GateRequest = Body(...), state: ServeState = Depends(serve_state)):
     query, _ = state.check(body.query, [])
-    stages = llm_stages(state)
-    if stages.gate_batcher is None:
-        raise ServeError(400, "no probe configured (start with --probe)")
-    conf = float(finite(await stages.gate_batcher.score([(query, "")]))[0])
+    async with state.snapshot() as models:
+        stages = llm_stages(models)
+        if stages.gate_batcher is None:
+            raise ServeError(400, "no probe configured (start with --probe)")
+        conf = float(finite(await stages.gate_batcher.score([(query, "")]))[0])
     beta = body.beta if body.beta is not None else stages.beta
     return GateResponse(confidence=conf, retrieve=conf <= beta, beta=beta)
 
@@ -37,7 +39,8 @@ async def gate(body: GateRequest = Body(...), state: ServeState = Depends(serve_
              summary="Answer with the whole pipeline: gate → retrieve → rerank → grade → generate")
 async def ask(body: AskRequest = Body(...), state: ServeState = Depends(serve_state)):
     query, _ = state.check(body.query, [])
-    result = await asyncio.to_thread(llm_stages(state).answer, query)
+    async with state.snapshot() as models:  # a reload waits for the answer before closing these models
+        result = await asyncio.to_thread(llm_stages(models).answer, query)
     return AskResponse(
         answer=result.answer,
         retrieved=result.retrieved,
