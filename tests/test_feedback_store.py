@@ -1,5 +1,5 @@
 """The evolve / feedback store on both backends (issue #43, part 1): the embedded SQLite file and a
-real PostgreSQL started in a temporary folder (tests/postgres.py). The same tests run on each:
+real PostgreSQL started in a temporary folder (tools/postgres.py). The same tests run on each:
 rows and their order, feedback ahead of unlabelled rounds, traffic, concurrent writer processes,
 a writer killed mid-transaction; then what only one backend has (old SQLite stores migrated,
 ``--db`` and ``postgresql://`` store names, serve and ``evolve step`` on PostgreSQL).
