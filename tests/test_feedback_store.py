@@ -312,6 +312,18 @@ def test_a_postgres_store_is_named_by_its_folder_or_url(postgres, tmp_path, cli)
     assert "hunter2" not in locate_store(secret).label
 
 
+def test_init_store_on_a_url_alone_returns_that_url(postgres):
+    """The store ``init_store`` returns names the store it made: a URL stays the URL (as a Path its ``//``
+    folded into ``/``, a relative folder named ``postgresql:``)."""
+    from ragsieve.evolve.live import pending_feedback
+    from ragsieve.evolve_db import close_engines
+
+    url = postgres.new_database()
+    store = make_store(url)
+    assert store == url and pending_feedback(store) == 0  # the returned name opens the store
+    close_engines()
+
+
 # --------------------------------------------------------------------------- schema versions
 
 # the SQLite layout of the store before versioned migrations (schema version 1), verbatim
