@@ -6,7 +6,7 @@ open the store, insert, commit). Writers start together (a start file, so interp
 is not timed) on a fresh store each run. Reported per backend and writer count: rows/s over the
 runs (mean and 95 % t-interval, n = runs: the unit sampled is a run) and the per-call latency
 p50/p95 pooled over runs. PostgreSQL is a throwaway server started in a temporary folder
-(tests/postgres.py) with fsync on, like SQLite's ``synchronous=FULL``: both wait for the disk
+(tools/postgres.py) with fsync on, like SQLite's ``synchronous=FULL``: both wait for the disk
 at each commit.
 Writes ``bench/results/feedback_store.json``.
 
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "feedback_store.json")
     args = parser.parse_args()
 
-    from tests.postgres import PostgresServer, skip_reason
+    from tools.postgres import PostgresServer, skip_reason
 
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +134,7 @@ def main() -> None:
         "appends_per_writer": args.appends, "results": results,
         "machine": {"cpus": os.cpu_count(), "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
                     "platform": platform.platform(), "python": platform.python_version()},
-        "postgres": "throwaway server in a temp folder, fsync on (tests/postgres.py)",
+        "postgres": "throwaway server in a temp folder, fsync on (tools/postgres.py)",
         "command": "python bench/feedback_store.py " + " ".join(sys.argv[1:]),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

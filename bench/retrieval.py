@@ -231,7 +231,7 @@ def measure_pgvector(url: str, xb: np.ndarray, xq: np.ndarray, truth: np.ndarray
 
     k = truth.shape[1]
     if url == "local":
-        from tests.postgres import PostgresServer
+        from tools.postgres import PostgresServer
 
         server = PostgresServer()
     else:

@@ -18,10 +18,20 @@ it is installed (target ratio ≥ 1.0), else by a plain FastAPI + ``CrossEncoder
 ``--ray`` serves the same model on Ray Serve instead (``ragsieve serve --ray local``) with 1 and
 then 2 replicas (``--replicas``), drives each the same way, then measures where feedback writes
 saturate: ``POST /v1/feedback`` from the same clients on the last deployment (every acknowledged
-row counted in the store) and the SQLite store's own write loop. Writes ``bench/results/serve_ray.json``
-(the same per-run keys as ``served`` above); no offline or baseline runs (see ``serve.json``).
+row counted in the store, by the store's own reader) and the store's own write loop
+(``append_feedback`` from 1 and 2 processes). The replicas share one feedback store, given as
+``ragsieve serve --feedback-store`` takes it: by default a SQLite store in a temp folder;
+``--postgres`` a throwaway PostgreSQL (``tools/postgres.py``: the tests' server, fsync on, loopback)
+started for the run and stopped after it; ``--feedback-store DIR|postgresql://...`` one of your own (a
+folder or an empty database: the bench creates the store there and refuses one that exists, since its
+rows would join that store's next round). Writes ``bench/results/serve_ray.json``
+(``serve_ray_postgres.json`` on PostgreSQL; the same per-run keys as ``served`` above, and
+``feedback.store`` saying which store); no offline or baseline runs (see ``serve.json``).
 
-    python bench/serve.py --ray --seconds 45 --grace 45     # ~4 min on 2 cores
+    python bench/serve.py --ray --seconds 45 --grace 45                # SQLite store; ~4 min on 2 cores
+    python bench/serve.py --ray --postgres --seconds 45 --grace 45     # replicas sharing PostgreSQL
+    python bench/serve.py --ray --postgres --model bm25 --clients 4 --seconds 3 --requests 8 --grace 30 \
+        --feedback-seconds 3 --out /tmp/serve-ray-pg-smoke.json         # smoke run (cheap BM25 scorer)
 
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
@@ -39,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -47,6 +58,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools.postgres: the throwaway PostgreSQL the tests use too
 
 
 def resolve_model(spec: str, workdir: Path) -> tuple[str, str | None]:
@@ -294,9 +306,11 @@ def infinity_status() -> str | None:
     return None
 
 
-def feedback_store(path: Path) -> Path:
-    """An evolve store for the feedback writes (two seed examples; nothing is trained)."""
+def feedback_store(store: str) -> str:
+    """A new evolve store for the feedback writes (two seed examples; nothing is trained): a folder or a
+    ``postgresql://`` URL, as ``serve --feedback-store`` takes it. One that exists is refused in one line."""
     from ragsieve.data.records import LabeledPair
+    from ragsieve.errors import RagsieveError
     from ragsieve.evolve.store import EvolveStoreConfig, init_store
     from ragsieve.prompts.verdicts import get_template
 
@@ -304,7 +318,52 @@ def feedback_store(path: Path) -> Path:
     seed = [LabeledPair(f"s{y}", f"s{y}", q, d, y, t.fields_for(q, d), dataset="fever")
             for y, (q, d) in enumerate([("Hamlet is a novel.", "Hamlet is a tragedy."),
                                         ("Paris is in France.", "Paris is the capital of France.")])]
-    return init_store(path, EvolveStoreConfig(template="fever"), seed)
+    try:
+        init_store(store, EvolveStoreConfig(template="fever"), seed)
+    except RagsieveError as exc:  # a store that exists: the bench's rows would train its next round
+        sys.exit(f"--feedback-store: {exc}")
+    return store
+
+
+@contextmanager
+def shared_store(args, workdir: Path):
+    """(the store the replicas share, as ``serve --feedback-store`` takes it; what the JSON says of it).
+
+    ``--postgres`` starts a throwaway server (fsync on: real commits, as in ``bench/feedback_store.py``)
+    and stops it on the way out, after the bench's own connections are closed."""
+    from ragsieve.evolve_db import close_engines, is_database_url, locate_store, open_database
+
+    server = None
+    if args.postgres:
+        from tools.postgres import PostgresServer, skip_reason
+
+        if skip_reason():
+            sys.exit(f"--postgres: {skip_reason()}")
+        server = PostgresServer(fsync=True).start()
+        store = server.new_database()
+        where = "throwaway PostgreSQL in a temp folder on loopback, fsync on (tools/postgres.py)"
+    elif args.feedback_store:
+        given = args.feedback_store
+        store = given if is_database_url(given) else str(Path(given).resolve())  # the server runs in REPO
+        where = "given by --feedback-store"
+    else:
+        store = str(workdir / "store")
+        where = "a temp folder on local disk"
+    try:
+        feedback_store(store)
+        location = locate_store(store)
+        info = {"kind": "postgresql" if location.postgres else "sqlite (WAL)", "store": location.label,
+                "where": where}
+        if location.postgres:  # what the rates depend on, asked of the store's own engine
+            from sqlalchemy import text
+
+            with open_database(location).connect() as conn:
+                info.update({k: conn.execute(text(f"SHOW {k}")).scalar() for k in ("server_version", "fsync")})
+        yield store, info
+    finally:
+        close_engines()
+        if server is not None:
+            server.stop()
 
 
 def _write_loop(store: str, seconds: float, rows_per_call: int) -> list[float]:
@@ -320,7 +379,7 @@ def _write_loop(store: str, seconds: float, rows_per_call: int) -> list[float]:
     return ends
 
 
-def store_write_rate(store: Path, seconds: float, rows_per_call: int, writers: int = 1) -> dict:
+def store_write_rate(store: str, seconds: float, rows_per_call: int, writers: int = 1) -> dict:
     """Rows/s the store takes from ``writers`` processes appending at once (as replicas do), with a
     95 % t-interval over half-second slices (n = slices)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -337,9 +396,14 @@ def store_write_rate(store: Path, seconds: float, rows_per_call: int, writers: i
 
 def ray_bench(args, spec: str, bodies: list[dict], source: str, workdir: Path) -> dict:
     """The same load on 1 and 2 replicas (``ragsieve serve --ray local``), then the feedback writes."""
+    with shared_store(args, workdir) as (store, store_info):
+        print(f"feedback store: {store_info['kind']}, {store_info['store']}")
+        return _ray_runs(args, spec, bodies, source, workdir, store, store_info)
+
+
+def _ray_runs(args, spec: str, bodies: list[dict], source: str, workdir: Path, store: str, store_info: dict) -> dict:
     from ragsieve.evolve.live import pending_feedback
 
-    store = feedback_store(workdir / "store")
     cfg = workdir / "serve.yaml"
     cfg.write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
     cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -347,7 +411,7 @@ def ray_bench(args, spec: str, bodies: list[dict], source: str, workdir: Path) -
     feedback_http = None
     for n in args.replicas:
         proc, url = start_server([sys.executable, "-c", cli, "serve", "-r", spec, "--ray", "local", "--replicas",
-                                  str(n), "--port", "0", "-c", str(cfg), "--feedback-store", str(store),
+                                  str(n), "--port", "0", "-c", str(cfg), "--feedback-store", store,
                                   "--log-level", "warning"])
         try:
             runs[str(n)] = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
@@ -360,27 +424,30 @@ def ray_bench(args, spec: str, bodies: list[dict], source: str, workdir: Path) -
                         for i, b in enumerate(bodies) for d in b["documents"][:1]]
                 feedback_http = asyncio.run(drive(url, "/v1/feedback", rows, args.clients, args.feedback_seconds,
                                                   args.grace, size=lambda body: 1))
-                # every acknowledged row is in the store: warm-up rows + answered requests, none lost
+                # every acknowledged row is in the store (counted by its own reader, on either backend):
+                # warm-up rows + answered requests, none lost
                 feedback_http["replicas"] = n
                 feedback_http["rows_stored"] = pending_feedback(store) - before
                 feedback_http["rows_acknowledged"] = feedback_http["requests"] + min(args.clients, 4)
-                feedback_http["rows_per_s"] = feedback_http.pop("pairs_per_s")
+                for rate in ("", "_ci95", "_slices"):  # rows, not pairs, on this path
+                    feedback_http[f"rows_per_s{rate}"] = feedback_http.pop(f"pairs_per_s{rate}")
                 print(f"feedback over HTTP on {n} replicas: {feedback_http['rows_per_s']:.1f} rows/s, "
                       f"stored {feedback_http['rows_stored']} of {feedback_http['rows_acknowledged']} acknowledged")
         finally:
             stop_server(proc)
     direct = [store_write_rate(store, 4.0, k, w) for k in (1, 100) for w in (1, 2)]
     for d in direct:
-        print(f"SQLite append_feedback, {d['writers']} writer(s), {d['rows_per_call']} row(s)/transaction: "
+        print(f"{store_info['kind']} append_feedback, {d['writers']} writer(s), "
+              f"{d['rows_per_call']} row(s)/transaction: "
               f"{d['rows_per_s']:.0f} rows/s (95% CI {d['rows_per_s_ci95'][0]:.0f}-{d['rows_per_s_ci95'][1]:.0f})")
     return {
         "runs": runs,
-        "feedback": {"http": feedback_http, "sqlite_direct": direct, "store": "sqlite (WAL) on local disk",
-                     "postgresql": None},
+        "feedback": {"http": feedback_http, "direct": direct, "store": store_info},
         "served_spec": spec,
         "setup": {"clients": args.clients, "seconds": args.seconds, "grace": args.grace, "docs_per_request": args.docs,
                   "source": source, "max_batch_pairs": args.max_batch_pairs, "max_wait_ms": args.max_wait_ms,
                   "model": args.model, "replicas": args.replicas, "feedback_seconds": args.feedback_seconds,
+                  "feedback_store": store_info["kind"],
                   "replica_cpus": "one CPU per replica (Ray Serve's ray_actor_options)"},
     }
 
@@ -404,9 +471,20 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="with --ray: replica counts to run")
     parser.add_argument("--feedback-seconds", type=float, default=10.0,
                         help="with --ray: seconds of POST /v1/feedback load on the last deployment (0 = skip)")
-    parser.add_argument("--out", default=None, help="default bench/results/serve.json (serve_ray.json with --ray)")
+    stores = parser.add_mutually_exclusive_group()
+    stores.add_argument("--feedback-store", default=None, metavar="DIR|URL",
+                        help="with --ray: the feedback store the replicas share, as `ragsieve serve "
+                             "--feedback-store` takes it (a folder or a postgresql:// URL; created here, so it must "
+                             "not hold a store yet); default a SQLite store in a temp folder")
+    stores.add_argument("--postgres", action="store_true",
+                        help="with --ray: the feedback store in a throwaway PostgreSQL (tools/postgres.py, fsync on) "
+                             "started for the run and stopped after it")
+    parser.add_argument("--out", default=None, help="default bench/results/serve.json (serve_ray.json with --ray, "
+                                                    "serve_ray_postgres.json with its store on PostgreSQL)")
     parser.add_argument("--plain-server", default=None, help=argparse.SUPPRESS)  # internal: run the baseline server
     args = parser.parse_args()
+    if (args.feedback_store or args.postgres) and not args.ray:
+        parser.error("--feedback-store and --postgres go with --ray (the single-process run writes no feedback)")
     if args.plain_server:
         return plain_server(args.plain_server)
     import signal
@@ -424,7 +502,8 @@ def main() -> None:
                        "torch_threads": torch.get_num_threads(),
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-        out = Path(args.out or "bench/results/serve_ray.json")
+        postgres = result["feedback"]["store"]["kind"] == "postgresql"
+        out = Path(args.out or f"bench/results/serve_ray{'_postgres' if postgres else ''}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({n: run["pairs_per_s"] for n, run in result["runs"].items()} | {"errors": result["errors"]}))

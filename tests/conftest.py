@@ -207,9 +207,9 @@ def cli(capsys):
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A real PostgreSQL server for the session (tests/postgres.py), stopped afterwards; skipped only
+    """A real PostgreSQL server for the session (tools/postgres.py), stopped afterwards; skipped only
     where its binaries are absent."""
-    from tests.postgres import PostgresServer, skip_reason
+    from tools.postgres import PostgresServer, skip_reason
 
     reason = skip_reason()
     if reason:

@@ -1,5 +1,5 @@
 """The evolve / feedback store on both backends (issue #43, part 1): the embedded SQLite file and a
-real PostgreSQL started in a temporary folder (tests/postgres.py). The same tests run on each:
+real PostgreSQL started in a temporary folder (tools/postgres.py). The same tests run on each:
 rows and their order, feedback ahead of unlabelled rounds, traffic, concurrent writer processes,
 a writer killed mid-transaction; then what only one backend has (old SQLite stores migrated,
 ``--db`` and ``postgresql://`` store names, serve and ``evolve step`` on PostgreSQL).
@@ -310,6 +310,18 @@ def test_a_postgres_store_is_named_by_its_folder_or_url(postgres, tmp_path, cli)
     secret = url.replace("postgres@", "postgres:hunter2@")
     assert locate_store(folder, secret).url == locate_store(secret).url
     assert "hunter2" not in locate_store(secret).label
+
+
+def test_init_store_on_a_url_alone_returns_that_url(postgres):
+    """The store ``init_store`` returns names the store it made: a URL stays the URL (as a Path its ``//``
+    folded into ``/``, a relative folder named ``postgresql:``)."""
+    from ragsieve.evolve.live import pending_feedback
+    from ragsieve.evolve_db import close_engines
+
+    url = postgres.new_database()
+    store = make_store(url)
+    assert store == url and pending_feedback(store) == 0  # the returned name opens the store
+    close_engines()
 
 
 # --------------------------------------------------------------------------- schema versions

@@ -1,7 +1,7 @@
 """A dense index in a real PostgreSQL with pgvector: `index --store`, `retrieve`, `ask`, serve's /v1/ask,
 HNSW recall against the same table's exact search, and one-line errors for a bad URL or a missing extension.
 
-The server is the pgvector-enabled build that ``make install`` brings (``tests/postgres.py``), started once
+The server is the pgvector-enabled build that ``make install`` brings (``tools/postgres.py``), started once
 for this module in a temporary folder on a free loopback port.
 """
 

@@ -41,7 +41,7 @@ REPLICAS = 2
 @pytest.fixture(scope="module")
 def bm25_server(request, tmp_path_factory):
     """Two replicas of BM25 sharing one feedback store, the name the imported tests expect: a database of
-    the session's PostgreSQL (tests/postgres.py, which `make install` provides), as replicas on several
+    the session's PostgreSQL (tools/postgres.py, which `make install` provides), as replicas on several
     machines would share it; a SQLite store folder only where PostgreSQL's binaries are absent."""
     from ray import serve
 

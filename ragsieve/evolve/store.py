@@ -61,7 +61,7 @@ from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.evolve_db import DB_FILE  # noqa: F401  (re-exported: the SQLite file's name, for callers)
 from ragsieve.evolve_db import (
-    StoreLocation, database_error, finished_adapters, insert_rows, locate_store, open_database,
+    StoreLocation, database_error, finished_adapters, insert_rows, is_database_url, locate_store, open_database,
     step_lock, store_config_json, store_exists, upsert, write_pointer, write_transaction,
 )
 
@@ -321,9 +321,10 @@ def init_store(
     initial: Sequence[LabeledPair],
     rounds: Sequence[Sequence[LabeledPair]] = (),
     test: Sequence[LabeledPair] = (),
-) -> "Path | StoreLocation":
+) -> "Path | str | StoreLocation":
     """Create a store: ``initial`` (labelled) becomes round 0, ``rounds`` the queued batches,
-    ``test`` (labelled) the split scored after every round. Returns the store as given (a folder as a Path)."""
+    ``test`` (labelled) the split scored after every round. Returns the store as given (a folder as a Path,
+    a database URL as the string it was)."""
     config.verdict_template()  # fail now, not at the first step
     location = locate_store(store)
     if store_exists(location):
@@ -345,7 +346,8 @@ def init_store(
         insert_rows(conn, db.test_examples, [{"id": x.id, "data": json.dumps(x.to_json(), ensure_ascii=False)}
                                              for x in test])
     write_pointer(location)
-    return store if isinstance(store, StoreLocation) else Path(store)
+    # a URL stays a string: Path() would fold its "//" and name another thing
+    return store if isinstance(store, StoreLocation) or is_database_url(store) else Path(store)
 
 
 def init_store_from_dataset(
@@ -358,7 +360,7 @@ def init_store_from_dataset(
     rounds: int = 4,
     data_dir: str | None = None,
     test_size: int = 0,
-) -> "Path | StoreLocation":
+) -> "Path | str | StoreLocation":
     """Simulate a deployment on a benchmark: its SFT set and rounds (gold hidden from training)."""
     from ragsieve.evolve.tasks import build_task_rounds
 
@@ -403,7 +405,7 @@ def read_labelled_examples(path: str | Path, template: "VerdictTemplate") -> lis
 
 def init_store_from_examples(
     store_dir: "str | Path | StoreLocation", path: str | Path, config: EvolveStoreConfig, *, test_size: int = 0
-) -> "tuple[Path | StoreLocation, int, int]":
+) -> "tuple[Path | str | StoreLocation, int, int]":
     """Start a store from the user's labelled rows: all of them train M0 (round 0), but
     ``test_size`` examples of whole queries (balanced) held out as the test split.
     Returns the store, the SFT size and the test size."""
