@@ -448,7 +448,7 @@ def _ray_runs(args, spec: str, bodies: list[dict], source: str, workdir: Path, s
                   "source": source, "max_batch_pairs": args.max_batch_pairs, "max_wait_ms": args.max_wait_ms,
                   "model": args.model, "replicas": args.replicas, "feedback_seconds": args.feedback_seconds,
                   "feedback_store": store_info["kind"],
-                  "replica_cpus": "one CPU per replica (Ray Serve's ray_actor_options)"},
+                  "replica_cpus": "the cluster's CPUs shared equally, whole CPUs (ragsieve.serve.ray._replica_cpus)"},
     }
 
 

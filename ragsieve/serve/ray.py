@@ -270,10 +270,17 @@ class Replica:
 
 
 def _replica_cpus(replicas: int) -> float:
-    """One CPU per replica, or an equal share when the cluster has fewer CPUs than replicas."""
+    """An equal share of the cluster's CPUs per replica, at most one node's worth (a replica runs on one
+    node) and at least one CPU (a fraction when the cluster has fewer CPUs than replicas).
+
+    Why not one CPU each: Ray sets a replica's torch/OpenMP threads from its CPUs, so a single replica
+    on a 2-CPU machine would score with one thread and leave a core idle.
+    """
     ray, _ = _ray_serve()
-    cpus = float(ray.cluster_resources().get("CPU", 1.0))
-    return min(1.0, cpus / replicas)
+    total = float(ray.cluster_resources().get("CPU", 1.0))
+    per_node = max((float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")), default=total)
+    share = total / replicas
+    return float(max(1, min(int(share), int(per_node)))) if share >= 1 else share
 
 
 def deployment(
@@ -286,8 +293,8 @@ def deployment(
 ) -> "Application":
     """The Ray Serve application: ``replicas`` copies of the app for ``config``.
 
-    ``replica_cpus``: the CPUs each replica reserves (None: one, or an equal share of the
-    cluster's when it has fewer than ``replicas``). Needs a connected Ray (``ray.init``).
+    ``replica_cpus``: the CPUs each replica reserves (None: an equal share of the cluster's,
+    whole CPUs, at most one node's; see :func:`_replica_cpus`). Needs a connected Ray (``ray.init``).
     """
     if replicas < 1:
         raise RagsieveError(f"--replicas {replicas}: at least 1")
