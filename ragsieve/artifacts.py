@@ -225,11 +225,17 @@ def sqlite_error(file: str | os.PathLike[str], exc: sqlite3.Error, rebuild: str)
 TRAINING_OUTPUTS = "artifacts.json"
 
 
-def _sha256(file: Path) -> str:
+def file_sha256(file: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks.
+
+    Example::
+
+        file_sha256("ragsieve/assets/base-reranker/model.safetensors")
+    """
     import hashlib
 
     digest = hashlib.sha256()
-    with file.open("rb") as fh:
+    with open(file, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -250,7 +256,7 @@ def record_training_outputs(out_dir: str | os.PathLike[str], files: list[str | o
     for f in files:
         path = Path(f)
         rel = path.resolve().relative_to(out.resolve()).as_posix()
-        entry = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        entry = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
         before = record.get(rel, {}).get("sha256")
         if before is None:
             lines.append(f"{rel}: sha256 {entry['sha256'][:12]} recorded in {record_file}")

@@ -67,9 +67,12 @@ def text_problems(value, where: str, key: str = "", parent: str = "") -> list[st
 
 
 def file_problems(path: Path, name: str) -> list[str]:
-    if name.endswith(".jsonl"):
+    if name.endswith((".jsonl", ".jsonl.gz")):  # .jsonl.gz: a study's committed score records
+        import gzip
+
+        raw = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
         problems = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
             if line.strip():
                 problems += text_problems(json.loads(line), f"{name}:{lineno}")
         return problems
@@ -79,7 +82,7 @@ def file_problems(path: Path, name: str) -> list[str]:
 def test_no_dataset_text_in_committed_results():
     problems = []
     for name in tracked_files():
-        if name.startswith(SCANNED) and name.endswith((".json", ".jsonl")):
+        if name.startswith(SCANNED) and name.endswith((".json", ".jsonl", ".jsonl.gz")):
             problems += file_problems(REPO / name, name)
     assert not problems, f"{len(problems)} place(s) hold dataset text:\n" + "\n".join(problems[:20])
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ragsieve.errors import ModelNotAvailable
+from tests.conftest import requires_data
 
 TOPICS = [
     ("who wrote hamlet", "Hamlet is a tragedy written by William Shakespeare."),
@@ -74,6 +75,106 @@ def test_teacher_scores_are_the_mixed_logit_and_resume_from_the_cache(tmp_path, 
     assert again[:3] == first
 
 
+def _record_rows(folder) -> list[dict]:
+    import gzip
+
+    return [json.loads(line) for shard in sorted(folder.rglob("*.jsonl.gz"))
+            for line in gzip.open(shard, "rt").read().splitlines()]
+
+
+def test_teacher_records_carry_scores_to_another_machine(tmp_path, teacher_dir, caplog):
+    """Committed records of the teacher's logits (ids and scores only): a partial record is reused and only the
+    missing pairs are scored; a shard cut by a kill keeps its complete chunks; another teacher's are ignored."""
+    from ragsieve.data.score_records import PairScores
+    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.rerank.training.distill import cache_teacher_scores
+    from ragsieve.studies.rerank_distill import teacher_identity
+    from tests.test_repo_hygiene import file_problems
+
+    rows = _mined_rows()
+    cross = CrossEncoderRanker(str(teacher_dir), max_length=64)
+
+    class Counting:
+        calls = 0
+
+        def predict_pairs(self, pairs):
+            Counting.calls += len(pairs)
+            return cross.predict_logits(pairs)
+
+    records, identity = tmp_path / "records" / "teacher", teacher_identity(teacher_dir)
+    first = cache_teacher_scores(rows[:3], Counting(), tmp_path / "a" / "t.jsonl", 0.25, chunk=2,
+                                 records=PairScores(records, "fever", identity))
+    shard = records / "fever.000.jsonl.gz"
+    with shard.open("ab") as fh:  # a kill in the middle of the next chunk's gzip member
+        fh.write(b"\x1f\x8b\x08\x00garbage")
+    # another machine: no local cache, only the records
+    done = Counting.calls
+    again = cache_teacher_scores(rows, Counting(), tmp_path / "b" / "t.jsonl", 0.25,
+                                 records=PairScores(records, "fever", identity))
+    assert Counting.calls - done == sum(len(r["pos"]) + len(r["neg"]) for r in rows[3:])  # only the missing pairs
+    np.testing.assert_allclose([d[2] for r in again[:3] for d in r["pos"] + r["neg"]],
+                               [d[2] for r in first for d in r["pos"] + r["neg"]], atol=1e-6)
+    done = Counting.calls
+    cache_teacher_scores(rows, Counting(), tmp_path / "c" / "t.jsonl", 0.25,
+                         records=PairScores(records, "fever", identity))
+    assert Counting.calls == done  # everything recorded now
+    recorded = _record_rows(records)
+    assert len(recorded) == sum(len(r["pos"]) + len(r["neg"]) for r in rows)
+    assert set(recorded[0]) == {"query_id", "passage_id", "score"}
+    assert not [p for f in records.glob("*.gz") for p in file_problems(f, f.name)]  # the hygiene scan of a clone
+    texts = [t for q, t in TOPICS] + [q for q, t in TOPICS]
+    assert not any(t in shard_text for shard_text in [json.dumps(recorded)] for t in texts)
+
+    # another teacher (other weights): its records are ignored, in one line, and not extended
+    other = {**identity, "weights_sha256": {"model.safetensors": "0" * 64}}
+    size = shard.stat().st_size
+    with caplog.at_level("WARNING"):
+        ignored = PairScores(records, "fever", other)
+    assert not ignored.scores and "another scorer" in caplog.text and len(caplog.records) == 1
+    done = Counting.calls
+    cache_teacher_scores(rows[:1], Counting(), tmp_path / "d" / "t.jsonl", 0.25, records=ignored)
+    assert Counting.calls - done == len(rows[0]["pos"]) + len(rows[0]["neg"]) and shard.stat().st_size == size
+
+
+def test_records_shard_below_the_size_limit(tmp_path):
+    from ragsieve.data.score_records import PairScores, read_id_records, write_id_records
+
+    records = PairScores(tmp_path / "s", "nq", {"scorer": "x"}, max_bytes=300)
+    for k in range(10):
+        records.add([(f"q{k}", f"p{j}", 0.5 * j) for j in range(20)])
+    shards = sorted((tmp_path / "s").glob("nq.*.jsonl.gz"))
+    assert len(shards) > 1 and all(s.stat().st_size < 300 + 400 for s in shards)
+    assert len(PairScores(tmp_path / "s", "nq", {"scorer": "x"}).scores) == 200
+    rows = [{"query_id": f"q{k}", "pos_ids": [f"p{k}"]} for k in range(50)]
+    assert len(write_id_records(tmp_path / "m", "nq", rows, max_bytes=200)) > 1
+    assert read_id_records(tmp_path / "m", "nq") == rows and read_id_records(tmp_path / "m", "fever") is None
+
+
+@requires_data
+def test_mined_rows_round_trip_through_id_records(tmp_path):
+    """Mined rows are committed as ids (no text) and rebuilt from the data, without MiniLM."""
+    from ragsieve.benchmarks.mining import MiningConfig, mined_ids, mined_rows_from_ids, split_for_mining
+    from ragsieve.errors import RagsieveError
+    from tests.test_repo_hygiene import text_problems
+
+    config = MiningConfig(train_questions=6, dev_questions=2)
+    ds, train, dev = split_for_mining("fever", config)
+    pool = [p for p in ds.passages if p.text.strip()][:40]
+    rows = []
+    for split, questions in (("train", train), ("dev", dev)):
+        for k, q in enumerate(questions):
+            golds = [g for g in q.gold_passage_ids if g in ds.passage_by_id()][:2]
+            negs = [p for p in pool[3 * k: 3 * k + 3] if p.id not in golds]
+            rows.append({"dataset": ds.name, "split": split, "qid": q.id, "query": q.text,
+                         "pos": [[g, ds.passage_by_id()[g].full_text, 0.5] for g in golds],
+                         "neg": [[p.id, p.full_text, 0.125 * j, "bm25"] for j, p in enumerate(negs)]})
+    ids = [mined_ids(r) for r in rows]
+    assert not [p for i, r in enumerate(ids) for p in text_problems(r, f"row {i}")]
+    assert mined_rows_from_ids("fever", config, ids) == rows
+    with pytest.raises(RagsieveError, match="not in the data"):
+        mined_rows_from_ids("fever", config, [{**ids[0], "neg_ids": ["no-such-passage"]}])
+
+
 def test_truncated_student_keeps_the_first_layers_and_the_head(tmp_path, teacher_dir):
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -115,7 +216,8 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
         "  students: [{name: fast, layers: 1, tolerance: 0.02}]\n"
         "  distill: {group_size: 3, batch_size: 2, max_steps: 2, eval_steps: 1, max_length: 64, dev_docs: 4,"
         " teacher_scale: 1.0}\n"
-        f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n")
+        f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n"
+        f"  records: {tmp_path / 'records'}\n")
     result = run_experiment_file(cfg)
     rows = result["evaluation"]["by_dataset"]["fever"]
     assert set(rows) == {"teacher", "cosine", "fast-1l", "fast-1l-onnx-int8"} and rows["fast-1l"]["n"] == 3
@@ -151,6 +253,19 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     assert ((0 <= p) & (p <= 1)).all()
     again = run_experiment_file(cfg)  # everything cached: nothing trains or scores again
     assert again["evaluation"]["by_dataset"] == result["evaluation"]["by_dataset"]
+
+    # another machine: the work folder's scores are gone, the committed records are not
+    records = tmp_path / "records"
+    kinds = {"mined", "teacher", "eval-teacher", "eval-cosine"}
+    assert {d.name for d in records.iterdir()} == kinds
+    assert all((records / k / "meta.json").is_file() and any((records / k).glob("fever.*.jsonl.gz")) for k in kinds)
+    before = {f: f.read_bytes() for f in records.rglob("*.gz")}
+    shutil.rmtree(work / "teacher-scores")
+    shutil.rmtree(work / "eval")
+    third = run_experiment_file(cfg)
+    assert {f: f.read_bytes() for f in records.rglob("*.gz")} == before  # nothing scored again
+    for ranker in ("teacher", "cosine"):
+        assert third["evaluation"]["by_dataset"]["fever"][ranker]["nDCG@10"] == rows[ranker]["nDCG@10"]
 
 
 def test_calibration_pairs_use_the_dev_questions_candidate_lists():

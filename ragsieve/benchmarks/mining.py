@@ -301,6 +301,46 @@ def mine_all(config: MiningConfig, work: str | Path, data_dir=None, names: Itera
     return counts
 
 
+def mined_ids(row: dict) -> dict:
+    """A mined row without its text (ids, MiniLM cosines, negative sources): safe to commit.
+
+    :func:`mined_rows_from_ids` joins the text back from the datasets (mining is deterministic in
+    :func:`split_for_mining`'s questions and pool, so the ids name the same texts on any machine).
+    """
+    return {"dataset": row["dataset"], "split": row["split"], "query_id": row["qid"],
+            "pos_ids": [d[0] for d in row["pos"]], "pos_cosines": [d[2] for d in row["pos"]],
+            "neg_ids": [d[0] for d in row["neg"]], "neg_cosines": [d[2] for d in row["neg"]],
+            "neg_sources": [d[3] for d in row["neg"]]}
+
+
+def mined_rows_from_ids(name: str, config: MiningConfig, records: Sequence[dict], data_dir=None) -> list[dict]:
+    """The mined rows of source ``name`` rebuilt from :func:`mined_ids` records and the data (seconds, no MiniLM).
+
+    Raises :class:`RagsieveError` (one line) when a recorded id is not in the data (another data version).
+
+    Example::
+
+        rows = mined_rows_from_ids("fever", MiningConfig(), read_id_records("records/mined", "fever"))
+    """
+    ds, train, dev = split_for_mining(name, config, data_dir)
+    texts = {q.id: q.text for q in list(train) + list(dev)}
+    passages = ds.passage_by_id()
+    rows = []
+    for r in records:
+        missing = [r["query_id"]] * (r["query_id"] not in texts) + \
+            [p for p in r["pos_ids"] + r["neg_ids"] if p not in passages]
+        if missing:
+            raise RagsieveError(f"{name}: recorded mined ids not in the data (e.g. {missing[:3]}); "
+                                "delete the mined records to mine again")
+        rows.append({
+            "dataset": r["dataset"], "split": r["split"], "qid": r["query_id"], "query": texts[r["query_id"]],
+            "pos": [[p, passages[p].full_text, c] for p, c in zip(r["pos_ids"], r["pos_cosines"])],
+            "neg": [[p, passages[p].full_text, c, t]
+                    for p, c, t in zip(r["neg_ids"], r["neg_cosines"], r["neg_sources"])],
+        })
+    return rows
+
+
 def read_mined(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

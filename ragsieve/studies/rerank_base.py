@@ -120,19 +120,29 @@ class CosineOverCandidates:
     name = "cosine"
 
     def __init__(self, encoder: str, queries) -> None:
-        from ragsieve.models.encoder import load_encoder
         from ragsieve.rerank.neural import BiEncoderRanker
 
         self.ranker = BiEncoderRanker(encoder)
-        model = load_encoder(encoder)
-        texts = sorted({p.full_text for q in queries for p in q.candidates} | {q.query for q in queries})
-        vecs = model.encode(texts, batch_size=64, normalize_embeddings=True)
-        self.vec = dict(zip(texts, vecs))
+        self.encoder, self.queries = encoder, queries
+        self._vec: dict | None = None
+
+    @property
+    def vec(self) -> dict:
+        # encoded on first use: a study whose cosine scores are all recorded never loads MiniLM
+        if self._vec is None:
+            from ragsieve.models.encoder import load_encoder
+
+            qs = self.queries
+            texts = sorted({p.full_text for q in qs for p in q.candidates} | {q.query for q in qs})
+            vecs = load_encoder(self.encoder).encode(texts, batch_size=64, normalize_embeddings=True)
+            self._vec = dict(zip(texts, vecs))
+        return self._vec
 
     score_is_probability = False
 
     def score(self, query: str, passages) -> np.ndarray:
-        return np.array([float(self.vec[p.full_text] @ self.vec[query]) for p in passages])
+        vec = self.vec
+        return np.array([float(vec[p.full_text] @ vec[query]) for p in passages])
 
     def rank(self, query: str, passages):
         from ragsieve.rerank.base import BaseRanker

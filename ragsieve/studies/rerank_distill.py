@@ -25,6 +25,10 @@ ships a student only when it keeps the teacher's quality. Phases, each resumable
    point estimate and not measurably below cosine anywhere is written to ``ragsieve/assets/<asset>``
    (fp16 safetensors, int8 ONNX, card with its calibration); ``embedded:<name>`` then resolves to it.
 
+With ``records`` (a committed folder, :mod:`ragsieve.data.score_records`), the deterministic phases also resume
+on another machine: mined rows as ids (text joined back from the data), the teacher's logits and the teacher's
+and cosine's held-out scores by (query id, passage id), each folder tied to its teacher or recipe by ``meta.json``.
+
 :func:`heldout_calibration` is the ECE report on its own (any ranker, e.g. the current default).
 
 Example::
@@ -143,6 +147,10 @@ class RerankDistillConfig(StrictConfig):
     # a student ships on ONNX int8 (per-channel) only if its nDCG@10 stays this close to its fp32 on every set
     backend_tolerance: float = 0.005
     encoder: str = DEFAULT_ENCODER
+    # text-free records to commit (mined ids, teacher logits, the teacher's and cosine's held-out scores, by
+    # query and passage id): read at start, extended as phases run, so a run resumes on another machine
+    # without mining or scoring again ("" = none; experiments/rerank_distill.yaml sets results/.../records)
+    records: str = ""
     asset_root: str = ""  # where shipped students go ("" = the package's ragsieve/assets)
     data_dir: str | None = None
     seed: int = 0
@@ -189,19 +197,46 @@ def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[li
 
 
 class _Remembered(BaseRanker):
-    """A ranker whose scores are remembered per (query, passages): nDCG and ECE read one pass."""
+    """A ranker whose scores are remembered per (query, passages): nDCG and ECE read one pass.
 
-    def __init__(self, inner, name: str) -> None:
+    With ``records`` (a :class:`~ragsieve.data.score_records.PairScores`) and ``query_ids`` (query text →
+    id), scores are also read from and added to the records by (query id, passage id).
+    """
+
+    def __init__(self, inner, name: str, records=None, query_ids: dict[str, str] | None = None) -> None:
         self.inner, self.name = inner, name
         self.score_is_probability = inner.score_is_probability
         self.calibration = getattr(inner, "calibration", None)
         self.memo: dict = {}
+        self.records, self.query_ids = records, query_ids or {}
 
     def score(self, query, passages):
         key = (query, tuple(p.full_text for p in passages))
         if key not in self.memo:
-            self.memo[key] = np.asarray(self.inner.score(query, passages), dtype=float)
+            qid = self.query_ids.get(query) if self.records is not None else None
+            got = self.records.lookup(qid, [p.id for p in passages]) if qid is not None else None
+            if got is None:
+                got = np.asarray(self.inner.score(query, passages), dtype=float)
+                if qid is not None:
+                    self.records.add((qid, p.id, s) for p, s in zip(passages, got))
+            self.memo[key] = np.asarray(got, dtype=float)
         return self.memo[key]
+
+
+def teacher_identity(teacher: Path) -> dict:
+    """What makes the teacher's logits what they are: its weights' sha256 and its truncation length."""
+    from ragsieve.artifacts import file_sha256
+    from ragsieve.rerank.shipped import read_card
+
+    weights = sorted(teacher.glob("*.safetensors")) or sorted(teacher.glob("pytorch_model*.bin"))
+    if not weights:
+        raise RagsieveError(f"{teacher}: no weights file (*.safetensors or pytorch_model*.bin)")
+    return {"weights_sha256": {w.name: file_sha256(w) for w in weights},
+            "max_length": int(read_card(teacher).get("max_length", 256))}
+
+
+def _mining_identity(cfg: RerankDistillConfig) -> dict:
+    return {"mining": cfg.mining.model_dump()}
 
 
 class RerankDistillStudy:
@@ -213,7 +248,9 @@ class RerankDistillStudy:
         work = Path(out_dir) / "work"
         t0 = time.perf_counter()
         mined = Path(cfg.mined_dir) if cfg.mined_dir else work / "mined"
+        self.mined_from_records(cfg, mined, console)
         counts = mine_all(cfg.mining, mined, cfg.data_dir, cfg.datasets)
+        self.record_mined(cfg, mined)
         console.print(f"mined rows: {counts}")
         teacher = self.freeze_teacher(cfg, work)
         train, dev = self.teacher_rows(cfg, mined, teacher, work, console)
@@ -240,6 +277,35 @@ class RerankDistillStudy:
         return result
 
     @staticmethod
+    def mined_from_records(cfg: RerankDistillConfig, mined: Path, console: Console) -> None:
+        """Mined rows absent here but recorded (ids only) are rebuilt from the data instead of mined again."""
+        from ragsieve.benchmarks.mining import mined_rows_from_ids
+        from ragsieve.data.jsonl import write_jsonl
+        from ragsieve.data.score_records import read_id_records, records_match
+
+        folder = Path(cfg.records) / "mined" if cfg.records else None
+        if folder is None or not folder.is_dir() or not records_match(folder, _mining_identity(cfg)):
+            return
+        for name in cfg.datasets:
+            ids = read_id_records(folder, name)
+            if ids is not None and not (mined / f"{name}.jsonl").exists():
+                write_jsonl(mined / f"{name}.jsonl", mined_rows_from_ids(name, cfg.mining, ids, cfg.data_dir))
+                console.print(f"mined rows of {name} rebuilt from {folder}")
+
+    @staticmethod
+    def record_mined(cfg: RerankDistillConfig, mined: Path) -> None:
+        """Record each dataset's mined rows as ids (the text stays in the data) unless recorded already."""
+        from ragsieve.benchmarks.mining import mined_ids, read_mined
+        from ragsieve.data.score_records import records_match, write_id_records
+
+        folder = Path(cfg.records) / "mined" if cfg.records else None
+        if folder is None or not records_match(folder, _mining_identity(cfg)):
+            return
+        for name in cfg.datasets:
+            if not any(folder.glob(f"{name}.*.jsonl.gz")):
+                write_id_records(folder, name, [mined_ids(r) for r in read_mined(mined / f"{name}.jsonl")])
+
+    @staticmethod
     def freeze_teacher(cfg: RerankDistillConfig, work: Path) -> Path:
         """A copy of the teacher folder in ``work/teacher``: shipping a student over ``embedded:base``
         must not change the teacher of a resumed or repeated run."""
@@ -260,12 +326,14 @@ class RerankDistillStudy:
                      console: Console) -> tuple[list[dict], list[dict]]:
         """(train rows capped per dataset, dev rows), each passage scored by the teacher (cached, resumable)."""
         from ragsieve.benchmarks.mining import read_mined
+        from ragsieve.data.score_records import PairScores
         from ragsieve.rerank.neural import CrossEncoderRanker
         from ragsieve.rerank.shipped import read_card
         from ragsieve.rerank.training.distill import cache_teacher_scores
 
         card = read_card(teacher)
         weight, scale = float(card.get("cosine_weight", 0.0)), float(card.get("cosine_scale", 20.0))
+        identity = teacher_identity(teacher) if cfg.records else None
         cross = None
         train, dev = [], []
         for name in cfg.datasets:
@@ -280,7 +348,9 @@ class RerankDistillStudy:
                     cross = cross or CrossEncoderRanker(str(teacher), max_length=int(card.get("max_length", 256)))
                     return cross.predict_logits(pairs)
 
-            scored = cache_teacher_scores(rows, _LazyTeacher(), cache, weight, scale)
+            # the cross-encoder's logit, by (question id, passage id): the cosine mix is recomputed from the rows
+            records = PairScores(Path(cfg.records) / "teacher", name, identity) if identity else None
+            scored = cache_teacher_scores(rows, _LazyTeacher(), cache, weight, scale, records=records)
             train += [r for r in scored if r["split"] == "train"]
             dev += [r for r in scored if r["split"] == "dev"]
             console.print(f"teacher scores: {name} {len(scored)} rows")
@@ -304,9 +374,11 @@ class RerankDistillStudy:
 
     @staticmethod
     def rankers(cfg: RerankDistillConfig, teacher: Path, finals: dict[str, Path], dev: list[dict],
-                queries) -> dict[str, BaseRanker]:
+                queries, dataset: str = "") -> dict[str, BaseRanker]:
         """Teacher (its shipped mix and calibration), MiniLM cosine and each student calibrated on
-        :func:`calibration_pairs`."""
+        :func:`calibration_pairs`. With ``cfg.records``, the teacher's and cosine's held-out scores (which
+        never change) are read from and added to ``<records>/eval-teacher`` and ``<records>/eval-cosine``."""
+        from ragsieve.data.score_records import PairScores
         from ragsieve.rerank.mixed import CosineMixRanker
         from ragsieve.rerank.neural import CrossEncoderRanker
         from ragsieve.rerank.shipped import load_shipped_reranker, read_card
@@ -319,7 +391,15 @@ class RerankDistillStudy:
                               float(card.get("cosine_scale", 20.0)), cosine=cosine) \
             if isinstance(shipped, CosineMixRanker) else shipped
         mix.calibration = shipped.calibration
-        out = {"teacher": _Remembered(mix, "teacher"), "cosine": _Remembered(cosine, "cosine")}
+        recorded: dict = {"teacher": None, "cosine": None}
+        if cfg.records and dataset:
+            ids = {q.query: q.query_id for q in queries}
+            recorded = {r: (PairScores(Path(cfg.records) / f"eval-{r}", dataset, identity), ids) for r, identity in (
+                ("teacher", {**teacher_identity(teacher), "encoder": cfg.encoder, "score": "mixed",
+                             "cosine_weight": float(card.get("cosine_weight", 0.0)),
+                             "cosine_scale": float(card.get("cosine_scale", 20.0))}),
+                ("cosine", {"encoder": cfg.encoder}))}
+        out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
         qs, ps, ys = calibration_pairs(cfg, dev)
         for name, final in finals.items():
             student = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length)
@@ -348,7 +428,7 @@ class RerankDistillStudy:
             if cache.is_file():
                 out["by_dataset"][name] = json.loads(cache.read_text())
                 continue
-            rankers = self.rankers(cfg, teacher, finals, dev, queries)
+            rankers = self.rankers(cfg, teacher, finals, dev, queries, name)
             per = {r: per_query(ranker, queries, ks=(10,), measures=("nDCG",))["nDCG@10"]
                    for r, ranker in rankers.items()}
             qids = [q.query_id for q in queries]

@@ -306,7 +306,7 @@ def teacher_logit_pairs(rows: Sequence[dict]) -> list[tuple[str, str]]:
 
 
 def cache_teacher_scores(rows: Sequence[dict], teacher, cache: str | Path, cosine_weight: float,
-                         cosine_scale: float = 20.0, chunk: int = 64) -> list[dict]:
+                         cosine_scale: float = 20.0, chunk: int = 64, records=None) -> list[dict]:
     """The mined rows with each passage's cosine replaced by the teacher's mixed score.
 
     ``teacher`` is a cross-encoder with ``predict_pairs`` returning raw logits (the teacher's
@@ -315,6 +315,10 @@ def cache_teacher_scores(rows: Sequence[dict], teacher, cache: str | Path, cosin
     per row, keyed by dataset and question id) every ``chunk`` rows, so a killed run resumes where
     it stopped. Passages keep their order, so the rows feed :func:`train_distilled` unchanged
     (with ``teacher_scale = 1``: the scores are already logits).
+
+    ``records`` (a :class:`ragsieve.data.score_records.PairScores` of this teacher's logits, by question
+    and passage id) is read first and extended chunk by chunk: committed, it carries the scores to
+    another machine, where only the pairs it lacks are scored.
 
     Example::
 
@@ -333,7 +337,16 @@ def cache_teacher_scores(rows: Sequence[dict], teacher, cache: str | Path, cosin
     def key(m: dict) -> str:
         return f"{m.get('dataset', '')}/{m['qid']}"
 
-    todo = [m for m in rows if key(m) not in done or len(done[key(m)]) != len(m["pos"]) + len(m["neg"])]
+    def complete(m: dict) -> bool:
+        return key(m) in done and len(done[key(m)]) == len(m["pos"]) + len(m["neg"])
+
+    if records is not None:  # scored on another machine (ids and logits only)
+        for m in rows:
+            if not complete(m):
+                got = records.lookup(m["qid"], [d[0] for d in m["pos"] + m["neg"]])
+                if got is not None:
+                    done[key(m)] = got
+    todo = [m for m in rows if not complete(m)]
     cache.parent.mkdir(parents=True, exist_ok=True)
     for lo in range(0, len(todo), chunk):
         part = todo[lo: lo + chunk]
@@ -346,6 +359,8 @@ def cache_teacher_scores(rows: Sequence[dict], teacher, cache: str | Path, cosin
             at += n
         with cache.open("a") as fh:
             fh.write("".join(lines))
+        if records is not None:
+            records.add((m["qid"], d[0], s) for m in part for d, s in zip(m["pos"] + m["neg"], done[key(m)]))
         log.info("teacher: %d / %d rows scored", min(lo + chunk, len(todo)), len(todo))
     mix = cosine_weight * cosine_scale
     out = []
