@@ -45,12 +45,8 @@ def teacher_dir(tmp_path, tiny_cross_encoder_dir):
     return folder
 
 
-def test_teacher_scores_are_the_mixed_logit_and_resume_from_the_cache(tmp_path, teacher_dir):
-    from ragsieve.rerank.neural import CrossEncoderRanker
-    from ragsieve.rerank.training.distill import cache_teacher_scores, teacher_logit_pairs
-
-    rows = _mined_rows()
-    cross = CrossEncoderRanker(str(teacher_dir), max_length=64)
+def _counting_teacher(cross):
+    """A teacher scorer (the cross-encoder's raw logits) that counts the pairs it is asked for."""
 
     class Counting:
         calls = 0
@@ -58,6 +54,18 @@ def test_teacher_scores_are_the_mixed_logit_and_resume_from_the_cache(tmp_path, 
         def predict_pairs(self, pairs):
             Counting.calls += len(pairs)
             return cross.predict_logits(pairs)
+
+    return Counting
+
+
+def test_teacher_scores_are_the_mixed_logit_and_resume_from_the_cache(tmp_path, teacher_dir):
+    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.rerank.training.distill import cache_teacher_scores, teacher_logit_pairs
+
+    rows = _mined_rows()
+    cross = CrossEncoderRanker(str(teacher_dir), max_length=64)
+
+    Counting = _counting_teacher(cross)
 
     cache = tmp_path / "teacher.jsonl"
     first = cache_teacher_scores(rows[:3], Counting(), cache, 0.25, 20.0, chunk=2)
@@ -94,12 +102,7 @@ def test_teacher_records_carry_scores_to_another_machine(tmp_path, teacher_dir, 
     rows = _mined_rows()
     cross = CrossEncoderRanker(str(teacher_dir), max_length=64)
 
-    class Counting:
-        calls = 0
-
-        def predict_pairs(self, pairs):
-            Counting.calls += len(pairs)
-            return cross.predict_logits(pairs)
+    Counting = _counting_teacher(cross)
 
     records, identity = tmp_path / "records" / "teacher", teacher_identity(teacher_dir)
     first = cache_teacher_scores(rows[:3], Counting(), tmp_path / "a" / "t.jsonl", 0.25, chunk=2,
