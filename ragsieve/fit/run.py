@@ -481,16 +481,18 @@ class Fit:
         if len(qs) < 5:
             return {"kept": True, "n": len(qs), "why": "fewer than 5 dev questions with an answer-bearing candidate"}
 
-        def reciprocal_ranks(spec: str) -> list[float]:
+        def reciprocal_ranks(spec: str, offset: int) -> list[float]:
             out = []
-            for q in qs:
+            for n, q in enumerate(qs, 1):
                 order = [idx for idx, _ in self._ranked(spec, q)][:10]
                 first = next((rank for rank, idx in enumerate(order) if idx in self._answer_bearing(q)), None)
                 out.append(0.0 if first is None else 1.0 / (first + 1))
+                # minutes of cross-encoder passes after training: say so, or a log under nohup goes quiet
+                self.progress("rerank", offset + n, 2 * len(qs))  # the relevance check
             return out
 
-        aligned_rr = reciprocal_ranks("reranker")  # the folder ``aligned``, before the verdict moves it
-        base_rr = reciprocal_ranks(self.config.align.init)
+        aligned_rr = reciprocal_ranks("reranker", 0)  # the folder ``aligned``, before the verdict moves it
+        base_rr = reciprocal_ranks(self.config.align.init, len(qs))
         result = paired_bootstrap(aligned_rr, base_rr).to_dict()
         worse = result["diff"] < -self.config.align.max_mrr_drop or result["high"] < 0
         return {**result, "metric": "MRR@10 of answer-bearing dev candidates", "aligned_mrr": result["a"],
