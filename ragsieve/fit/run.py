@@ -573,8 +573,10 @@ class Fit:
                               progress=lambda done, total: self.progress("select", done, total))
         sources = [RETRIEVER, self.config.align.init] + (["reranker"] if self.reranker_spec == "reranker" else [])
         selection.add_ranking(RETRIEVER, dev + test)
-        for name in sources[1:]:
-            selection.rankings[name] = {q.id: self._ranked(name, q) for q in dev + test}
+        todo = [(name, q) for name in sources[1:] for q in dev + test]
+        for n, (name, q) in enumerate(todo, 1):
+            selection.rankings.setdefault(name, {})[q.id] = self._ranked(name, q)
+            self.progress("select", n, len(todo))  # the rankings first: minutes of cross-encoder passes, said
         if self.probe is not None:
             selection.confidence = dict(zip([q.id for q in dev + test], self._conf_q(dev + test).tolist()))
         # the user's gate policy bounds the grid: none = no gate, a budget = every retrieval behind its β
