@@ -85,7 +85,8 @@ def hotpotqa_inputs(out: Path, limit: int, exclude: Collection[str], encoder: st
     corpus = out / "passages.jsonl"
     corpus.write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n" for p in ds.passages))
     passages = read_corpus([corpus], ChunkConfig(tokenizer=encoder))  # ChunkConfig's defaults are the CLI's
-    questions = [q for q in ds.questions if q.id not in set(exclude)]
+    skip = set(exclude)
+    questions = [q for q in ds.questions if q.id not in skip]
     return ds.name, passages, questions[: limit or None]
 
 
