@@ -42,7 +42,7 @@ import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -481,23 +481,31 @@ class Fit:
         if len(qs) < 5:
             return {"kept": True, "n": len(qs), "why": "fewer than 5 dev questions with an answer-bearing candidate"}
 
-        def reciprocal_ranks(spec: str, offset: int) -> list[float]:
+        def reciprocal_ranks(spec: str) -> list[float]:
             out = []
-            for n, q in enumerate(qs, 1):
+            for q in qs:
                 order = [idx for idx, _ in self._ranked(spec, q)][:10]
                 first = next((rank for rank, idx in enumerate(order) if idx in self._answer_bearing(q)), None)
                 out.append(0.0 if first is None else 1.0 / (first + 1))
-                # minutes of cross-encoder passes after training: say so, or a log under nohup goes quiet
-                self.progress("rerank", offset + n, 2 * len(qs))  # the relevance check
             return out
 
-        aligned_rr = reciprocal_ranks("reranker", 0)  # the folder ``aligned``, before the verdict moves it
-        base_rr = reciprocal_ranks(self.config.align.init, len(qs))
+        self._rank_all(["reranker", self.config.align.init], qs, "rerank")
+        aligned_rr = reciprocal_ranks("reranker")  # the folder ``aligned``, before the verdict moves it
+        base_rr = reciprocal_ranks(self.config.align.init)
         result = paired_bootstrap(aligned_rr, base_rr).to_dict()
         worse = result["diff"] < -self.config.align.max_mrr_drop or result["high"] < 0
         return {**result, "metric": "MRR@10 of answer-bearing dev candidates", "aligned_mrr": result["a"],
                 "start_mrr": result["b"], "start": self.config.align.init, "kept": not worse,
                 "max_mrr_drop": self.config.align.max_mrr_drop}
+
+    def _rank_all(self, specs: Sequence[str], questions: Sequence[Question], phase: str) -> None:
+        """Rank every question's candidates with each of ``specs`` (memoized by :meth:`_ranked`), reporting
+        progress under ``phase``: minutes of cross-encoder passes a log under nohup would otherwise not show."""
+        todo = [(spec, q) for spec in specs for q in questions
+                if q.id not in self._rankings.get(spec, {})]
+        for n, (spec, q) in enumerate(todo, 1):
+            self._ranked(spec, q)
+            self.progress(phase, n, len(todo))
 
     def _ranked(self, spec: str, q: Question) -> list[tuple[int, float]]:
         """``q``'s candidates as (index, score) in the order of reranker ``spec`` (``reranker``: the sieve's
@@ -573,10 +581,9 @@ class Fit:
                               progress=lambda done, total: self.progress("select", done, total))
         sources = [RETRIEVER, self.config.align.init] + (["reranker"] if self.reranker_spec == "reranker" else [])
         selection.add_ranking(RETRIEVER, dev + test)
-        todo = [(name, q) for name in sources[1:] for q in dev + test]
-        for n, (name, q) in enumerate(todo, 1):
-            selection.rankings.setdefault(name, {})[q.id] = self._ranked(name, q)
-            self.progress("select", n, len(todo))  # the rankings first: minutes of cross-encoder passes, said
+        self._rank_all(sources[1:], dev + test, "select")
+        for name in sources[1:]:
+            selection.rankings[name] = {q.id: self._ranked(name, q) for q in dev + test}
         if self.probe is not None:
             selection.confidence = dict(zip([q.id for q in dev + test], self._conf_q(dev + test).tolist()))
         # the user's gate policy bounds the grid: none = no gate, a budget = every retrieval behind its β
