@@ -66,6 +66,7 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint, "--records", records)
     assert result.code == 0, result.err
+    assert "frontier on dev" in result.out and "chosen - best plain" in result.out
     written = json.loads((out / "sieve.json").read_text())
     assert written["llm"] == str(tiny_llm_dir) and written["layer"] in (1, 2)
     metrics = written["metrics"]

@@ -90,7 +90,31 @@ def fit_cmd(
         lo, hi = m["ci95"]
         console.print(f"{name:>14}: accuracy {m['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] (n={m['n']})")
     selection = sieve.metrics.get("selection", {})
+    _print_frontier(selection)
     console.print(f"chosen by answers on dev: {selection.get('shipped')} (best plain: {selection.get('best_plain')})")
+    versus = sieve.metrics.get("do_no_harm", {}).get("chosen_vs_best_plain")
+    if versus:
+        lo, hi = versus["ci95"]
+        console.print(f"on test, chosen - best plain: {versus['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+                      f"(n={versus['n']}, McNemar p = {versus['p_value']:.3g}: {versus['verdict']})")
     if selection.get("note"):
         console.print(f"note: {selection['note']}")
     console.print(f"retrieval rate {sieve.metrics.get('retrieval_rate', 1.0):.2f}, β = {sieve.beta}; wrote {out}/sieve.json")
+
+
+def _print_frontier(selection: dict) -> None:
+    """The dev grid's accuracy-against-prompt-tokens frontier as a table: what each extra token buys."""
+    from rich.table import Table
+
+    rows = sorted((r for r in selection.get("grid", []) if r.get("frontier_tokens")), key=lambda r: r["prompt_tokens"])
+    if not rows:
+        return
+    table = Table(title=f"frontier on dev (n={rows[0]['n']}, {selection.get('n_configurations', len(rows))} "
+                        "configurations; all in sieve.json, plotted in frontier.png)")
+    for column in ("configuration", "accuracy", "95 % CI", "prompt tokens", "LLM s / question"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for r in rows:
+        lo, hi = r["ci95"]
+        table.add_row(r["name"], f"{r['accuracy']:.3f}", f"[{lo:.3f}, {hi:.3f}]", f"{r['prompt_tokens']:.0f}",
+                      f"{r['llm_seconds']:.2f}")
+    console.print(table)
