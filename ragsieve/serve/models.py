@@ -12,6 +12,7 @@ thread) by default, ``ServeBatcher`` (``@serve.batch``) on Ray Serve.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,6 +52,8 @@ class ServedModels:
     llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
     # requests holding these models (ServeState.snapshot): a reload closes them once none does
     users: int = field(default=0, init=False, repr=False, compare=False)
+    # set by the last request to let go once a reload waits for them (no polling)
+    released: asyncio.Event | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def threshold(self) -> float | None:

@@ -14,9 +14,8 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -117,15 +116,18 @@ class ServeState:
             yield models
         finally:
             models.users -= 1
+            if not models.users and models.released is not None:
+                models.released.set()
 
     async def reload(self) -> None:
         """Fresh models from the config's specs, swapped whole; the old ones finish the requests that
         hold them (:meth:`snapshot`), then close."""
         fresh = await asyncio.to_thread(ServedModels.load, self.config, self.batcher)
         old, self.models = self.models, fresh
-        deadline = time.monotonic() + RELOAD_DRAIN_S
-        while old.users and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        if old.users:
+            old.released = asyncio.Event()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(old.released.wait(), RELOAD_DRAIN_S)
         await asyncio.to_thread(old.close)  # a request still holding them after that gets a 503: retry
 
     def close(self) -> None:
