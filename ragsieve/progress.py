@@ -138,6 +138,10 @@ class LogProgress:
     def update(self, task_id: int, *, completed: float | None = None, total: float | None = None,
                advance: float | None = None, **_: Any) -> None:
         task = self._tasks[task_id]
+        if task.finished and completed is not None and completed < (total if total is not None else task.total or 0):
+            # a finished task given new work (a phase's next step, reported under its name): it starts again,
+            # or a log stays silent through that step (the fit's grid after its rankings: ~1 h)
+            task.finished, task.announced, task.total_when_added = False, False, False
         if total is not None:
             task.total = int(total)
         if not task.announced:

@@ -46,6 +46,18 @@ def test_log_lines_by_share_and_by_time(capsys, monkeypatch):
     assert lines[5:7] == ["shifts: started, 4/10 already done", lines[6]] and lines[6].startswith("shifts: done")
     assert len(lines) == 7
 
+    with LogProgress(every_fraction=0.5, every_seconds=3600) as bar:  # one phase, two steps under its name
+        task = bar.add_task("fit select")
+        bar.update(task, completed=10, total=10)  # the rankings
+        bar.update(task, completed=0, total=40)  # the grid: more work under the same name starts again
+        bar.update(task, completed=20, total=40)
+        bar.update(task, completed=40, total=40)
+        bar.update(task, completed=1, total=1)  # the phase's own "done": nothing new to say
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("fit select: done, 10/10")
+    assert lines[1] == "fit select: started, 40 to do" and STATUS.match(lines[2])["done"] == "20"
+    assert lines[3].startswith("fit select: done, 40/40") and len(lines) == 4
+
     with LogProgress(every_fraction=0, every_seconds=0) as bar:  # a slow task: a line at every report
         task = bar.add_task("training", total=1000)
         bar.advance(task, 1)
