@@ -23,6 +23,8 @@ on 2 cores. Writes ``bench/results/fit.json``.
 ``--config`` gives the FitConfig fields (``experiments/sieve_default.yaml`` by default);
 ``--ship`` then copies the fitted sieve (without ``work/``) to ``ragsieve/assets/sieves/default``
 and its metrics to ``results/fit/metrics.json``: how the shipped default sieve is built.
+``--ship-finished`` ships a fit that already ran to the end with the same ``--out`` and ``--result``,
+without running it again.
 ``--prepare-only`` writes the QA file, builds (or loads) the cached index, prints the split sizes and
 exits before the LLM loads.
 
@@ -154,14 +156,20 @@ def main() -> None:
                         f"{HOTPOTQA_SPLIT} unless given)")
     parser.add_argument("--records", help="folder of the fit's text-free records (answers, shifts), read at start "
                         "and kept as it runs: a refit resumes from them on another machine")
+    parser.add_argument("--ship-finished", action="store_true",
+                        help="ship a fit that already finished (<out>/sieve/sieve.json and the --result JSON it "
+                             "wrote) without running it again: a rerun with --ship re-ranks every dev and test question")
     parser.add_argument("--regrade", action="store_true",
                         help="only recalibrate the shipped sieve's grader threshold on the same dev split "
                              "(after embedded:base changes, its scores move and the old threshold means nothing)")
     parser.add_argument("--prepare-only", action="store_true",
                         help="write the QA file and build (or load) the index, print the split sizes, then exit")
     args = parser.parse_args()
-    if args.dataset != "nq" and (args.ship or args.regrade):
+    if args.dataset != "nq" and (args.ship or args.ship_finished or args.regrade):
         parser.error(f"--ship and --regrade concern the shipped NQ default sieve, not --dataset {args.dataset}")
+    if args.ship_finished:
+        ship_finished(Path(args.out) / "sieve", Path(args.result))
+        return
     from ragsieve.config import build_config, read_mapping
     from ragsieve.fit.run import fit_splits
 
@@ -300,6 +308,17 @@ def regrade(fit) -> None:
     print(f"regraded {target / 'grader'}: threshold {old['threshold']:.4f} -> {new['threshold']:.4f}")
 
 
+def ship_finished(sieve_dir: Path, result_file: Path) -> None:
+    """:func:`ship` for a fit that already finished: its sieve.json and the bench result it wrote."""
+    from ragsieve.pipeline.sieve_config import SieveConfig
+
+    missing = [str(p) for p in (sieve_dir / "sieve.json", result_file) if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--ship-finished: {', '.join(missing)} missing: run the fit to the end first")
+    sieve = SieveConfig.model_validate_json((sieve_dir / "sieve.json").read_text())
+    ship(sieve_dir, sieve, json.loads(result_file.read_text()))
+
+
 def ship(sieve_dir: Path, sieve, result: dict) -> None:
     """The fitted sieve → ragsieve/assets/sieves/default (weights ≤ 50 MB each) + results/fit/metrics.json."""
     import shutil
@@ -316,7 +335,7 @@ def ship(sieve_dir: Path, sieve, result: dict) -> None:
     shutil.copytree(sieve_dir, target, ignore=shutil.ignore_patterns("work", "checkpoints", "README.md"))
     results = Path("results/fit")
     results.mkdir(parents=True, exist_ok=True)
-    (results / "metrics.json").write_text(json.dumps({"sieve": json.loads(sieve.model_dump_json()),
+    (results / "metrics.json").write_text(json.dumps({"shipped_sieve": json.loads(sieve.model_dump_json()),
                                                       "bench": {k: v for k, v in result.items() if k != "sieve_metrics"}},
                                                      indent=2) + "\n")
     print(f"shipped {target} ({sum(p.stat().st_size for p in target.rglob('*') if p.is_file()) / 2**20:.1f} MB)")

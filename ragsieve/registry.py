@@ -148,7 +148,7 @@ def grader_class(kind: str) -> type[Grader]:
 
 def _build(cls: type[Grader], config: GraderConfig) -> Grader:
     if issubclass(cls, RankerGrader):  # the ranker comes from its spec, here, where specs resolve
-        weights = _cross_encoder_weights(config.base)
+        weights = cross_encoder_key(config.base)
         calibrated = config.trained.get("ranker_weights")
         # a threshold is a point on one model's score scale: on other weights it means nothing
         if calibrated and weights and calibrated != weights:
@@ -161,7 +161,7 @@ def _build(cls: type[Grader], config: GraderConfig) -> Grader:
     return cls.create(config)
 
 
-def _cross_encoder_weights(spec: str) -> str | None:
+def cross_encoder_key(spec: str) -> str | None:
     """Key of the cross-encoder weights (and cosine mix) ``spec`` names; None when it is not a local cross-encoder."""
     from ragsieve.rerank.shipped import scoring_key
 

@@ -4,6 +4,7 @@ The selection by answers and the endpoint-only fit: tests/test_fit_select.py."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -137,6 +138,19 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert answers and all(set(r) == {"key", "generation", "seconds"} for r in answers)
     assert shifts and all(set(r) == {"question_id", "conf_q", "inc", "candidate_ids"} for r in shifts)
     assert not any("know about" in line for line in (records / "answers.jsonl").read_text().splitlines())
+    # the candidates' scores by id, per reranker weights: the selection on a new machine ranks nothing again
+    from ragsieve.registry import cross_encoder_key
+
+    start_key = {"scoring_key": cross_encoder_key(str(tiny_cross_encoder_dir))}
+    start_scores = next(m.parent for m in (records / "scores").glob("*/meta.json")
+                        if json.loads(m.read_text()) == start_key)
+
+    def scored_rows() -> list[bytes]:
+        return [line for shard in sorted(start_scores.glob("candidates.*.jsonl.gz"))
+                for line in gzip.decompress(shard.read_bytes()).splitlines()]
+
+    rows_before = scored_rows()
+    assert rows_before and not any(b"know about" in line for line in rows_before)
     elsewhere = tmp_path / "sieve-elsewhere"
     moved = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", elsewhere,
                 "--config", config, "--gate", "budget=0.5", "--generator", endpoint, "--records", records)
@@ -144,6 +158,7 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     again_written = json.loads((elsewhere / "sieve.json").read_text())
     assert again_written["metrics"]["selection"]["answer_cache"]["answered"] == 0  # every answer from the records
     assert len((records / "shifts.jsonl").read_text().splitlines()) == len(shifts)  # no shift measured again
+    assert scored_rows() == rows_before  # no candidate of the start reranker scored again
     recorded_check = json.loads((records / "align_check.json").read_text())
     assert recorded_check["kept"] == check["kept"] and recorded_check["align_key"]
     if not check["kept"]:  # a rejection recorded elsewhere stands without training again

@@ -588,14 +588,14 @@ def test_cross_encoder_threshold_is_refused_on_other_weights(tmp_path, tiny_cros
     from safetensors.torch import load_file, save_file
 
     from ragsieve.errors import RagsieveError
-    from ragsieve.registry import _cross_encoder_weights, load_grader, new_grader
+    from ragsieve.registry import cross_encoder_key, load_grader, new_grader
 
     ce = tmp_path / "ce"
     shutil.copytree(tiny_cross_encoder_dir, ce)
     grader = new_grader("cross-encoder", str(ce))
     grader.fit(["who wrote hamlet"] * 4, ["Hamlet is by Shakespeare.", "Foxes are red.", "Shakespeare wrote it.",
                                           "Rain."], [1, 0, 1, 0])
-    assert grader.config.trained["ranker_weights"] == _cross_encoder_weights(str(ce))
+    assert grader.config.trained["ranker_weights"] == cross_encoder_key(str(ce))
     grader.save(tmp_path / "grader")
     assert load_grader(tmp_path / "grader").config.threshold == grader.config.threshold  # same weights: fine
     weights = load_file(ce / "model.safetensors")
@@ -603,7 +603,7 @@ def test_cross_encoder_threshold_is_refused_on_other_weights(tmp_path, tiny_cros
     with pytest.raises(RagsieveError, match="fit the threshold again"):
         load_grader(tmp_path / "grader")
     for shipped in ("embedded:default",):
-        assert load_grader(shipped).config.trained["ranker_weights"] == _cross_encoder_weights("embedded:base")
+        assert load_grader(shipped).config.trained["ranker_weights"] == cross_encoder_key("embedded:base")
 
 
 def test_report_recomputes_intervals_by_query_from_stored_scores(tmp_path):

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import platform
@@ -91,6 +92,7 @@ class Fit:
         self._bearing: dict[str, set[int]] = {}  # question id → answer-bearing candidate indices
         self._rankers: dict[str, Any] = {}  # reranker spec → loaded reranker
         self._rankings: dict[str, dict[str, list[tuple[int, float]]]] = {}  # spec → question id → ranking
+        self._score_stores: dict[str, Any] = {}  # spec → PairScores of its candidate scores, or None
 
     # -- shared parts, loaded once ---------------------------------------------------------------
     def load(self) -> None:
@@ -456,7 +458,6 @@ class Fit:
     def _forget_stale_alignment(self, target: Path, check_file: Path) -> str:
         """A reranker trained on other preferences or settings is not resumed: it is trained again.
         Returns the key of the current preferences and settings."""
-        import hashlib
         import shutil
 
         records = [[r.query_id, r.pos_ids, r.neg_ids] for r in self.prefs["train"]]
@@ -512,14 +513,37 @@ class Fit:
         aligned folder), scored once per fit run: the relevance check, the grade threshold and the selection
         all read the same rankings (a cross-encoder pass over every candidate is the costly part)."""
         from ragsieve.registry import load_reranker
+        from ragsieve.rerank.base import ranked_from_scores
 
-        if spec not in self._rankers:
-            self._rankers[spec] = load_reranker(self._ranker_base(spec))
         memo = self._rankings.setdefault(spec, {})
         if q.id not in memo:
-            ranked = self._rankers[spec].rank(q.text, self.candidates[q.id]).results if self.candidates[q.id] else []
+            candidates = self.candidates[q.id]
+            store = self._score_store(spec)
+            ids = [p.id for p in candidates]
+            scores = store.lookup(q.id, ids) if store is not None and candidates else None
+            if scores is None and candidates:
+                if spec not in self._rankers:
+                    self._rankers[spec] = load_reranker(self._ranker_base(spec))
+                scores = [float(s) for s in self._rankers[spec].score(q.text, candidates)]
+                if store is not None:
+                    store.add([(q.id, pid, s) for pid, s in zip(ids, scores)])
+            ranked = ranked_from_scores(q.text, candidates, scores).results if candidates else []
             memo[q.id] = [(r.index, float(r.score)) for r in ranked]
         return memo[q.id]
+
+    def _score_store(self, spec: str):
+        """Where ``spec``'s candidate scores are kept across runs (the records when given, else the work
+        folder), keyed by its weights: a resumed selection re-ranks nothing (≈ 40 min for 845 questions
+        and two rerankers on 2 cores). None for a scorer without local weights (its scores are not kept)."""
+        from ragsieve.data.score_records import PairScores
+        from ragsieve.registry import cross_encoder_key
+
+        if spec not in self._score_stores:
+            key = cross_encoder_key(self._ranker_base(spec))
+            root = (self.records or self.work) / "scores"
+            self._score_stores[spec] = None if key is None else PairScores(
+                root / hashlib.sha1(key.encode()).hexdigest()[:16], "candidates", {"scoring_key": key})
+        return self._score_stores[spec]
 
     # -- 8. grade ---------------------------------------------------------------------------------
     def phase_grade(self) -> None:
