@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ragsieve.data.records import Passage
+from tests.test_fit import fit_inputs  # noqa: F401 - the tiny fit set-up (a fixture)
 
 ray = pytest.importorskip("ray", reason="the ray extra is part of the dev install")
 
@@ -67,3 +68,23 @@ def test_generations_on_ray_equal_the_single_process_path(local_ray, tiny_llm, t
     expected = [g for r in requests for g in answer_requests(tiny_llm, builder, [r], max_new_tokens=4, batch_size=1)]
     assert [g.key for g in got] == [r.key for r in requests]  # matched back by key, in the order given
     assert [(g.generation, g.correct) for g in got] == [(g.generation, g.correct) for g in expected]
+
+
+def test_labels_answered_on_ray_fill_the_answer_cache(local_ray, fit_inputs, tmp_path, tiny_llm_dir):
+    """Labels answered on Ray go into fit's answer cache, as the single-process path's do: the selection's
+    closed-book and top-k prompts are then not asked again."""
+    from ragsieve.fit.config import FitConfig
+    from ragsieve.fit.run import Fit
+
+    index, qa, _ = fit_inputs
+    fit = Fit(FitConfig(index=str(index), questions=str(qa), llm=str(tiny_llm_dir), out=str(tmp_path / "sieve"),
+                        ray="local", max_new_tokens=3, max_prompt_tokens=400))
+    fit.load()
+    fit.phase_split()
+    fit.phase_retrieve()
+    fit.phase_label()
+    k = fit.config.top_k
+    messages = [fit.builder.with_context(q.text, ctx).text for q in fit.questions
+                for ctx in ([], fit.candidates[q.id][:k])]
+    fit.answers.answers(messages)
+    assert fit.answers.answered == 0 and fit.answers.unique == len(set(messages))  # every one from the cache

@@ -177,10 +177,16 @@ class Fit:
 
         done = read_generations(path)
         todo = list({r.key: r for r in requests if r.key not in done}.values())
-        for g in ray_answer_requests(self.config.ray, todo, llm=self.config.llm,
-                                     max_prompt_tokens=self.config.max_prompt_tokens,
-                                     max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size):
+        start = time.perf_counter()
+        generations = ray_answer_requests(self.config.ray, todo, llm=self.config.llm,
+                                          max_prompt_tokens=self.config.max_prompt_tokens,
+                                          max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size)
+        for g in generations:
             append_jsonl(path, asdict(g))
+        if generations:  # into the answer cache too, as the local path does: the selection reuses them
+            messages = [self.builder.with_context(r.question, r.contexts).text for r in todo]
+            self.answers.put(messages, [g.generation for g in generations],
+                             (time.perf_counter() - start) / len(generations))
 
     def phase_label(self) -> None:
         from ragsieve.probe.labels import LabelRequest

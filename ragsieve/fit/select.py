@@ -101,18 +101,26 @@ class AnswerCache:
                                     max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
             each = (time.perf_counter() - start) / len(batch)
             rows = [(k, a, each) for (k, _), a in zip(batch, got)]
-            self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?)", rows)
-            self._db.commit()  # a kill loses at most this batch
-            if self.records is not None:
-                from ragsieve.data.jsonl import append_jsonl
-
-                for k, a, sec in rows:
-                    append_jsonl(self.records, {"key": k, "generation": a, "seconds": round(sec, 4)})
+            self._store(rows)  # a kill loses at most this batch
             stored.update({k: (a, s) for k, a, s in rows})
             self.answered += len(batch)
             if progress:
                 progress(min(lo + len(batch), len(todo)), len(todo))
         return [stored[k] for k in keys]
+
+    def put(self, texts: Sequence[str], answers: Sequence[str], seconds: float) -> None:
+        """Answers obtained elsewhere (e.g. on Ray) to the user messages ``texts``, each costing ``seconds``:
+        stored as if this cache had asked, so later prompts that match them are free."""
+        self._store([(self._key(t), a, seconds) for t, a in zip(texts, answers, strict=True)])
+
+    def _store(self, rows: Sequence[tuple[str, str, float]]) -> None:
+        self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?)", rows)
+        self._db.commit()
+        if self.records is not None:
+            from ragsieve.data.jsonl import append_jsonl
+
+            for k, a, sec in rows:
+                append_jsonl(self.records, {"key": k, "generation": a, "seconds": round(sec, 4)})
 
     def stats(self) -> dict[str, int]:
         return {"requested": self.requested, "unique": self.unique, "answered": self.answered,
