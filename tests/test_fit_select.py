@@ -270,6 +270,9 @@ def test_endpoint_only_fit_with_smollm2_on_loopback(tmp_path, smollm2, tiny_cros
     assert {"chosen_vs_best_plain", "chosen_vs_closed_book"} <= set(metrics["do_no_harm"])
     assert (tmp_path / "sieve" / "frontier.png").is_file()
     assert metrics["selection"]["answer_cache"]["answered"] <= metrics["selection"]["answer_cache"]["unique"]
+    race = metrics["selection"]["race"]  # raced by default; a dev split this small is a single round
+    assert race["race"] and race["rounds"][-1]["questions"] == metrics["selection"]["n_dev"]
+    assert metrics["selection"]["unique_prompts_per_dev_question"] > 0
 
 
 def test_grid_passages_are_what_the_sieve_stages_keep():
@@ -293,3 +296,95 @@ def test_grid_passages_are_what_the_sieve_stages_keep():
             expected = [candidates[q.id][i].id for i, s in ranking[:k] if threshold is None or s >= threshold]
             got = selection.passages(Choice(k, "reranker", threshold, "off" if threshold is None else "q0.50"), q)
             assert [p.id for p in got] == expected
+
+
+def _race_setup(tmp_path, chat_server_factory, **select):
+    """60 questions; an "LLM" on loopback that reads only the first passage of its prompt and answers right when
+    that is the (long) gold passage. The retriever puts the gold passage first for even questions, second for odd
+    ones; BM25 always first. So top1 BM25 is right everywhere, top2/top3 retriever half the time at more tokens
+    (measurably beaten by something cheaper), top1 retriever half the time at fewer tokens (nothing cheaper beats
+    it: it stays on the frontier)."""
+    from ragsieve.fit import SelectConfig
+    from ragsieve.fit.select import AnswerCache, Selection
+    from ragsieve.models.llm import OpenAIChatLLM
+    from ragsieve.prompts.builder import PromptBuilder
+    from ragsieve.registry import load_reranker
+
+    topics = [f"{t}{i}" for i in range(8) for t in TOPICS][:60]
+
+    def reply(body):
+        asked = body["messages"][-1]["content"]
+        spots = {t: asked.find(f"The {t} passage") for t in topics}
+        gold = next((t for t, at in spots.items() if at >= 0), None)
+        others = [at for at in (asked.find("Weather report."), asked.find("Cooking notes.")) if at >= 0]
+        return gold if gold and all(spots[gold] < at for at in others) else "I am not sure."
+
+    server = chat_server_factory(reply)
+    llm = OpenAIChatLLM(f"openai:{server.url}#tiny")
+    builder = PromptBuilder(llm, None, 600)
+    questions = [Question(f"q{i:02d}", f"what do you know about {t}?", (t,)) for i, t in enumerate(topics)]
+    candidates = {}
+    for i, (q, t) in enumerate(zip(questions, topics)):
+        gold = Passage(f"{q.id}-g", f"The {t} passage: all about {t}. {FILLER} {FILLER} {FILLER}", t)
+        weather, cooking = Passage(f"{q.id}-w", "Weather report.", "w"), Passage(f"{q.id}-c", "Cooking notes.", "c")
+        candidates[q.id] = [gold, weather, cooking] if i % 2 == 0 else [weather, gold, cooking]
+    cache = AnswerCache(tmp_path / "answers.sqlite", llm, builder, max_new_tokens=4, batch_size=8)
+    config = SelectConfig(ks=[0, 1, 2, 3], plain_ks=[1, 2, 3], grade_quantiles=[], race_min=20, race_batch=20,
+                          race_alpha=0.01, **select)
+    selection = Selection(builder, cache, candidates, config)
+    selection.add_ranking("retriever", questions)
+    selection.add_ranking("bm25", questions, load_reranker("bm25"))
+    return server, selection, questions
+
+
+def test_racing_drops_what_something_cheaper_beats_and_keeps_the_choice_and_the_frontier(tmp_path, chat_server_factory):
+    from ragsieve.fit.select import choose, frontier, plot_frontier, public_rows, raced_out
+
+    server, selection, questions = _race_setup(tmp_path / "race", chat_server_factory)
+    grid = selection.grid(["retriever", "bm25"], questions)
+    rows, record = selection.race(grid, questions)
+    by_name = {r["name"]: r for r in rows}
+    # dropped after the first round (20 questions: 10 lost to top1 BM25, none won, p ≈ 0.001)
+    for name in ("top2, retriever", "top3, retriever"):
+        assert by_name[name]["raced_out_after"] == by_name[name]["n"] == 20
+        assert by_name[name]["dominated_by"] == "top1, bm25" and by_name[name]["accuracy"] == 0.5
+    assert record["race"] and [r["questions"] for r in record["rounds"]] == [20, 40, 60]
+    assert record["rounds"][0] == {"questions": 20, "configurations": len(grid), "dropped": 2}
+    assert record["survivors"] == len(grid) - 2
+    survivors = [r for r in rows if not raced_out(r)]
+    assert all(r["n"] == 60 and len(r["correct"]) == 60 for r in survivors)
+    # the cheap, worse one nothing cheaper beats stays, and stays on the frontier
+    cheap = by_name["top1, retriever"]
+    assert not raced_out(cheap) and cheap["accuracy"] == 0.5
+    assert cheap["prompt_tokens"] < by_name["top1, bm25"]["prompt_tokens"]
+    assert [rows[i]["name"] for i in frontier(rows, "prompt_tokens")] == ["closed book", "top1, retriever",
+                                                                          "top1, bm25"]
+    assert not raced_out(by_name["closed book"])
+    raced_calls = len(server.calls)
+    assert raced_calls == selection.cache.answered == len(selection.asked)
+    # refinement looks at survivors only
+    assert all(v.order == "bm25" or v.k == 1 for v in selection.placement_variants(rows))
+    table = public_rows(rows)
+    json.dumps(table)
+    assert sum(r.get("raced_out_after") is not None for r in table) == 2
+    assert plot_frontier(rows, tmp_path / "frontier.png", {"chosen": choose(rows)}).stat().st_size > 1000
+
+    # race: false answers everything on every question (today's behaviour), in a fresh cache
+    full_server, full, _ = _race_setup(tmp_path / "full", chat_server_factory, race=False)
+    full_rows, full_record = full.race(grid, questions)
+    assert full_record == {"race": False, "n_configurations": len(grid)}
+    assert not any(raced_out(r) for r in full_rows) and all(r["n"] == 60 for r in full_rows)
+    assert [r["correct"] for r in full_rows] == [r["correct"] for r in full.evaluate(grid, questions)]
+    assert len(full_server.calls) == full.unique_prompts(grid, questions) > raced_calls
+    # the same choice (top1 BM25: every answer right at the fewest tokens), for accuracy and for a budget
+    assert choose(rows)["name"] == choose(full_rows)["name"] == "top1, bm25"
+    budget = f"tokens={cheap['prompt_tokens'] + 1}"
+    assert choose(rows, budget)["name"] == choose(full_rows, budget)["name"] == "top1, retriever"
+    # the survivors' rows are exactly the full rows
+    full_by_name = {r["name"]: r for r in full_rows}
+    assert all(r["correct"] == full_by_name[r["name"]]["correct"] for r in survivors)
+    print(f"race saving: {raced_calls} of {len(full_server.calls)} unique prompts")
+
+    # the plain configurations are kept to the end when protected (fit's do-no-harm baseline)
+    kept, _ = selection.race(grid, questions, protect=selection.plain([1, 2, 3]))
+    assert not any(raced_out(r) for r in kept if r["choice"].plain)

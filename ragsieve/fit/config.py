@@ -79,7 +79,8 @@ class SelectConfig(StrictConfig):
     every retrieving configuration behind the budget's β). The most accurate on dev wins; ties go to fewer
     prompt tokens. ``objective: tokens=300`` chooses among the configurations within 300 mean prompt
     tokens instead. Placements are searched around the best configurations (``placement_search: refine``)
-    unless ``placement_search: full``.
+    unless ``placement_search: full``. The grid is raced (``race``): a configuration measurably beaten by
+    one no more expensive stops being answered early.
     """
 
     ks: list[int] = Field(default_factory=_grid_default_ks)
@@ -97,6 +98,16 @@ class SelectConfig(StrictConfig):
     # the sieve is measurably worse than the best plain configuration on test (exact McNemar below this)
     alpha: float = Field(0.05, gt=0, lt=1)
     n_boot: int = Field(2000, ge=100)
+    # racing (Selection.race): the grid is answered on the dev questions in order, ``race_min`` first, then
+    # ``race_batch`` at a time; after each round a configuration is dropped when one no more expensive (mean
+    # prompt tokens) answers measurably better on the questions so far (one-sided exact McNemar, p <
+    # ``race_alpha``), so the Pareto frontier keeps its cheap points. Closed book and the plain
+    # configurations are never dropped; the survivors answer every dev question. ``race: false`` answers
+    # every configuration on every dev question.
+    race: bool = True
+    race_min: int = Field(40, ge=1)
+    race_batch: int = Field(40, ge=1)
+    race_alpha: float = Field(0.01, gt=0, lt=1)
 
     @field_validator("ks", "plain_ks")
     @classmethod

@@ -622,14 +622,16 @@ class Fit:
         if not self.config.grade:
             grid = [g for g in grid if g.threshold is None]
         start = self.answers.stats()
-        rows = selection.evaluate(grid, dev)
-        refined = selection.placement_variants(rows)  # other placements, around the best rows only
+        # raced: a configuration measurably beaten by one no more expensive stops being answered; the plain
+        # ones stay to the end (the do-no-harm baseline is chosen among them on every dev question)
+        rows, race = selection.race(grid, dev, protect=selection.plain(c.plain_ks))
+        refined = selection.placement_variants(rows)  # other placements, around the best surviving rows only
         rows += selection.evaluate(refined, dev)
-        grid = grid + refined
         plain_rows = selection.evaluate(selection.plain(c.plain_ks), dev)
         used = {k: v - start[k] for k, v in self.answers.stats().items()}
         chosen, best_plain = choose(rows, c.objective), choose(plain_rows)
         closed_row = selection.evaluate([Choice(0)], dev)[0]
+        asked_on_dev = len(selection.asked)  # the test questions are asked below
         on_test = dict(zip(("chosen", "best_plain", "closed_book"), selection.evaluate(
             [chosen["choice"], best_plain["choice"], Choice(0)], test)))
         self.do_no_harm = do_no_harm(on_test, alpha=c.alpha, n_boot=c.n_boot, seed=self.config.seed)
@@ -650,8 +652,9 @@ class Fit:
             "note": note,
             "dev": {name: _row_summary(row) for name, row in (("chosen", chosen), ("best_plain", best_plain),
                                                               ("closed_book", closed_row))},
-            "answer_cache": used,
-            "unique_prompts_per_dev_question": round(selection.unique_prompts(grid, dev) / max(len(dev), 1), 2),
+            "answer_cache": used, "race": race,
+            # the prompts the grid, the refinement and the plain rows put to the LLM (or found in the cache)
+            "unique_prompts_per_dev_question": round(asked_on_dev / max(len(dev), 1), 2),
         }
         self.progress("select", 1, 1)
 

@@ -4,18 +4,19 @@ A *configuration* is what reaches the prompt: ``k`` passages (0 = closed book) i
 retriever's, or a reranker's), optionally graded (a passage whose reranker score is below a
 threshold is dropped), listed best first or best last, optionally behind the CBDR gate (β).
 :class:`Selection` answers every configuration of a grid on the dev questions with the user's
-LLM and keeps the most accurate (ties: fewer prompt tokens). Many configurations put the same
-passages in the prompt (a grader keeps a prefix of the reranker's top k, i.e. a smaller k; the
-gate only swaps in the closed-book prompt), so answers are stored per unique prompt in an
-:class:`AnswerCache` (SQLite under the fit's work folder): the grid pays only for prompts it has
-not seen, and a killed fit resumes.
+LLM and keeps the most accurate (ties: fewer prompt tokens); :meth:`Selection.race` stops answering a
+configuration once one no more expensive answers measurably better on the questions so far. Many
+configurations put the same passages in the prompt (a grader keeps a prefix of the reranker's top k, i.e. a
+smaller k; the gate only swaps in the closed-book prompt), so answers are stored per unique prompt in an
+:class:`AnswerCache` (SQLite under the fit's work folder): the grid pays only for prompts it has not seen,
+and a killed fit resumes.
 
 Example::
 
     selection = Selection(builder, AnswerCache(work / "answers.sqlite", llm, builder), candidates, config)
     selection.add_ranking("retriever", questions)             # the retriever's order
     selection.add_ranking("embedded:base", questions, load_reranker("embedded:base"))
-    rows = selection.evaluate(selection.grid(["retriever", "embedded:base"]), dev)
+    rows, record = selection.race(selection.grid(["retriever", "embedded:base"], dev), dev)
     best = choose(rows, "accuracy")
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import time
 from dataclasses import dataclass, replace
@@ -38,6 +40,8 @@ from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
 if TYPE_CHECKING:
     from ragsieve.models.llm import Generator
     from ragsieve.rerank.base import BaseRanker
+
+log = logging.getLogger(__name__)
 
 RETRIEVER = "retriever"  # the order source that keeps the retriever's ranking (no reranker)
 
@@ -201,6 +205,7 @@ class Selection:
         self.confidence: dict[str, float] = {}  # question id → Conf(Q), when a probe exists
         self._prompts: dict[tuple, str] = {}
         self._tokens: dict[str, int] = {}
+        self.asked: set[str] = set()  # every prompt evaluated (answered now or read from the cache)
 
     def add_ranking(self, source: str, questions: Sequence[Question], ranker: "BaseRanker | None" = None) -> None:
         """Rank each question's candidates with ``ranker`` (None: keep the retriever's order) under ``source``."""
@@ -252,13 +257,13 @@ class Selection:
         return choices
 
     def placement_variants(self, rows: Sequence[dict[str, Any]]) -> list[Choice]:
-        """The other placements of the ``refine_top`` most accurate answered configurations with k >= 2
-        (``placement_search: refine``; none when the grid already holds every placement)."""
+        """The other placements of the ``refine_top`` most accurate answered configurations with k >= 2 that
+        survived the race (``placement_search: refine``; none when the grid already holds every placement)."""
         c = self.config
         if c.placement_search == "full":
             return []
         seen = {row["choice"] for row in rows}
-        multi = sorted((row for row in rows if row["choice"].k > 1),
+        multi = sorted((row for row in rows if row["choice"].k > 1 and not raced_out(row)),
                        key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))
         out: list[Choice] = []
         for row in multi[: c.refine_top]:
@@ -305,38 +310,119 @@ class Selection:
     def unique_prompts(self, choices: Sequence[Choice], questions: Sequence[Question]) -> int:
         return len({self.prompt(c, q) for c in choices for q in questions})
 
-    def evaluate(self, choices: Sequence[Choice], questions: Sequence[Question]) -> list[dict[str, Any]]:
-        """One row per configuration on ``questions``: accuracy with its Wilson 95 % interval, mean prompt
-        tokens, LLM seconds per question and the per-question outcomes (``correct``, for paired tests)."""
-        from ragsieve.eval.classification import accuracy_interval
+    def _outcomes(self, choices: Sequence[Choice], questions: Sequence[Question]
+                  ) -> list[tuple[list[int], list[int], list[float]]]:
+        """Per configuration: right (1) or wrong per question, prompt tokens and LLM seconds per question."""
         from ragsieve.eval.qa import contains_answer
         from ragsieve.prompts import first_line
 
         prompts = [[self.prompt(c, q) for q in questions] for c in choices]
         flat = [t for row in prompts for t in row]
+        self.asked.update(flat)
         answered = dict(zip(flat, self.cache.answers(flat, self.progress)))  # the cache asks once per unique prompt
         right: dict[tuple[str, str], int] = {}
-        rows = []
-        for choice, texts in zip(choices, prompts):
+        out = []
+        for texts in prompts:
             correct = []
             for q, text in zip(questions, texts):
                 if (q.id, text) not in right:
                     right[q.id, text] = int(contains_answer(first_line(answered[text][0]), q.answers))
                 correct.append(right[q.id, text])
-            hits, n = int(sum(correct)), len(correct)
-            rows.append({**choice.to_dict(), "n": n, "correct_count": hits, "accuracy": hits / n if n else 0.0,
-                         "ci95": list(accuracy_interval(hits, n)) if n else [0.0, 1.0],
-                         "prompt_tokens": float(np.mean([self.tokens(t) for t in texts])) if n else 0.0,
-                         "llm_seconds": float(np.mean([answered[t][1] for t in texts])) if n else 0.0,
-                         "correct": correct, "choice": choice})
-        return rows
+            out.append((correct, [self.tokens(t) for t in texts], [answered[t][1] for t in texts]))
+        return out
+
+    @staticmethod
+    def _row(choice: Choice, correct: Sequence[int], tokens: Sequence[int], seconds: Sequence[float]
+             ) -> dict[str, Any]:
+        from ragsieve.eval.classification import accuracy_interval
+
+        hits, n = int(sum(correct)), len(correct)
+        return {**choice.to_dict(), "n": n, "correct_count": hits, "accuracy": hits / n if n else 0.0,
+                "ci95": list(accuracy_interval(hits, n)) if n else [0.0, 1.0],
+                "prompt_tokens": float(np.mean(tokens)) if n else 0.0,
+                "llm_seconds": float(np.mean(seconds)) if n else 0.0, "correct": list(correct), "choice": choice}
+
+    def evaluate(self, choices: Sequence[Choice], questions: Sequence[Question]) -> list[dict[str, Any]]:
+        """One row per configuration on ``questions``: accuracy with its Wilson 95 % interval, mean prompt
+        tokens, LLM seconds per question and the per-question outcomes (``correct``, for paired tests)."""
+        return [self._row(c, *got) for c, got in zip(choices, self._outcomes(choices, questions))]
+
+    def race(self, choices: Sequence[Choice], questions: Sequence[Question], protect: Sequence[Choice] = ()
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Rows of ``choices`` on ``questions``, racing (``config.race``): the questions are taken in their
+        order, ``race_min`` first, then ``race_batch`` per round; after a round that leaves questions, a
+        configuration is dropped when a surviving one with no more mean prompt tokens answers measurably
+        better on the same questions so far (one-sided exact McNemar on the discordant pairs, p <
+        ``race_alpha``). A cheap configuration survives unless something no more expensive beats it, so the
+        Pareto frontier and a token budget keep their points. Closed book and ``protect`` are never dropped.
+        A dropped row keeps its estimates on the questions it saw (``n``), with ``raced_out_after`` (that n)
+        and ``dominated_by``; survivors are answered on every question. Also returns the race's record:
+        questions and survivors per round. ``race: false``: :meth:`evaluate` on every question.
+
+        Example::
+
+            rows, record = selection.race(selection.grid(["retriever"], dev), dev, selection.plain([1, 2]))
+            best = choose(rows)  # among the survivors (every dev question)
+        """
+        from ragsieve.eval.stats import mcnemar_exact
+
+        c = self.config
+        if not c.race:
+            return self.evaluate(choices, questions), {"race": False, "n_configurations": len(choices)}
+        keep = set(protect) | {Choice(0)}
+        alive = list(dict.fromkeys(choices))
+        seen: dict[Choice, tuple[list[int], list[int], list[float]]] = {x: ([], [], []) for x in alive}
+        out: dict[Choice, dict[str, Any]] = {}
+        rounds: list[dict[str, int]] = []
+        done = 0
+        while done < len(questions):
+            step = c.race_min if done == 0 else c.race_batch
+            batch = questions[done : done + step]
+            done += len(batch)
+            for x, got in zip(alive, self._outcomes(alive, batch)):
+                for acc, new in zip(seen[x], got):
+                    acc.extend(new)
+            dropped: dict[Choice, Choice] = {}
+            if done < len(questions):  # after the last round every survivor has answered everything
+                correct = {x: np.asarray(seen[x][0], bool) for x in alive}
+                cost = {x: float(np.mean(seen[x][1])) for x in alive}
+                cheapest_first = sorted(alive, key=lambda d: (cost[d], d.simplicity))
+                for x in alive:
+                    if x in keep:
+                        continue
+                    for d in cheapest_first:
+                        if cost[d] > cost[x]:
+                            break
+                        if d == x or np.sum(correct[d] & ~correct[x]) <= np.sum(~correct[d] & correct[x]):
+                            continue
+                        # the exact two-sided test at 1/2 is symmetric: d better, one-sided, is half its p
+                        if mcnemar_exact(correct[d], correct[x]).p_value / 2 < c.race_alpha:
+                            dropped[x] = d
+                            break
+            for x, d in dropped.items():
+                out[x] = {**self._row(x, *seen[x]), "raced_out_after": done, "dominated_by": d.name}
+            alive = [x for x in alive if x not in dropped]
+            rounds.append({"questions": done, "configurations": len(alive) + len(dropped), "dropped": len(dropped)})
+            log.info("select: race round %d: %d of %d dev questions, %d configurations left (%d dropped)",
+                     len(rounds), done, len(questions), len(alive), len(dropped))
+        for x in alive:
+            out[x] = self._row(x, *seen[x])
+        record = {"race": True, "alpha": c.race_alpha, "n_configurations": len(out), "survivors": len(alive),
+                  "rounds": rounds}
+        return [out[x] for x in dict.fromkeys(choices)], record
+
+
+def raced_out(row: dict[str, Any]) -> bool:
+    """The row's configuration was dropped by :meth:`Selection.race` (its estimates are on fewer questions)."""
+    return row.get("raced_out_after") is not None
 
 
 def choose(rows: Sequence[dict[str, Any]], objective: str = "accuracy") -> dict[str, Any]:
     """The most accurate row (``tokens=<budget>``: among those within the budget of mean prompt tokens, or
-    the cheapest if none is); ties go to fewer prompt tokens, then to the simpler configuration."""
+    the cheapest if none is); ties go to fewer prompt tokens, then to the simpler configuration. Rows the race
+    dropped cannot win (something no more expensive answered measurably better)."""
     budget = token_budget(objective)
-    pool = list(rows)
+    pool = [r for r in rows if not raced_out(r)] or list(rows)
     if budget is not None:
         within = [r for r in pool if r["prompt_tokens"] <= budget]
         pool = within or [min(pool, key=lambda r: r["prompt_tokens"])]
@@ -344,7 +430,10 @@ def choose(rows: Sequence[dict[str, Any]], objective: str = "accuracy") -> dict[
 
 
 def frontier(rows: Sequence[dict[str, Any]], cost: str) -> list[int]:
-    """Indices of the rows no other row beats on both accuracy and ``cost`` (the Pareto frontier), cheapest first."""
+    """Indices of the rows no other row beats on both accuracy and ``cost`` (the Pareto frontier), cheapest first.
+
+    Over every row: a row the race dropped has its accuracy and cost on the questions it saw (fewer than the
+    survivors'); it was beaten by a row no more expensive, so it rarely sits on the frontier."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i][cost], -rows[i]["accuracy"]))
     out, best = [], -1.0
     for i in order:
@@ -385,15 +474,17 @@ def do_no_harm(on_test: dict[str, dict[str, Any]], *, alpha: float = 0.05, n_boo
 
 
 def public_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows as ``sieve.json`` records them: no per-question outcomes, frontier membership marked."""
+    """The rows as ``sieve.json`` records them: no per-question outcomes, frontier membership marked (a row
+    the race dropped keeps ``raced_out_after`` and ``dominated_by``; its ``n`` is the questions it saw)."""
     on_tokens, on_seconds = set(frontier(rows, "prompt_tokens")), set(frontier(rows, "llm_seconds"))
     return [{**{k: v for k, v in r.items() if k not in ("correct", "choice")},
              "frontier_tokens": i in on_tokens, "frontier_seconds": i in on_seconds} for i, r in enumerate(rows)]
 
 
 def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[str, dict[str, Any]]) -> Path:
-    """Dev accuracy against mean prompt tokens and against LLM seconds per question: every configuration,
-    the frontier as a line, and the ``marks`` (label → row: chosen, best plain, closed book) named."""
+    """Dev accuracy against mean prompt tokens and against LLM seconds per question: every configuration
+    (hollow: dropped by the race, on fewer questions), the frontier as a line, and the ``marks`` (label → row:
+    chosen, best plain, closed book) named."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -402,7 +493,12 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, cost, label in zip(axes, ("prompt_tokens", "llm_seconds"),
                                ("mean prompt tokens", "LLM seconds per question")):
-        ax.scatter([r[cost] for r in rows], [r["accuracy"] for r in rows], s=10, color="0.7", label="configuration")
+        full = [r for r in rows if not raced_out(r)]
+        out = [r for r in rows if raced_out(r)]
+        ax.scatter([r[cost] for r in full], [r["accuracy"] for r in full], s=10, color="0.7", label="configuration")
+        if out:
+            ax.scatter([r[cost] for r in out], [r["accuracy"] for r in out], s=10, facecolors="none",
+                       edgecolors="0.6", label="dropped by the race (fewer questions)")
         line = [rows[i] for i in frontier(rows, cost)]
         ax.plot([r[cost] for r in line], [r["accuracy"] for r in line], color="C0", marker="o", ms=3, label="frontier")
         for (name, row), color in zip(marks.items(), ("C3", "C2", "C1", "C4")):
@@ -410,7 +506,7 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[
                        zorder=3)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"dev accuracy (n = {rows[0]['n'] if rows else 0})")
+    axes[0].set_ylabel(f"dev accuracy (n = {max((r['n'] for r in rows), default=0)})")
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle("Accuracy against cost for every configuration of the grid")
     fig.tight_layout()
