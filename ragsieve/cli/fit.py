@@ -109,12 +109,15 @@ def _print_frontier(selection: dict) -> None:
     rows = sorted((r for r in selection.get("grid", []) if r.get("frontier_tokens")), key=lambda r: r["prompt_tokens"])
     if not rows:
         return
-    table = Table(title=f"frontier on dev (n={rows[0]['n']}, {selection.get('n_configurations', len(rows))} "
-                        "configurations; all in sieve.json, plotted in frontier.png)")
+    n_dev = selection.get("n_dev") or max(r["n"] for r in rows)
+    table = Table(title=f"frontier on dev (n={n_dev}, {selection.get('n_configurations', len(rows))} "
+                        "configurations; all in sieve.json, plotted in frontier.png)",
+                  caption="* dropped by the race: its estimate is on the first n questions only")
     for column in ("configuration", "accuracy", "95 % CI", "prompt tokens", "LLM s / question"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
     for r in rows:
         lo, hi = r["ci95"]
-        table.add_row(r["name"], f"{r['accuracy']:.3f}", f"[{lo:.3f}, {hi:.3f}]", f"{r['prompt_tokens']:.0f}",
+        raced = f" * (n={r['raced_out_after']})" if r.get("raced_out_after") is not None else ""
+        table.add_row(r["name"] + raced, f"{r['accuracy']:.3f}", f"[{lo:.3f}, {hi:.3f}]", f"{r['prompt_tokens']:.0f}",
                       f"{r['llm_seconds']:.2f}")
     console.print(table)
