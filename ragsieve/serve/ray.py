@@ -343,12 +343,23 @@ def serve_on_ray(
     _, serve = _ray_serve()
     config = config.model_copy(update={k: _local_path(getattr(config, k))
                                        for k in ("sieve", "index", "grader", "feedback_store")})
-    if port == 0:
-        from ragsieve.serve.runner import bind
-
-        with bind(host, 0) as sock:  # Serve's proxy needs a number; a free one, released just before it binds
-            port = sock.getsockname()[1]
     init_ray(address, num_cpus=num_cpus)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(deployment(config, replicas=replicas, **options), name=APP_NAME, route_prefix="/")
+    free = port == 0
+    for attempt in range(3 if free else 1):
+        if free:
+            from ragsieve.serve.runner import bind
+
+            with bind(host, 0) as sock:  # Serve's proxy needs a number; a free one, released just before it binds
+                port = sock.getsockname()[1]
+        try:
+            serve.start(http_options={"host": host, "port": port})
+            serve.run(deployment(config, replicas=replicas, **options), name=APP_NAME, route_prefix="/")
+            break
+        except Exception as exc:  # noqa: BLE001 - Ray wraps the proxy's bind error in its own task error
+            # Ray's own processes take ephemeral ports too: one can take the free port between the pick and
+            # the proxy's bind (seen once in CI); a port chosen here is picked again, a given one is not
+            if not free or attempt == 2 or "Failed to bind" not in str(exc):
+                raise
+            log.warning("serve on ray: port %d was taken before the proxy bound it; trying another", port)
+            serve.shutdown()
     return f"http://{host}:{port}"
