@@ -118,6 +118,18 @@ def test_selection_chooses_by_answers_and_pays_once_per_unique_prompt(tmp_path, 
                                                              "unique": unique, "answered": 0, "hits": unique}
 
 
+def test_answer_progress_starts_at_zero_so_a_log_counts_the_work_to_do(tmp_path, chat_server_factory):
+    # LogProgress reads a task's first report as what a resumed job had already done
+    _, _, builder, questions, _, cache, _ = _setup(tmp_path, chat_server_factory)
+    texts = [builder.closed_book(q.text).text for q in questions]
+    reports: list[tuple[int, int]] = []
+    cache.answers(texts, lambda done, total: reports.append((done, total)))
+    assert reports[0] == (0, len(texts)) and reports[-1] == (len(texts), len(texts))
+    reports.clear()
+    cache.answers(texts, lambda done, total: reports.append((done, total)))
+    assert reports == []  # every answer stored: nothing to report
+
+
 def test_grades_drop_low_scores_and_best_last_reverses_the_prompt(tmp_path, chat_server_factory):
     from ragsieve.fit.select import Choice
 

@@ -401,6 +401,7 @@ class Fit:
             self.align_check = _read_json(check_file)
             if not self.align_check["kept"]:
                 self.reranker_spec = self.config.align.init
+            self.progress("rerank", 1, 1)  # a resumed run's log still shows the phase
             return
         if not (target / "config.json").is_file():
             if len(self.prefs["train"]) < 2:

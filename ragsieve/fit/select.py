@@ -98,6 +98,8 @@ class AnswerCache:
         todo = sorted({k: t for k, t in zip(keys, texts) if k not in stored}.items(), key=lambda kv: len(kv[1]))
         self.requested += len(texts)
         self.unique += len(set(keys))
+        if progress and todo:  # before the first batch: a log reads "N to do", not the first batch as done
+            progress(0, len(todo))
         for lo in range(0, len(todo), self.batch_size):
             batch = todo[lo : lo + self.batch_size]
             start = time.perf_counter()
