@@ -326,13 +326,22 @@ def ship(sieve_dir: Path, sieve, result: dict) -> None:
     from ragsieve.paths import ASSETS_DIR
 
     target = ASSETS_DIR / "sieves" / "default"
-    big = [p for p in sieve_dir.rglob("*") if p.is_file() and "work" not in p.relative_to(sieve_dir).parts
-           and p.stat().st_size > 50 * 2**20]
+    # only the folders sieve.json uses: an aligned reranker the selection did not choose stays out of git
+    used = {v for v in (sieve.probe, sieve.reranker, sieve.grader) if v and (sieve_dir / v).is_dir()}
+
+    def left_out(folder: str, names: list[str]) -> set[str]:
+        if Path(folder) == sieve_dir:
+            return {n for n in names if (sieve_dir / n).is_dir() and n not in used} | {"README.md"}
+        return {n for n in names if n in ("work", "checkpoints")}
+
+    shipped = [p for p in sieve_dir.rglob("*") if p.is_file() and p.relative_to(sieve_dir).parts[0] in
+               used | {p.name for p in sieve_dir.iterdir() if p.is_file()} and "checkpoints" not in p.parts]
+    big = [p for p in shipped if p.stat().st_size > 50 * 2**20]
     if big:
         raise SystemExit(f"not shipped: {', '.join(map(str, big))} over 50 MB")
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(sieve_dir, target, ignore=shutil.ignore_patterns("work", "checkpoints", "README.md"))
+    shutil.copytree(sieve_dir, target, ignore=left_out)
     results = Path("results/fit")
     results.mkdir(parents=True, exist_ok=True)
     (results / "metrics.json").write_text(json.dumps({"shipped_sieve": json.loads(sieve.model_dump_json()),

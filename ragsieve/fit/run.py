@@ -708,8 +708,12 @@ class Fit:
 
                 layer = self.probe.config.layer
                 states, y = self._probe_data([layer], "test")
-                est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(states[layer]))
-                metrics["probe_test_auroc"] = {"auroc": est, "ci95": [lo, hi], "n": len(y)}
+                # two states per question (closed book, top-k): the interval resamples whole questions
+                questions = [q.id for q in test] * 2
+                est, lo, hi = bootstrap_metric(roc_auc_score, y, self.probe.head.predict_proba(states[layer]),
+                                               groups=questions)
+                metrics["probe_test_auroc"] = {"auroc": est, "ci95": [lo, hi], "n": len(y),
+                                               "n_questions": len(test)}
             except ValueError:
                 metrics["probe_test_auroc"] = None  # one class only in the test split
             metrics["probe_dev_auroc_by_layer"] = self.probe.config.metrics.get("dev_auroc_by_layer", {})
