@@ -165,9 +165,10 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         plain = t.get("best_plain", f"rag_top{cfg.top_k}")
         ours, theirs = metrics["sieve"]["prompt_tokens"], metrics[plain]["prompt_tokens"]
         verdict = {"A better": "the sieve is better", "B better": "plain is better"}.get(t["verdict"], t["verdict"])
+        change = ours / max(theirs, 1e-9) - 1
         console.print(f"sieve vs {plain}, paired McNemar on the same {t['n']} questions: right only with the sieve "
                       f"{t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → {verdict}; "
-                      f"prompt tokens {ours:.0f} vs {theirs:.0f} ({1 - ours / max(theirs, 1e-9):.0%} fewer)")
+                      f"prompt tokens {ours:.0f} vs {theirs:.0f} ({abs(change):.0%} {'more' if change > 0 else 'fewer'})")
     if traced is not None:
         from ragsieve.pipeline.explain import print_explain
 
