@@ -169,6 +169,8 @@ def main() -> None:
         parser.error(f"--ship and --regrade concern the shipped NQ default sieve, not --dataset {args.dataset}")
     if args.ship_finished:
         ship_finished(Path(args.out) / "sieve", Path(args.result))
+        if args.records:
+            write_report(Path(args.out) / "sieve", Path(args.records).parent)
         return
     from ragsieve.config import build_config, read_mapping
     from ragsieve.fit.run import fit_splits
@@ -212,6 +214,7 @@ def main() -> None:
             bar.update(tasks[phase], completed=done, total=total)
 
         fit = Fit(config, progress)
+        resumed = config.work.is_dir() and any(config.work.iterdir())  # its phase times are not a fit's
         fit.load()
         if args.regrade:
             regrade(fit)
@@ -251,7 +254,8 @@ def main() -> None:
         "seconds_total": round(seconds, 1),
         "minutes_total": round(seconds / 60, 1),
         "target_minutes": 60,
-        "target_met": seconds <= 3600,
+        "resumed": resumed,
+        "target_met": None if resumed else seconds <= 3600,  # only a run from scratch is timed
         "seconds_by_phase": fit.timings,
         "llm_forward_seconds": round(forward["seconds"], 1),
         "llm_forward_share": round(forward["seconds"] / seconds, 3) if seconds else None,
@@ -268,6 +272,56 @@ def main() -> None:
     print(json.dumps({k: result[k] for k in ("questions", "minutes_total", "llm_forward_share", "seconds_by_phase")}))
     if args.ship:
         ship(out / "sieve", fit.sieve, result)
+    if args.records:
+        write_report(out / "sieve", Path(args.records).parent)
+
+
+def write_report(sieve_dir: Path, folder: Path) -> None:
+    """The grid as a markdown table (``grid.md``) and ``frontier.png`` of a finished fit, next to its records."""
+    import shutil
+
+    sieve = json.loads((sieve_dir / "sieve.json").read_text())
+    metrics = sieve["metrics"]
+    sel = metrics["selection"]
+
+    def ci(row: dict) -> str:
+        lo, hi = row["ci95"]
+        return f"[{lo:.3f}, {hi:.3f}]"
+
+    lines = [f"# `ragsieve fit`'s grid and test comparison: {folder.name} (`bench/fit.py` writes it from `sieve.json`)",
+             "",
+             f"{sel['n_configurations']} configurations on {sel['n_dev']} dev questions, raced "
+             f"({sel['race']['survivors']} answered every dev question; a row with a smaller n was dropped once a "
+             "no more expensive configuration answered measurably better, one-sided exact McNemar "
+             f"p < {sel['race']['alpha']}). Objective: {sel['objective']}. Chosen: **{sel['chosen']}**; best plain: "
+             f"**{sel['best_plain']}**; shipped: **{sel['shipped']}**. Accuracy: the LLM's answer contains a gold "
+             "answer; Wilson 95 % intervals; frontier: no other row is at least as accurate for fewer prompt tokens "
+             "(or LLM seconds).", "",
+             "| configuration | n | dev accuracy | 95 % CI | prompt tokens | LLM s / question | frontier | dropped by |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in sorted(sel["grid"], key=lambda r: (-r["accuracy"], r["prompt_tokens"])):
+        front = "/".join(name for name, key in (("tokens", "frontier_tokens"), ("seconds", "frontier_seconds"))
+                         if row.get(key))
+        dropped = f"{row['dominated_by']} (after {row['raced_out_after']})" if row.get("raced_out_after") else ""
+        lines.append(f"| {row['name']} | {row['n']} | {row['accuracy']:.3f} | {ci(row)} | {row['prompt_tokens']:.1f} "
+                     f"| {row['llm_seconds']:.2f} | {front} | {dropped} |")
+    test = metrics["test"]
+    lines += ["", f"## Test ({metrics['n_questions']['test']} questions)", "",
+              "| | accuracy | 95 % CI |", "|---|---|---|"]
+    lines += [f"| {name} | {row['accuracy']:.3f} | {ci(row)} |" for name, row in test.items()]
+    lines += [""]
+    verdicts = {"A better": "the sieve is better", "B better": "the sieve is worse"}
+    for name, t in metrics["do_no_harm"].items():
+        if isinstance(t, dict):
+            lo, hi = t["ci95"]
+            lines.append(f"- {name.replace('_', ' ')}: {t['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}], right only with the "
+                         f"sieve {t['a_only']}, only without {t['b_only']}, exact McNemar p = {t['p_value']:.3g}: "
+                         f"{verdicts.get(t['verdict'], t['verdict'])}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "grid.md").write_text("\n".join(lines) + "\n")
+    if (sieve_dir / sel["plot"]).is_file():
+        shutil.copy(sieve_dir / sel["plot"], folder / sel["plot"])
+    print(f"wrote {folder / 'grid.md'} and {folder / sel['plot']}")
 
 
 def regrade(fit) -> None:

@@ -9,6 +9,7 @@ git-ignored work folders with their sha256 in the study's ``artifacts.json``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,8 @@ LLM_OUTPUT_KEYS = {"generation", "prediction"}
 LLM_OUTPUT_MAX_WORDS = 60
 # Keys of our own prose in result JSON (notes on a measurement, a rule, a split's description).
 OWN_PROSE_KEYS = {"note", "llm_share_note", "why", "rule", "split", "protocol", "synthetic_method", "intervals"}
+# A configuration of fit's grid, by name ("top2, reranker, grade f1, best last, gate q0.75"): ragsieve's own words
+FIT_CONFIGURATION = re.compile(r"^(closed book|top\d+(, [\w:./-]+( [\w:./-]+)*)*)$")
 # Keys that hold dataset text in the formats ragsieve writes: any non-empty string there is text.
 TEXT_KEYS = {"query", "question", "passage", "passages", "pos", "neg", "context", "premise", "hypothesis", "claim",
              "document", "text", "title", "answers_gold"}
@@ -56,7 +59,7 @@ def text_problems(value, where: str, key: str = "", parent: str = "") -> list[st
     words = len(value.split())
     if key in TEXT_KEYS and words:
         return [f"{where}: '{key}' holds text: {value[:80]!r}"]
-    if words < LONG_WORDS or _is_id_key(key) or key in OWN_PROSE_KEYS:
+    if words < LONG_WORDS or _is_id_key(key) or key in OWN_PROSE_KEYS or FIT_CONFIGURATION.match(value):
         return []
     # an LLM's answers keyed by question id ({"answers": {qid: answer}}), or a generation field
     if key in LLM_OUTPUT_KEYS or parent == "answers":
