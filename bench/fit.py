@@ -214,7 +214,9 @@ def main() -> None:
             bar.update(tasks[phase], completed=done, total=total)
 
         fit = Fit(config, progress)
-        resumed = config.work.is_dir() and any(config.work.iterdir())  # its phase times are not a fit's
+        # work or records from an earlier run: its phase times are not a whole fit's
+        resumed = any(folder is not None and Path(folder).is_dir() and any(Path(folder).iterdir())
+                      for folder in (config.work, config.records))
         fit.load()
         if args.regrade:
             regrade(fit)
@@ -283,6 +285,7 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
     sieve = json.loads((sieve_dir / "sieve.json").read_text())
     metrics = sieve["metrics"]
     sel = metrics["selection"]
+    race = sel.get("race") or {}
 
     def ci(row: dict) -> str:
         lo, hi = row["ci95"]
@@ -290,10 +293,11 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
 
     lines = [f"# `ragsieve fit`'s grid and test comparison: {folder.name} (`bench/fit.py` writes it from `sieve.json`)",
              "",
-             f"{sel['n_configurations']} configurations on {sel['n_dev']} dev questions, raced "
-             f"({sel['race']['survivors']} answered every dev question; a row with a smaller n was dropped once a "
-             "no more expensive configuration answered measurably better, one-sided exact McNemar "
-             f"p < {sel['race']['alpha']}). Objective: {sel['objective']}. Chosen: **{sel['chosen']}**; best plain: "
+             f"{sel['n_configurations']} configurations on {sel['n_dev']} dev questions"
+             + (f", raced ({race['survivors']} answered every dev question; a row with a smaller n was dropped once "
+                "a no more expensive configuration answered measurably better, one-sided exact McNemar "
+                f"p < {race['alpha']})" if race.get("race") else "")
+             + f". Objective: {sel['objective']}. Chosen: **{sel['chosen']}**; best plain: "
              f"**{sel['best_plain']}**; shipped: **{sel['shipped']}**. Accuracy: the LLM's answer contains a gold "
              "answer; Wilson 95 % intervals; frontier: no other row is at least as accurate for fewer prompt tokens "
              "(or LLM seconds).", "",
