@@ -511,6 +511,8 @@ class Fit:
         progress under ``phase``: minutes of cross-encoder passes a log under nohup would otherwise not show."""
         todo = [(spec, q) for spec in specs for q in questions
                 if q.id not in self._rankings.get(spec, {})]
+        if todo:  # the first report is read as what a resumed phase found done: "N to do" first
+            self.progress(phase, 0, len(todo))
         for n, (spec, q) in enumerate(todo, 1):
             self._ranked(spec, q)
             self.progress(phase, n, len(todo))

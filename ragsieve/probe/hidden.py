@@ -186,6 +186,8 @@ def extract_layers(
                 if i not in todo:
                     out[layer][i] = found[layer][key]
     order = sorted(todo, key=lambda i: len(prompts[i]))
+    if order:  # a log reads a task's first report as what a resumed job found done: say "N to do" first
+        report("hidden states", 0, len(order))
     for lo in range(0, len(order), extractor.batch_size):
         idx = order[lo : lo + extractor.batch_size]
         states = extractor._forward_batch([prompts[i] for i in idx], wanted)
