@@ -291,6 +291,8 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
         lo, hi = row["ci95"]
         return f"[{lo:.3f}, {hi:.3f}]"
 
+    from ragsieve.studies.common import markdown_rows
+
     lines = [f"# `ragsieve fit`'s grid and test comparison: {folder.name} (`bench/fit.py` writes it from `sieve.json`)",
              "",
              f"{sel['n_configurations']} configurations on {sel['n_dev']} dev questions"
@@ -300,19 +302,19 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
              + f". Objective: {sel['objective']}. Chosen: **{sel['chosen']}**; best plain: "
              f"**{sel['best_plain']}**; shipped: **{sel['shipped']}**. Accuracy: the LLM's answer contains a gold "
              "answer; Wilson 95 % intervals; frontier: no other row is at least as accurate for fewer prompt tokens "
-             "(or LLM seconds).", "",
-             "| configuration | n | dev accuracy | 95 % CI | prompt tokens | LLM s / question | frontier | dropped by |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(or LLM seconds).", ""]
+    grid = []
     for row in sorted(sel["grid"], key=lambda r: (-r["accuracy"], r["prompt_tokens"])):
         front = "/".join(name for name, key in (("tokens", "frontier_tokens"), ("seconds", "frontier_seconds"))
                          if row.get(key))
         dropped = f"{row['dominated_by']} (after {row['raced_out_after']})" if row.get("raced_out_after") else ""
-        lines.append(f"| {row['name']} | {row['n']} | {row['accuracy']:.3f} | {ci(row)} | {row['prompt_tokens']:.1f} "
-                     f"| {row['llm_seconds']:.2f} | {front} | {dropped} |")
-    test = metrics["test"]
-    lines += ["", f"## Test ({metrics['n_questions']['test']} questions)", "",
-              "| | accuracy | 95 % CI |", "|---|---|---|"]
-    lines += [f"| {name} | {row['accuracy']:.3f} | {ci(row)} |" for name, row in test.items()]
+        grid.append([row["name"], row["n"], f"{row['accuracy']:.3f}", ci(row), f"{row['prompt_tokens']:.1f}",
+                     f"{row['llm_seconds']:.2f}", front, dropped])
+    lines += markdown_rows(["configuration", "n", "dev accuracy", "95 % CI", "prompt tokens", "LLM s / question",
+                            "frontier", "dropped by"], grid)
+    lines += ["", f"## Test ({metrics['n_questions']['test']} questions)", ""]
+    lines += markdown_rows(["", "accuracy", "95 % CI"],
+                           [[name, f"{row['accuracy']:.3f}", ci(row)] for name, row in metrics["test"].items()])
     lines += [""]
     verdicts = {"A better": "the sieve is better", "B better": "the sieve is worse"}
     for name, t in metrics["do_no_harm"].items():
@@ -384,16 +386,21 @@ def ship(sieve_dir: Path, sieve, result: dict) -> None:
     from ragsieve.paths import ASSETS_DIR
 
     target = ASSETS_DIR / "sieves" / "default"
-    # only the folders sieve.json uses: an aligned reranker the selection did not choose stays out of git
-    used = {v for v in (sieve.probe, sieve.reranker, sieve.grader) if v and (sieve_dir / v).is_dir()}
+    # the top-level files and only the folders sieve.json uses: an aligned reranker the selection did not
+    # choose stays out of git; the size check reads exactly what the copy below takes
+    keep = {p.name for p in sieve_dir.iterdir() if p.is_file() and p.name != "README.md"}
+    keep |= {v for v in (sieve.probe, sieve.reranker, sieve.grader) if v and (sieve_dir / v).is_dir()}
+
+    skipped_inside = {"work", "checkpoints"}
 
     def left_out(folder: str, names: list[str]) -> set[str]:
         if Path(folder) == sieve_dir:
-            return {n for n in names if (sieve_dir / n).is_dir() and n not in used} | {"README.md"}
-        return {n for n in names if n in ("work", "checkpoints")}
+            return {n for n in names if n not in keep}
+        return {n for n in names if n in skipped_inside}
 
-    shipped = [p for p in sieve_dir.rglob("*") if p.is_file() and p.relative_to(sieve_dir).parts[0] in
-               used | {p.name for p in sieve_dir.iterdir() if p.is_file()} and "checkpoints" not in p.parts]
+    shipped = [p for name in sorted(keep) for p in ([sieve_dir / name] if (sieve_dir / name).is_file()
+                                                    else (sieve_dir / name).rglob("*"))
+               if p.is_file() and not skipped_inside & set(p.relative_to(sieve_dir).parts[1:-1])]
     big = [p for p in shipped if p.stat().st_size > 50 * 2**20]
     if big:
         raise SystemExit(f"not shipped: {', '.join(map(str, big))} over 50 MB")
