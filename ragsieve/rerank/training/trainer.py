@@ -288,7 +288,7 @@ def train_cross_encoder(
         per_device_train_batch_size=config.batch_size,
         learning_rate=config.lr,
         weight_decay=config.weight_decay,
-        warmup_ratio=config.warmup_ratio,
+        warmup_steps=config.warmup_ratio,  # transformers 5: a float below 1 is a ratio of the total steps
         seed=config.seed,
         report_to="none",
         logging_steps=10,
