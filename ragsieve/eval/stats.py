@@ -245,6 +245,12 @@ def verdict(p_value: float, diff: float, low: float | None = None, high: float |
     return "A better" if diff > 0 else "B better"
 
 
+def verdict_in_words(paired_verdict: str, a: str = "the sieve") -> str:
+    """A :func:`verdict` said of method ``a``: "the sieve is better" / "the sieve is worse" / "no measurable
+    difference"."""
+    return {"A better": f"{a} is better", "B better": f"{a} is worse"}.get(paired_verdict, paired_verdict)
+
+
 def target_verdict(estimate: float, low: float | None, high: float | None, target: float,
                    higher_is_better: bool = True) -> str:
     """The verdict on a target (``estimate >= target``, or ``<=`` with ``higher_is_better=False``):

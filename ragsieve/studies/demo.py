@@ -48,7 +48,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     from ragsieve.eval import qa_metrics
     from ragsieve.eval.classification import accuracy_interval
     from ragsieve.eval.qa import contains_answer
-    from ragsieve.eval.stats import mcnemar_exact
+    from ragsieve.eval.stats import mcnemar_exact, verdict_in_words
     from ragsieve.paths import cache_dir
     from ragsieve.pipeline import PipelineConfig, RAGPipeline
     from ragsieve.progress import progress_bar, reporting
@@ -164,7 +164,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     for name, t in paired.items():
         plain = t.get("best_plain", f"rag_top{cfg.top_k}")
         ours, theirs = metrics["sieve"]["prompt_tokens"], metrics[plain]["prompt_tokens"]
-        verdict = {"A better": "the sieve is better", "B better": "plain is better"}.get(t["verdict"], t["verdict"])
+        verdict = verdict_in_words(t["verdict"])
         change = ours / max(theirs, 1e-9) - 1
         console.print(f"sieve vs {plain}, paired McNemar on the same {t['n']} questions: right only with the sieve "
                       f"{t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → {verdict}; "
