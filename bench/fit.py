@@ -291,6 +291,7 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
         lo, hi = row["ci95"]
         return f"[{lo:.3f}, {hi:.3f}]"
 
+    from ragsieve.eval.stats import verdict_in_words
     from ragsieve.studies.common import markdown_rows
 
     lines = [f"# `ragsieve fit`'s grid and test comparison: {folder.name} (`bench/fit.py` writes it from `sieve.json`)",
@@ -313,16 +314,21 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
     lines += markdown_rows(["configuration", "n", "dev accuracy", "95 % CI", "prompt tokens", "LLM s / question",
                             "frontier", "dropped by"], grid)
     lines += ["", f"## Test ({metrics['n_questions']['test']} questions)", ""]
-    lines += markdown_rows(["", "accuracy", "95 % CI"],
-                           [[name, f"{row['accuracy']:.3f}", ci(row)] for name, row in metrics["test"].items()])
+    lines += markdown_rows(["", "accuracy", "95 % CI", "prompt tokens"],
+                           [[name, f"{row['accuracy']:.3f}", ci(row),
+                             f"{row['prompt_tokens']:.1f}" if "prompt_tokens" in row else ""]
+                            for name, row in metrics["test"].items()])
     lines += [""]
-    verdicts = {"A better": "the sieve is better", "B better": "the sieve is worse"}
     for name, t in metrics["do_no_harm"].items():
-        if isinstance(t, dict):
+        if isinstance(t, dict) and "p_value" in t:  # the McNemar comparisons
             lo, hi = t["ci95"]
             lines.append(f"- {name.replace('_', ' ')}: {t['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}], right only with the "
                          f"sieve {t['a_only']}, only without {t['b_only']}, exact McNemar p = {t['p_value']:.3g}: "
-                         f"{verdicts.get(t['verdict'], t['verdict'])}")
+                         f"{verdict_in_words(t['verdict'])}")
+    if tokens := metrics["do_no_harm"].get("prompt_tokens_vs_best_plain"):
+        lo, hi = tokens["ci95"]
+        lines.append(f"- prompt tokens, chosen vs best plain: {tokens['a']:.1f} vs {tokens['b']:.1f}, "
+                     f"{tokens['change']:+.1%} [{lo:+.1%}, {hi:+.1%}] (bootstrap over the {tokens['n']} questions)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "grid.md").write_text("\n".join(lines) + "\n")
     if (sieve_dir / sel["plot"]).is_file():

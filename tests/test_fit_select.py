@@ -159,8 +159,8 @@ def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
     better = compare([1] * 40, [0] * 10 + [1] * 30, n_boot=500)
     assert not better["measurably_worse"] and better["verdict"] == "A better"
 
-    def row(choice, correct):
-        return {"name": choice.name, "choice": choice, "correct": correct}
+    def row(choice, correct, tokens=100):
+        return {"name": choice.name, "choice": choice, "correct": correct, "tokens_each": [tokens] * len(correct)}
 
     sieve, plain, closed = Choice(3, "embedded:base", 0.5, "q0.50"), Choice(1), Choice(0)
     lost = do_no_harm({"chosen": row(sieve, [0] * 10 + [1] * 30), "best_plain": row(plain, [1] * 40),
@@ -168,9 +168,13 @@ def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
     assert lost["shipped"] == "best_plain" and "fit ships the plain configuration" in lost["note"]
     assert "\n" not in lost["note"] and "top1, retriever" in lost["note"]
     assert lost["chosen_vs_closed_book"]["verdict"] == "A better"
-    kept = do_no_harm({"chosen": row(sieve, [0] * 2 + [1] * 38), "best_plain": row(plain, [1] * 40),
+    kept = do_no_harm({"chosen": row(sieve, [0] * 2 + [1] * 38, tokens=70), "best_plain": row(plain, [1] * 40),
                        "closed_book": row(closed, [0] * 40)}, n_boot=200)
     assert kept["shipped"] == "chosen" and kept["note"] == "" and kept["n_test"] == 40
+    # the context the choice saves, per question on the same test questions
+    tokens = kept["prompt_tokens_vs_best_plain"]
+    assert (tokens["a"], tokens["b"], tokens["n"]) == (70, 100, 40)
+    assert tokens["change"] == pytest.approx(-0.3) and tokens["ci95"] == pytest.approx([-0.3, -0.3])
 
 
 def test_every_fit_experiment_file_validates():

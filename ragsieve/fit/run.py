@@ -683,18 +683,19 @@ class Fit:
         test = self.splits["test"]
         shipped_key = self.shipped_key
 
-        def acc(correct) -> dict:
+        def acc(correct, tokens=None) -> dict:
             x = np.asarray(correct)
             lo, hi = accuracy_interval(int(x.sum()), len(x))
-            return {"accuracy": float(x.mean()), "ci95": [lo, hi], "n": len(x)}
+            out = {"accuracy": float(x.mean()), "ci95": [lo, hi], "n": len(x)}
+            return out if tokens is None else {**out, "prompt_tokens": float(np.mean(tokens))}
 
         plain_k = np.array([self.plain[q.id] for q in test])
         metrics: dict[str, Any] = {
             "n_questions": {k: len(v) for k, v in self.splits.items()},
-            "test": {"closed_book": acc(self.test_rows["closed_book"]["correct"]),
+            "test": {"closed_book": acc(*(self.test_rows["closed_book"][k] for k in ("correct", "tokens_each"))),
                      f"plain_top{self.config.top_k}": acc(plain_k),
-                     "best_plain": acc(self.test_rows["best_plain"]["correct"]),
-                     "sieve": acc(self.test_rows[shipped_key]["correct"])},
+                     "best_plain": acc(*(self.test_rows["best_plain"][k] for k in ("correct", "tokens_each"))),
+                     "sieve": acc(*(self.test_rows[shipped_key][k] for k in ("correct", "tokens_each")))},
             "configurations": {"best_plain": self.test_rows["best_plain"]["name"],
                                "sieve": self.test_rows[shipped_key]["name"]},
             "retrieval_rate": float(np.mean([shipped.k > 0 and (not gated or self._confidence[q.id] <= shipped.beta)
