@@ -339,6 +339,7 @@ def serve_on_ray(
     is a cluster address. ``port=0`` takes a free port. ``options`` go to :func:`deployment`.
     """
     from ragsieve.fit.scale import init_ray  # the one place ragsieve connects to Ray
+    from ragsieve.serve.runner import bind
 
     _, serve = _ray_serve()
     config = config.model_copy(update={k: _local_path(getattr(config, k))
@@ -347,8 +348,6 @@ def serve_on_ray(
     free = port == 0
     for attempt in range(3 if free else 1):
         if free:
-            from ragsieve.serve.runner import bind
-
             with bind(host, 0) as sock:  # Serve's proxy needs a number; a free one, released just before it binds
                 port = sock.getsockname()[1]
         try:
