@@ -404,3 +404,34 @@ def test_racing_drops_what_something_cheaper_beats_and_keeps_the_choice_and_the_
     # the plain configurations are kept to the end when protected (fit's do-no-harm baseline)
     kept, _ = selection.race(grid, questions, protect=selection.plain([1, 2, 3]))
     assert not any(raced_out(r) for r in kept if r["choice"].plain)
+
+
+def test_answering_with_capture_caches_the_probe_states_of_the_same_prompts(tmp_path, tiny_llm):
+    """fit's labels read the probe's hidden states from their own prefill: the cached states are the extractor's
+    (so the probe phase finds them and runs no forward), and answers are what plain generation gives."""
+    import numpy as np
+
+    from ragsieve.fit.select import AnswerCache
+    from ragsieve.probe.cache import StateCache
+    from ragsieve.probe.hidden import HiddenStateExtractor, extract_layers, prompt_key
+    from ragsieve.prompts.builder import PromptBuilder
+
+    builder = PromptBuilder(tiny_llm, None, 300)
+    messages = [builder.with_context(f"what do you know about {t}?", ()).text for t in TOPICS[:5]]
+    states = StateCache(tmp_path / "states.sqlite")
+    cache = AnswerCache(tmp_path / "answers.sqlite", tiny_llm, builder, max_new_tokens=3, batch_size=2)
+    cache.capture_states = (states, [1, 2])
+    got = [a for a, _ in cache.answers(messages)]
+    assert got == tiny_llm.generate(messages, system=builder.prompts.system, max_new_tokens=3, batch_size=2)
+
+    chats = [builder.to_chat(m) for m in messages]
+    for layer in (1, 2):
+        stored = states.get_many([prompt_key(tiny_llm.spec, layer, c) for c in chats])
+        reference = HiddenStateExtractor(tiny_llm, layer).extract(chats)
+        assert len(stored) == len(chats)
+        np.testing.assert_allclose(np.stack([stored[prompt_key(tiny_llm.spec, layer, c)] for c in chats]), reference,
+                                   atol=1e-5)
+    # the probe's extraction then reads them: a forward would fail here
+    extractor = HiddenStateExtractor(tiny_llm, 1, cache=states)
+    extractor._forward_batch = lambda *_: (_ for _ in ()).throw(AssertionError("forward run"))
+    assert extract_layers(extractor, chats, [1, 2])[2].shape == (len(chats), tiny_llm.hidden_size)

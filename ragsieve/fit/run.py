@@ -125,6 +125,11 @@ class Fit:
         self.answers = AnswerCache(self.work / "answers.sqlite", self.generator, self.builder,
                                    max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size,
                                    records=self.records / "answers.jsonl" if self.records else None)
+        if not self.endpoint_only:
+            from ragsieve.probe.cache import StateCache
+
+            # the local LLM's hidden states by prompt and layer: labels write them, the probe reads them
+            self.state_cache = StateCache(self.work / "states.sqlite")
 
     def run(self) -> SieveConfig:
         self.load()
@@ -196,7 +201,16 @@ class Fit:
         for q in self.questions:
             requests.append(LabelRequest(q.id, q.text, q.answers, "closed"))
             requests.append(LabelRequest(q.id, q.text, q.answers, f"top{k}", self.candidates[q.id][:k]))
-        gens = self._label(requests, self.work / "generations.jsonl", "label")
+        capture = not self.endpoint_only and self.generator is self.llm
+        if capture:  # the probe's states of these very prompts come from the labels' own prefill
+            from ragsieve.probe.hidden import resolve_layer
+
+            layers = sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
+            self.answers.capture_states = (self.state_cache, layers)
+        try:
+            gens = self._label(requests, self.work / "generations.jsonl", "label")
+        finally:
+            self.answers.capture_states = None
         self.closed = {g.question_id: g.correct for g in gens if g.variant == "closed"}
         self.plain = {g.question_id: g.correct for g in gens if g.variant == f"top{k}"}
 
@@ -204,7 +218,6 @@ class Fit:
     def _probe_data(self, layers: list[int], split: str) -> tuple[dict[int, np.ndarray], np.ndarray]:
         """States of every candidate layer (one early-exit forward per prompt) and correctness labels:
         the closed-book prompts, then the top-k prompts of the split's questions."""
-        from ragsieve.probe.cache import StateCache
         from ragsieve.probe.hidden import HiddenStateExtractor, extract_layers
 
         qs = self.splits[split]
@@ -212,7 +225,7 @@ class Fit:
         prompts = [self.builder.chat_prompt(q.text) for q in qs]
         prompts += [self.builder.chat_prompt(q.text, self.candidates[q.id][:k]) for q in qs]
         extractor = HiddenStateExtractor(self.llm, layers[0], batch_size=self.config.batch_size,
-                                         cache=StateCache(self.work / "states.sqlite"))
+                                         cache=self.state_cache)
         y = np.array([self.closed[q.id] for q in qs] + [self.plain[q.id] for q in qs], dtype=np.int64)
         from ragsieve.progress import reporting
 
@@ -257,10 +270,8 @@ class Fit:
                 max_prompt_tokens=self.config.max_prompt_tokens, metrics={"dev_auroc_by_layer": by_layer},
             )
             ConfidenceProbe(self.llm, heads[best], config).save(probe_dir)
-        from ragsieve.probe.cache import StateCache
-
         self.probe = ConfidenceProbe.load(
-            probe_dir, self.llm, batch_size=self.config.batch_size, cache=StateCache(self.work / "states.sqlite")
+            probe_dir, self.llm, batch_size=self.config.batch_size, cache=self.state_cache
         )
 
     # -- 5. gate ----------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
 
 if TYPE_CHECKING:
     from ragsieve.models.llm import Generator
+    from ragsieve.probe.cache import StateCache
     from ragsieve.rerank.base import BaseRanker
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class AnswerCache:
         self._db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT, seconds REAL)")
         self._db.commit()
         self.requested = self.unique = self.answered = 0
+        # (StateCache, layers): while set, the hidden states of those layers are read from the prefill of every
+        # prompt answered now and cached under the probe extractor's keys, so the probe needs no forward of its own
+        self.capture_states: Optional[tuple["StateCache", Sequence[int]]] = None
         # records: the same rows as JSONL (digest, answer, seconds: no prompt text), appended per batch and
         # read back here, so the answers outlive the machine that asked for them
         self.records = Path(records) if records is not None else None
@@ -103,8 +107,7 @@ class AnswerCache:
         for lo in range(0, len(todo), self.batch_size):
             batch = todo[lo : lo + self.batch_size]
             start = time.perf_counter()
-            got = self.llm.generate([t for _, t in batch], system=self.builder.prompts.system,
-                                    max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
+            got = self._generate([t for _, t in batch])
             each = (time.perf_counter() - start) / len(batch)
             rows = [(k, a, each) for (k, _), a in zip(batch, got)]
             self._store(rows)  # a kill loses at most this batch
@@ -113,6 +116,22 @@ class AnswerCache:
             if progress:
                 progress(min(lo + len(batch), len(todo)), len(todo))
         return [stored[k] for k in keys]
+
+    def _generate(self, texts: list[str]) -> list[str]:
+        system = self.builder.prompts.system
+        if self.capture_states is None:
+            return self.llm.generate(texts, system=system, max_new_tokens=self.max_new_tokens,
+                                     batch_size=self.batch_size)
+        from ragsieve.probe.hidden import prompt_key
+
+        state_cache, layers = self.capture_states
+        got, by_layer = self.llm.generate_with_layer_states(texts, layers, system=system,
+                                                            max_new_tokens=self.max_new_tokens,
+                                                            batch_size=self.batch_size)
+        chats = [self.builder.to_chat(t) for t in texts]
+        state_cache.put_many({prompt_key(self.llm.spec, layer, chat): by_layer[layer][i]
+                              for layer in layers for i, chat in enumerate(chats)})
+        return got
 
     def put(self, texts: Sequence[str], answers: Sequence[str], seconds: float) -> None:
         """Answers obtained elsewhere (e.g. on Ray) to the user messages ``texts``, each costing ``seconds``:
