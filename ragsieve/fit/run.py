@@ -201,12 +201,9 @@ class Fit:
         for q in self.questions:
             requests.append(LabelRequest(q.id, q.text, q.answers, "closed"))
             requests.append(LabelRequest(q.id, q.text, q.answers, f"top{k}", self.candidates[q.id][:k]))
-        capture = not self.endpoint_only and self.generator is self.llm
-        if capture:  # the probe's states of these very prompts come from the labels' own prefill
-            from ragsieve.probe.hidden import resolve_layer
-
-            layers = sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
-            self.answers.capture_states = (self.state_cache, layers)
+        if not self.endpoint_only and self.generator is self.llm:
+            # the probe's states of these very prompts come from the labels' own prefill
+            self.answers.capture_states = (self.state_cache, self._probe_layers())
         try:
             gens = self._label(requests, self.work / "generations.jsonl", "label")
         finally:
@@ -215,6 +212,12 @@ class Fit:
         self.plain = {g.question_id: g.correct for g in gens if g.variant == f"top{k}"}
 
     # -- 4. probe ---------------------------------------------------------------------------------
+    def _probe_layers(self) -> list[int]:
+        """The candidate layers (1-based) the probe is trained on, ``config.layers`` resolved for this LLM."""
+        from ragsieve.probe.hidden import resolve_layer
+
+        return sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
+
     def _probe_data(self, layers: list[int], split: str) -> tuple[dict[int, np.ndarray], np.ndarray]:
         """States of every candidate layer (one early-exit forward per prompt) and correctness labels:
         the closed-book prompts, then the top-k prompts of the split's questions."""
@@ -236,7 +239,6 @@ class Fit:
     def phase_probe(self) -> None:
         from sklearn.metrics import roc_auc_score
 
-        from ragsieve.probe.hidden import resolve_layer
         from ragsieve.probe.model import ConfidenceProbe, ProbeConfig
         from ragsieve.probe.train import train_probe_head
 
@@ -247,7 +249,7 @@ class Fit:
                         "retrieves and its reranker learns from answers", self.config.llm)
             return
         if not (probe_dir / "probe_config.json").is_file():
-            layers = sorted({resolve_layer(x, self.llm.num_layers) for x in self.config.layers})
+            layers = self._probe_layers()
             by_layer: dict[int, float] = {}
             heads = {}
             train_states, y_tr = self._probe_data(layers, "train")
@@ -694,19 +696,20 @@ class Fit:
         test = self.splits["test"]
         shipped_key = self.shipped_key
 
-        def acc(correct, tokens=None) -> dict:
+        def acc(correct) -> dict:
             x = np.asarray(correct)
             lo, hi = accuracy_interval(int(x.sum()), len(x))
-            out = {"accuracy": float(x.mean()), "ci95": [lo, hi], "n": len(x)}
-            return out if tokens is None else {**out, "prompt_tokens": float(np.mean(tokens))}
+            return {"accuracy": float(x.mean()), "ci95": [lo, hi], "n": len(x)}
+
+        def on_test(key: str) -> dict:  # a test row of the selection: accuracy and its mean prompt tokens
+            row = self.test_rows[key]
+            return {**acc(row["correct"]), "prompt_tokens": float(np.mean(row["tokens_each"]))}
 
         plain_k = np.array([self.plain[q.id] for q in test])
         metrics: dict[str, Any] = {
             "n_questions": {k: len(v) for k, v in self.splits.items()},
-            "test": {"closed_book": acc(*(self.test_rows["closed_book"][k] for k in ("correct", "tokens_each"))),
-                     f"plain_top{self.config.top_k}": acc(plain_k),
-                     "best_plain": acc(*(self.test_rows["best_plain"][k] for k in ("correct", "tokens_each"))),
-                     "sieve": acc(*(self.test_rows[shipped_key][k] for k in ("correct", "tokens_each")))},
+            "test": {"closed_book": on_test("closed_book"), f"plain_top{self.config.top_k}": acc(plain_k),
+                     "best_plain": on_test("best_plain"), "sieve": on_test(shipped_key)},
             "configurations": {"best_plain": self.test_rows["best_plain"]["name"],
                                "sieve": self.test_rows[shipped_key]["name"]},
             "retrieval_rate": float(np.mean([shipped.k > 0 and (not gated or self._confidence[q.id] <= shipped.beta)

@@ -118,20 +118,14 @@ class AnswerCache:
         return [stored[k] for k in keys]
 
     def _generate(self, texts: list[str]) -> list[str]:
-        system = self.builder.prompts.system
         if self.capture_states is None:
-            return self.llm.generate(texts, system=system, max_new_tokens=self.max_new_tokens,
+            return self.llm.generate(texts, system=self.builder.prompts.system, max_new_tokens=self.max_new_tokens,
                                      batch_size=self.batch_size)
-        from ragsieve.probe.hidden import prompt_key
+        from ragsieve.probe.labels import generate_caching_states
 
         state_cache, layers = self.capture_states
-        got, by_layer = self.llm.generate_with_layer_states(texts, layers, system=system,
-                                                            max_new_tokens=self.max_new_tokens,
-                                                            batch_size=self.batch_size)
-        chats = [self.builder.to_chat(t) for t in texts]
-        state_cache.put_many({prompt_key(self.llm.spec, layer, chat): by_layer[layer][i]
-                              for layer in layers for i, chat in enumerate(chats)})
-        return got
+        return generate_caching_states(self.llm, self.builder, texts, layers, state_cache,
+                                       max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
 
     def put(self, texts: Sequence[str], answers: Sequence[str], seconds: float) -> None:
         """Answers obtained elsewhere (e.g. on Ray) to the user messages ``texts``, each costing ``seconds``:

@@ -67,6 +67,30 @@ def _capture_layers(state_layer: int | None, state_layers: Sequence[int] | None)
     return sorted({*(state_layers or ()), *([state_layer] if state_layer else [])})
 
 
+def generate_caching_states(
+    llm: "LocalLLM",
+    builder: "PromptBuilder",
+    messages: Sequence[str],
+    layers: Sequence[int],
+    state_cache: "StateCache",
+    *,
+    max_new_tokens: int = 16,
+    batch_size: int = 16,
+) -> list[str]:
+    """Greedy answers to the user ``messages``; the pre-token states of ``layers`` are read from the
+    generation's own prefill and cached under the key the probe's extractor uses for the same prompt."""
+    from ragsieve.probe.hidden import prompt_key
+
+    texts, by_layer = llm.generate_with_layer_states(
+        messages, layers, system=builder.prompts.system, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    chats = [builder.to_chat(m) for m in messages]
+    state_cache.put_many({
+        prompt_key(llm.spec, layer, chat): by_layer[layer][i] for layer in layers for i, chat in enumerate(chats)
+    })
+    return texts
+
+
 def answer_requests(
     llm: "LocalLLM",
     builder: "PromptBuilder",
@@ -93,16 +117,8 @@ def answer_requests(
     system = builder.prompts.system
     layers = _capture_layers(state_layer, state_layers)
     if layers and state_cache is not None:
-        from ragsieve.probe.hidden import prompt_key
-
-        texts, by_layer = llm.generate_with_layer_states(
-            messages, layers, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size
-        )
-        chats = [builder.to_chat(m) for m in messages]
-        state_cache.put_many({
-            prompt_key(llm.spec, layer, chat): by_layer[layer][i]
-            for layer in layers for i, chat in enumerate(chats)
-        })
+        texts = generate_caching_states(llm, builder, messages, layers, state_cache, max_new_tokens=max_new_tokens,
+                                        batch_size=batch_size)
     else:
         texts = llm.generate(messages, system=system, max_new_tokens=max_new_tokens, batch_size=batch_size)
     out = []
