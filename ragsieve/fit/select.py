@@ -478,6 +478,8 @@ def do_no_harm(on_test: dict[str, dict[str, Any]], *, alpha: float = 0.05, n_boo
     and closed book (rows of :meth:`Selection.evaluate` on the same test questions). ``shipped`` is
     ``best_plain`` when the choice answers measurably worse than it (exact McNemar p < ``alpha``), with a
     one-line ``note`` saying so; else ``chosen``."""
+    from ragsieve.eval.stats import relative_mean_change
+
     chosen, plain = on_test["chosen"], on_test["best_plain"]
     vs_plain = compare(chosen["correct"], plain["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
     vs_closed = compare(chosen["correct"], on_test["closed_book"]["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
@@ -487,20 +489,9 @@ def do_no_harm(on_test: dict[str, dict[str, Any]], *, alpha: float = 0.05, n_boo
             "the plain configuration") if worse else ""
     return {"n_test": vs_plain["n"], "shipped": "best_plain" if worse else "chosen", "note": note,
             "chosen_vs_best_plain": vs_plain, "chosen_vs_closed_book": vs_closed,
-            "prompt_tokens_vs_best_plain": token_change(chosen["tokens_each"], plain["tokens_each"], n_boot=n_boot,
-                                                        seed=seed),
+            "prompt_tokens_vs_best_plain": relative_mean_change(chosen["tokens_each"], plain["tokens_each"],
+                                                                n_boot=n_boot, seed=seed),
             "alpha": alpha}
-
-
-def token_change(a: Sequence[int], b: Sequence[int], *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Mean prompt tokens of A and B on the same questions and A's relative change (``-0.3``: 30 % fewer), with
-    a bootstrap 95 % interval that resamples questions (both prompts of a question together)."""
-    from ragsieve.eval.stats import bootstrap_metric
-
-    x, y = np.asarray(a, float), np.asarray(b, float)
-    est, lo, hi = bootstrap_metric(lambda u, v: float(u.mean() / max(v.mean(), 1e-9) - 1), x, y, n_boot=n_boot,
-                                   seed=seed)
-    return {"n": len(x), "a": float(x.mean()), "b": float(y.mean()), "change": est, "ci95": [lo, hi]}
 
 
 def public_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     from ragsieve.eval import qa_metrics
     from ragsieve.eval.classification import accuracy_interval
     from ragsieve.eval.qa import contains_answer
-    from ragsieve.eval.stats import mcnemar_exact, verdict_in_words
+    from ragsieve.eval.stats import mcnemar_exact, relative_mean_change, verdict_in_words
     from ragsieve.paths import cache_dir
     from ragsieve.pipeline import PipelineConfig, RAGPipeline
     from ragsieve.progress import progress_bar, reporting
@@ -89,6 +89,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     metrics: dict[str, dict] = {}
     predictions: list[dict] = []
     outcomes: dict[str, list[int]] = {}
+    tokens: dict[str, list[int]] = {}  # each question's prompt tokens, for the paired token change
     traced = None
     for mode, (runner, use_retrieval) in modes.items():
         start = time.perf_counter()
@@ -106,7 +107,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         outcomes[mode] = [int(contains_answer(a.answer, g)) for a, g in zip(answers, golds)]
         m["ci95"] = list(accuracy_interval(sum(outcomes[mode]), len(answers)))
         m["seconds_per_question"] = seconds / max(len(questions), 1)
-        m["prompt_tokens"] = sum(a.prompt_tokens for a in answers) / max(len(answers), 1)
+        tokens[mode] = [a.prompt_tokens for a in answers]
+        m["prompt_tokens"] = sum(tokens[mode]) / max(len(answers), 1)
         if use_retrieval:
             hit = [bool(set(q.gold_passage_ids) & {p.id for p in a.contexts}) for q, a in zip(questions, answers)]
             m[f"gold_in_top{cfg.top_k}"] = sum(hit) / max(len(hit), 1)
@@ -122,10 +124,12 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
                                 "contexts": [p.id for p in a.contexts]})
     paired = {}
     if "sieve" in outcomes:
-        paired["sieve_vs_rag"] = mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{cfg.top_k}"]).to_dict()
+        versus = {"sieve_vs_rag": f"rag_top{cfg.top_k}"}
         if best_k:
-            paired["sieve_vs_best_plain"] = {**mcnemar_exact(outcomes["sieve"], outcomes[f"rag_top{best_k}"]).to_dict(),
-                                             "best_plain": f"rag_top{best_k}"}
+            versus["sieve_vs_best_plain"] = f"rag_top{best_k}"
+        for name, plain in versus.items():
+            paired[name] = {**mcnemar_exact(outcomes["sieve"], outcomes[plain]).to_dict(), "plain": plain,
+                            "prompt_tokens": relative_mean_change(tokens["sieve"], tokens[plain])}
 
     result = {
         "config": cfg.model_dump(),
@@ -161,14 +165,13 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     elif "sieve" in metrics:
         console.print(f"[dim]{cfg.sieve} was fitted before fit chose sieves by answers: no best plain configuration "
                       "to compare with[/]")
-    for name, t in paired.items():
-        plain = t.get("best_plain", f"rag_top{cfg.top_k}")
-        ours, theirs = metrics["sieve"]["prompt_tokens"], metrics[plain]["prompt_tokens"]
-        verdict = verdict_in_words(t["verdict"])
-        change = ours / max(theirs, 1e-9) - 1
-        console.print(f"sieve vs {plain}, paired McNemar on the same {t['n']} questions: right only with the sieve "
-                      f"{t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → {verdict}; "
-                      f"prompt tokens {ours:.0f} vs {theirs:.0f} ({abs(change):.0%} {'more' if change > 0 else 'fewer'})")
+    for t in paired.values():
+        size = t["prompt_tokens"]
+        low, high = size["ci95"]
+        console.print(f"sieve vs {t['plain']}, paired McNemar on the same {t['n']} questions: right only with the "
+                      f"sieve {t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → "
+                      f"{verdict_in_words(t['verdict'])}; prompt tokens {size['a']:.0f} vs {size['b']:.0f}, "
+                      f"{size['change']:+.0%} [{low:+.0%}, {high:+.0%}] (bootstrap over questions)")
     if traced is not None:
         from ragsieve.pipeline.explain import print_explain
 
