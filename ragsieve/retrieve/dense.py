@@ -179,6 +179,36 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
     return x / norms
 
 
+def passage_vectors(
+    passages: Sequence[Passage],
+    embeddings: "np.ndarray | None" = None,
+    *,
+    encoder: "SentenceTransformer | None" = None,
+    encoder_spec: str = DEFAULT_ENCODER,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    show_progress: bool | None = None,
+) -> tuple[np.ndarray, int | None, "SentenceTransformer | None"]:
+    """(unit rows, how many texts were truncated or None if unknown, the encoder used) for ``passages``:
+    encoded with ``encoder`` (loaded from ``encoder_spec`` if None), or ``embeddings`` checked and normalised.
+
+    Example::
+
+        vecs, truncated, encoder = passage_vectors([Passage(id="p1", text="Paris is in France.")])
+    """
+    if embeddings is not None:
+        vecs = np.asarray(embeddings)
+        if vecs.ndim != 2 or vecs.shape[0] != len(passages):
+            raise RagsieveError(f"embeddings have shape {vecs.shape}; expected ({len(passages)}, dim)")
+        return normalise_rows(vecs), None, encoder
+    if encoder is None:
+        from ragsieve.models.encoder import load_encoder
+
+        encoder = load_encoder(encoder_spec)
+    texts = [p.full_text for p in passages]
+    truncated = report_truncated(encoder, texts)
+    return embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress), truncated, encoder
+
+
 def make_faiss_index(
     embeddings: np.ndarray,
     *,
@@ -287,20 +317,10 @@ class DenseRetriever(Retriever):
             dense = DenseRetriever.build(passages, embeddings=vecs, exact=True)
         """
         passages = check_passages(passages)
-        truncated = truncated_count
-        if embeddings is None:
-            if encoder is None:
-                from ragsieve.models.encoder import load_encoder
-
-                encoder = load_encoder(encoder_spec)
-            texts = [p.full_text for p in passages]
-            truncated = report_truncated(encoder, texts)
-            vecs = embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress)
-        else:
-            vecs = np.asarray(embeddings)
-            if vecs.ndim != 2 or vecs.shape[0] != len(passages):
-                raise RagsieveError(f"embeddings have shape {vecs.shape}; expected ({len(passages)}, dim)")
-            vecs = normalise_rows(vecs)
+        vecs, truncated, encoder = passage_vectors(passages, embeddings, encoder=encoder, encoder_spec=encoder_spec,
+                                                   batch_size=batch_size, show_progress=show_progress)
+        if embeddings is not None:
+            truncated = truncated_count  # the caller's encoding: only it knows
         index = make_faiss_index(vecs, exact=exact, m=m, ef_construction=ef_construction, ef_search=ef_search)
         return cls(
             passages,

@@ -48,7 +48,7 @@ from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.retrieve.base import Hit, Retriever, _check_k, check_passages
 from ragsieve.retrieve.dense import (
     DEFAULT_BATCH_SIZE, DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_M, embed_texts, report_truncated,
-    encode_queries, load_index_encoder, normalise_rows,
+    encode_queries, load_index_encoder, normalise_rows, passage_vectors,
 )
 
 if TYPE_CHECKING:
@@ -282,20 +282,8 @@ def build_store_index(
                             f"{_MAX_EF_SEARCH}, got m={m}, ef_construction={ef_construction}, ef_search={ef_search}")
     check_store_target(url, overwrite=overwrite)  # before the (long) encoding, not after it
 
-    truncated: int | None = None
-    if embeddings is None:
-        if encoder is None:
-            from ragsieve.models.encoder import load_encoder
-
-            encoder = load_encoder(encoder_spec)
-        texts = [p.full_text for p in passages]
-        truncated = report_truncated(encoder, texts)
-        vecs = embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress)
-    else:
-        vecs = np.asarray(embeddings)
-        if vecs.ndim != 2 or vecs.shape[0] != len(passages):
-            raise RagsieveError(f"embeddings have shape {vecs.shape}; expected ({len(passages)}, dim)")
-        vecs = normalise_rows(vecs)
+    vecs, truncated, encoder = passage_vectors(passages, embeddings, encoder=encoder, encoder_spec=encoder_spec,
+                                               batch_size=batch_size, show_progress=show_progress)
     dim = int(vecs.shape[1])
     manifest = {
         "format_version": FORMAT_VERSION,
