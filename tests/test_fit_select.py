@@ -177,6 +177,24 @@ def test_do_no_harm_says_measurably_worse_only_on_a_paired_test():
     assert tokens["change"] == pytest.approx(-0.3) and tokens["ci95"] == pytest.approx([-0.3, -0.3])
 
 
+def test_frugal_takes_the_fewest_tokens_not_measurably_less_accurate_on_dev():
+    from ragsieve.fit.select import Choice, choose
+
+    def row(choice, correct, tokens):
+        return {"name": choice.name, "choice": choice, "correct": correct, "correct_count": sum(correct),
+                "prompt_tokens": float(tokens)}
+
+    best = row(Choice(3, "embedded:base"), [1] * 30 + [0] * 10, 400)  # the most accurate
+    near = row(Choice(1), [1] * 28 + [0] * 12, 120)  # 2 fewer right: McNemar p = 0.5, no measurable difference
+    cheap_worse = row(Choice(0), [0] * 40, 20)  # 30 fewer right: measurably worse
+    rows = [best, near, cheap_worse]
+    assert choose(rows)["name"] == best["name"]  # accuracy: the most correct
+    assert choose(rows, "frugal")["name"] == near["name"]  # the same answers as far as dev tells, less context
+    assert choose(rows, "frugal", alpha=0.6)["name"] == best["name"]  # a looser alpha calls 2 of 2 measurable
+    equal_and_cheaper = row(Choice(2), [1] * 30 + [0] * 10, 300)
+    assert choose([best, equal_and_cheaper], "frugal")["name"] == equal_and_cheaper["name"]
+
+
 def test_every_fit_experiment_file_validates():
     """experiments/sieve_*.yaml are FitConfig files (bench/fit.py --config): their schema follows FitConfig's."""
     from pathlib import Path

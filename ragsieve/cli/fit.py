@@ -33,7 +33,8 @@ def fit_cmd(
         None, "--ray", help="Run Conf(Q+C) and the generations on Ray Data: 'local' or a cluster address."
     ),
     objective: Optional[str] = typer.Option(
-        None, "--objective", help="Choose the sieve for: accuracy (default) | tokens=<mean prompt tokens budget>."
+        None, "--objective", help="Choose the sieve for: accuracy (default) | frugal (fewest prompt tokens "
+        "among the configurations not measurably less accurate on dev) | tokens=<mean prompt tokens budget>."
     ),
     records: Optional[Path] = typer.Option(
         None, "--records", help="Folder of text-free records (answers by prompt digest, confidence shifts by id), "

@@ -77,9 +77,11 @@ class SelectConfig(StrictConfig):
     the prompt best first or best last, optionally behind the CBDR gate (β: the gate policy's, or the
     quantiles of dev Conf(Q), when a probe exists; ``gate: none`` tries no gate, ``gate: budget=x`` keeps
     every retrieving configuration behind the budget's β). The most accurate on dev wins; ties go to fewer
-    prompt tokens. ``objective: tokens=300`` chooses among the configurations within 300 mean prompt
-    tokens instead. Placements are searched around the best configurations (``placement_search: refine``)
-    unless ``placement_search: full``. The grid is raced (``race``): a configuration measurably beaten by
+    prompt tokens. ``objective: frugal`` takes the configuration with the fewest prompt tokens among those
+    whose dev answers are not measurably worse than the most accurate one's (exact McNemar, p ≥ ``alpha``):
+    the same answers from less context, as far as dev can tell. ``objective: tokens=300`` chooses among the
+    configurations within 300 mean prompt tokens instead. Placements are searched around the best
+    configurations (``placement_search: refine``) unless ``placement_search: full``. The grid is raced (``race``): a configuration measurably beaten by
     one no more expensive stops being answered early.
     """
 
@@ -95,7 +97,8 @@ class SelectConfig(StrictConfig):
     placement_search: Literal["refine", "full"] = "refine"
     refine_top: int = Field(3, ge=1)
     objective: str = "accuracy"
-    # the sieve is measurably worse than the best plain configuration on test (exact McNemar below this)
+    # the sieve is measurably worse than the best plain configuration on test (exact McNemar below this);
+    # with ``objective: frugal``, also what "measurably worse than the most accurate" means on dev
     alpha: float = Field(0.05, gt=0, lt=1)
     n_boot: int = Field(2000, ge=100)
     # racing (Selection.race): the grid is answered on the dev questions in order, ``race_min`` first, then
@@ -215,11 +218,15 @@ def gate_budget(policy: str) -> Optional[float]:
     return budget
 
 
+#: the objectives ``select.objective`` takes besides ``tokens=<budget>``
+OBJECTIVES = ("accuracy", "frugal")
+
+
 def token_budget(objective: str) -> Optional[float]:
-    """``tokens=300`` → 300.0; ``accuracy`` → None; anything else is a ValueError."""
-    if objective == "accuracy":
+    """``tokens=300`` → 300.0; ``accuracy`` and ``frugal`` → None; anything else is a ValueError."""
+    if objective in OBJECTIVES:
         return None
     budget = _named_number(objective, "tokens")
     if budget is None or budget <= 0:
-        raise ValueError(f"objective '{objective}': use accuracy or tokens=<mean prompt tokens, > 0>")
+        raise ValueError(f"objective '{objective}': use accuracy, frugal or tokens=<mean prompt tokens, > 0>")
     return budget

@@ -645,7 +645,7 @@ class Fit:
         rows += selection.evaluate(refined, dev)
         plain_rows = selection.evaluate(selection.plain(c.plain_ks), dev)
         used = {k: v - start[k] for k, v in self.answers.stats().items()}
-        chosen, best_plain = choose(rows, c.objective), choose(plain_rows)
+        chosen, best_plain = choose(rows, c.objective, alpha=c.alpha), choose(plain_rows)
         closed_row = selection.evaluate([Choice(0)], dev)[0]
         asked_on_dev = len(selection.asked)  # the test questions are asked below
         on_test = dict(zip(("chosen", "best_plain", "closed_book"), selection.evaluate(

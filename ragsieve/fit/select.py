@@ -433,16 +433,33 @@ def raced_out(row: dict[str, Any]) -> bool:
     return row.get("raced_out_after") is not None
 
 
-def choose(rows: Sequence[dict[str, Any]], objective: str = "accuracy") -> dict[str, Any]:
+def choose(rows: Sequence[dict[str, Any]], objective: str = "accuracy", *, alpha: float = 0.05) -> dict[str, Any]:
     """The most accurate row (``tokens=<budget>``: among those within the budget of mean prompt tokens, or
     the cheapest if none is); ties go to fewer prompt tokens, then to the simpler configuration. Rows the race
-    dropped cannot win (something no more expensive answered measurably better)."""
+    dropped cannot win (something no more expensive answered measurably better).
+
+    ``frugal``: the row with the fewest mean prompt tokens among those not measurably worse than the most
+    accurate row on the same questions (two-sided exact McNemar p ≥ ``alpha``, or no fewer correct); ties go
+    to the more accurate, then the simpler. A small dev split tells few differences apart, so this leans to
+    cheap configurations; ``fit``'s do-no-harm check on test still guards the best plain one's accuracy."""
     budget = token_budget(objective)
     pool = [r for r in rows if not raced_out(r)] or list(rows)
     if budget is not None:
         within = [r for r in pool if r["prompt_tokens"] <= budget]
         pool = within or [min(pool, key=lambda r: r["prompt_tokens"])]
-    return min(pool, key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))
+    most = min(pool, key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))
+    if objective != "frugal":
+        return most
+    from ragsieve.eval.stats import mcnemar_exact
+
+    def as_good(row: dict[str, Any]) -> bool:
+        if row is most or row["correct_count"] >= most["correct_count"]:
+            return True
+        same_questions = len(row["correct"]) == len(most["correct"])
+        return same_questions and mcnemar_exact(row["correct"], most["correct"]).p_value >= alpha
+
+    return min((r for r in pool if as_good(r)),
+               key=lambda r: (round(r["prompt_tokens"], 6), -r["correct_count"], r["choice"].simplicity))
 
 
 def frontier(rows: Sequence[dict[str, Any]], cost: str) -> list[int]:
