@@ -70,12 +70,9 @@ def resolve_model(spec: str, workdir: Path) -> tuple[str, str | None]:
 
         spec = ServeConfig().reranker  # what `ragsieve serve` serves with no option
     if spec == "minilm":
-        from sentence_transformers import CrossEncoder
+        from tools.baselines import minilm_cross_encoder
 
-        from ragsieve.models import get_embedded
-
-        target = workdir / "minilm-ce"
-        CrossEncoder(str(get_embedded("all-minilm-l6-v2").path()), num_labels=1, max_length=512).save(str(target))
+        target = minilm_cross_encoder(workdir / "minilm-ce")
         return f"cross-encoder:{target}", str(target)
     if Path(spec).is_dir():
         return f"cross-encoder:{spec}", spec
