@@ -216,14 +216,21 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     cfg = tmp_path / "distill.yaml"
     cfg.write_text(
         f"experiment: rerank_distill\nout_dir: {out}\nparams:\n  mined_dir: {mined}\n  teacher: {teacher_dir}\n"
-        "  students: [{name: fast, layers: 1, tolerance: 0.02}]\n"
+        "  students: [{name: fast, layers: 1, tolerance: 0.02}, {name: base, layers: 2, tolerance: 1.0},"
+        " {name: base, layers: 1, tolerance: 1.0}]\n"
         "  distill: {group_size: 3, batch_size: 2, max_steps: 2, eval_steps: 1, max_length: 64, dev_docs: 4,"
         " teacher_scale: 1.0}\n"
         f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n"
         f"  records: {tmp_path / 'records'}\n")
     result = run_experiment_file(cfg)
+    # per name, fewest layers first: a tolerance of 1.0 lets base-1l take the name, so base-2l never trains
+    assert result["students"]["base-1l"]["shipped"] and (tmp_path / "assets" / "base-reranker").is_dir()
+    assert result["students"]["base-2l"] == {"name": "base", "layers": 2, "tolerance": 1.0, "shipped": False,
+                                             "trained": False, "why": "not trained: base-1l took embedded:base"}
+    assert not (out / "work" / "students" / "base-2l").exists()
     rows = result["evaluation"]["by_dataset"]["fever"]
-    assert set(rows) == {"teacher", "cosine", "fast-1l", "fast-1l-onnx-int8"} and rows["fast-1l"]["n"] == 3
+    assert set(rows) == {"teacher", "cosine", "fast-1l", "fast-1l-onnx-int8", "base-1l", "base-1l-onnx-int8"}
+    assert rows["fast-1l"]["n"] == 3
     assert {"diff", "low", "high"} <= set(rows["fast-1l"]["vs_teacher"]) and "vs_cosine" in rows["teacher"]
     assert 0.0 <= rows["teacher"]["ece"]["mean"] <= 1.0 and 0.0 <= rows["fast-1l"]["ece"]["mean"] <= 1.0
     verdict = result["students"]["fast-1l"]

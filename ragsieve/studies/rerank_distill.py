@@ -24,6 +24,9 @@ ships a student only when it keeps the teacher's quality. Phases, each resumable
    point estimate and not measurably below cosine anywhere is written to ``ragsieve/assets/<asset>``
    (fp16 safetensors, int8 ONNX, card with its calibration); ``embedded:<name>`` then resolves to it.
 
+Phases 3-5 run student by student: per asset name, fewest layers first, and once a student takes the
+name the larger candidates for it are not trained.
+
 With ``records`` (a committed folder, :mod:`ragsieve.data.score_records`), the deterministic phases also resume
 on another machine: mined rows as ids (text joined back from the data), the teacher's logits and the teacher's
 and cosine's held-out scores by (query id, passage id), each folder tied to its teacher or recipe by ``meta.json``.
@@ -47,6 +50,7 @@ import numpy as np
 from pydantic import Field
 from rich.console import Console
 
+from ragsieve.atomic import atomic_file
 from ragsieve.benchmarks.mining import SOURCES, MiningConfig
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
@@ -269,24 +273,31 @@ class RerankDistillStudy:
         console.print(f"mined rows: {counts}")
         teacher = self.freeze_teacher(cfg, work)
         train, dev = self.teacher_rows(cfg, mined, teacher, work, console)
-        result: dict = {"mined_rows": counts, "teacher": str(teacher), "students": {}}
-        finals = {}
-        for student in cfg.students:
-            finals[student.key] = self.train(cfg, student, teacher, train, dev, work, console)
-        result["evaluation"] = self.evaluate(cfg, teacher, finals, dev, work, console)
-        shipped: set[str] = set()
-        # fewest layers first: the fastest candidate within target takes the name
-        for student in sorted(cfg.students, key=lambda st: st.layers):
-            verdict = result["evaluation"]["verdicts"][student.key]
-            result["students"][student.key] = {"name": student.name, "layers": student.layers,
-                                               "tolerance": student.tolerance, **verdict, "shipped": False}
-            if student.ship and verdict["ship"] and student.name not in shipped:
-                self.ship(cfg, student, finals[student.key], teacher, dev, work, result)
-                shipped.add(student.name)
-                result["students"][student.key]["shipped"] = True
-                console.print(f"shipped {student.key} as embedded:{student.name}")
-            else:
-                console.print(f"{student.key} not shipped: {verdict['why']}")
+        result: dict = {"mined_rows": counts, "teacher": str(teacher), "students": {},
+                        "evaluation": {"by_dataset": {}, "verdicts": {}}}
+        taken: dict[str, str] = {}  # asset name → the student that took it
+        # per name, fewest layers first: train, evaluate, ship; once one takes the name, the larger ones are
+        # not trained (the fastest candidate within target wins, and a 4-layer student costs ≈ 70 min)
+        for name in dict.fromkeys(st.name for st in cfg.students):
+            for student in sorted((st for st in cfg.students if st.name == name), key=lambda st: st.layers):
+                entry = {"name": student.name, "layers": student.layers, "tolerance": student.tolerance,
+                         "shipped": False}
+                if name in taken:
+                    result["students"][student.key] = {**entry, "trained": False,
+                                                       "why": f"not trained: {taken[name]} took embedded:{name}"}
+                    continue
+                final = self.train(cfg, student, teacher, train, dev, work, console)
+                result["evaluation"] = self.evaluate(cfg, teacher, {student.key: final}, dev, work, console,
+                                                     [student], result["evaluation"]["verdicts"])
+                verdict = result["evaluation"]["verdicts"][student.key]
+                result["students"][student.key] = {**entry, "trained": True, **verdict}
+                if student.ship and verdict["ship"]:
+                    self.ship(cfg, student, final, teacher, dev, work, result)
+                    taken[name] = student.key
+                    result["students"][student.key]["shipped"] = True
+                    console.print(f"shipped {student.key} as embedded:{student.name}")
+                else:
+                    console.print(f"{student.key} not shipped: {verdict['why']}")
         result["seconds"] = time.perf_counter() - t0
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
@@ -430,41 +441,49 @@ class RerankDistillStudy:
         return out
 
     def evaluate(self, cfg: RerankDistillConfig, teacher: Path, finals: dict[str, Path], dev: list[dict],
-                 work: Path, console: Console) -> dict:
-        """Held-out nDCG@10 per set and ranker, paired differences (queries resampled), ECE, ship verdicts."""
+                 work: Path, console: Console, students: Sequence[StudentConfig] = (),
+                 verdicts: dict | None = None) -> dict:
+        """Held-out nDCG@10 per set and ranker, paired differences (queries resampled), ECE, and the ship
+        verdicts of ``students`` (added to ``verdicts``). Each set's per-query values and rows are cached in
+        ``work/eval/<set>.json`` and extended ranker by ranker, so a student evaluated later is compared
+        with the teacher and cosine on the same queries without scoring them again."""
         from ragsieve.benchmarks.forgetting import heldout_queries
         from ragsieve.benchmarks.relevance import per_query
         from ragsieve.eval.stats import bootstrap_ci, paired_bootstrap
 
-        out: dict = {"by_dataset": {}, "verdicts": {}}
+        out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
         for name in cfg.datasets:
-            queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
             cache = work / "eval" / f"{name}.json"
-            if cache.is_file():
-                out["by_dataset"][name] = json.loads(cache.read_text())
-                continue
-            rankers = self.rankers(cfg, teacher, finals, dev, queries, name)
-            per = {r: per_query(ranker, queries, ks=(10,), measures=("nDCG",))["nDCG@10"]
-                   for r, ranker in rankers.items()}
-            qids = [q.query_id for q in queries]
-            rows: dict = {}
-            for r, values in per.items():
-                v = np.array([values[q] for q in qids])
-                est, lo, hi = bootstrap_ci(v, n_boot=cfg.bootstrap, seed=cfg.seed)
-                rows[r] = {"n": len(qids), "nDCG@10": {"mean": est, "low": lo, "high": hi}}
-                for ref in ("teacher", "cosine"):
-                    if r != ref:
-                        rows[r][f"vs_{ref}"] = paired_bootstrap(
-                            v, [per[ref][q] for q in qids], n_boot=cfg.bootstrap, seed=cfg.seed).to_dict()
-                if r != "cosine":  # the memo already holds every query's scores: ECE costs nothing more
-                    ece = heldout_calibration(rankers[r], [name], cfg.eval_queries, cfg.ece_bins,
-                                              cfg.bootstrap, cfg.seed, cfg.data_dir)[name]["ece"]
-                    rows[r]["ece"] = ece
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(rows))
-            out["by_dataset"][name] = rows
-            console.print(name, {r: round(rows[r]["nDCG@10"]["mean"], 3) for r in rows})
-        for student in cfg.students:
+            stored = json.loads(cache.read_text()) if cache.is_file() else {"per_query": {}, "rows": {}}
+            wanted = ["teacher", "cosine", *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
+            missing = [r for r in wanted if r not in stored["rows"]]
+            if missing:
+                queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
+                qids = [q.query_id for q in queries]
+                rankers = {r: ranker for r, ranker in self.rankers(
+                    cfg, teacher, {k: v for k, v in finals.items() if k in missing}, dev, queries, name).items()
+                    if r in missing}
+                per = stored["per_query"]
+                for r, ranker in rankers.items():
+                    per[r] = per_query(ranker, queries, ks=(10,), measures=("nDCG",))["nDCG@10"]
+                for r in rankers:
+                    v = np.array([per[r][q] for q in qids])
+                    est, lo, hi = bootstrap_ci(v, n_boot=cfg.bootstrap, seed=cfg.seed)
+                    row = {"n": len(qids), "nDCG@10": {"mean": est, "low": lo, "high": hi}}
+                    for ref in ("teacher", "cosine"):
+                        if r != ref:
+                            row[f"vs_{ref}"] = paired_bootstrap(
+                                v, [per[ref][q] for q in qids], n_boot=cfg.bootstrap, seed=cfg.seed).to_dict()
+                    if r != "cosine":  # the memo already holds every query's scores: ECE costs nothing more
+                        row["ece"] = heldout_calibration(rankers[r], [name], cfg.eval_queries, cfg.ece_bins,
+                                                         cfg.bootstrap, cfg.seed, cfg.data_dir)[name]["ece"]
+                    stored["rows"][r] = row
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_file(cache) as tmp:
+                    tmp.write_text(json.dumps(stored))
+                console.print(name, {r: round(stored["rows"][r]["nDCG@10"]["mean"], 3) for r in rankers})
+            out["by_dataset"][name] = stored["rows"]
+        for student in students:
             int8_key = f"{student.key}-onnx-int8"
             # judged as it would ship: on int8 ONNX if that variant meets the targets itself, else on fp32
             int8_why = shortfall(out["by_dataset"], int8_key, student.tolerance)
