@@ -81,8 +81,8 @@ class SelectConfig(StrictConfig):
     whose dev answers are not measurably worse than the most accurate one's (exact McNemar, p ≥ ``alpha``):
     the same answers from less context, as far as dev can tell. ``objective: tokens=300`` chooses among the
     configurations within 300 mean prompt tokens instead. Placements are searched around the best
-    configurations (``placement_search: refine``) unless ``placement_search: full``. The grid is raced (``race``): a configuration measurably beaten by
-    one no more expensive stops being answered early.
+    configurations (``placement_search: refine``) unless ``placement_search: full``. The grid is raced
+    (``race``): a configuration measurably beaten by one no more expensive stops being answered early.
     """
 
     ks: list[int] = Field(default_factory=_grid_default_ks)

@@ -280,7 +280,7 @@ class RerankDistillStudy:
                         "evaluation": {"by_dataset": {}, "verdicts": {}}}
         taken: dict[str, str] = {}  # asset name → the student that took it
         # per name, fewest layers first: train, evaluate, ship; once one takes the name, the larger ones are
-        # not trained (the fastest candidate within target wins, and a 4-layer student costs ≈ 70 min)
+        # not trained (the fastest candidate within target wins, and each larger one costs an hour or more)
         for name in dict.fromkeys(st.name for st in cfg.students):
             for student in sorted((st for st in cfg.students if st.name == name), key=lambda st: st.layers):
                 entry = {"name": student.name, "layers": student.layers, "tolerance": student.tolerance,
