@@ -403,14 +403,12 @@ class RerankDistillStudy:
         return final
 
     @staticmethod
-    def rankers(cfg: RerankDistillConfig, teacher: Path, finals: dict[str, Path], dev: list[dict],
-                queries, dataset: str = "") -> dict[str, BaseRanker]:
-        """Teacher (its shipped mix and calibration), MiniLM cosine and each student calibrated on
-        :func:`calibration_pairs`. With ``cfg.records``, the teacher's and cosine's held-out scores (which
-        never change) are read from and added to ``<records>/eval-teacher`` and ``<records>/eval-cosine``."""
+    def references(cfg: RerankDistillConfig, teacher: Path, queries, dataset: str = "") -> dict[str, BaseRanker]:
+        """Teacher (its shipped mix and calibration) and MiniLM cosine over ``queries``' candidates. With
+        ``cfg.records``, their held-out scores (which never change) are read from and added to
+        ``<records>/eval-teacher`` and ``<records>/eval-cosine``."""
         from ragsieve.data.score_records import PairScores
         from ragsieve.rerank.mixed import CosineMixRanker
-        from ragsieve.rerank.neural import CrossEncoderRanker
         from ragsieve.rerank.shipped import load_shipped_reranker, read_card
         from ragsieve.studies.rerank_base import CosineOverCandidates
 
@@ -429,7 +427,14 @@ class RerankDistillStudy:
                              "cosine_weight": float(card.get("cosine_weight", 0.0)),
                              "cosine_scale": float(card.get("cosine_scale", 20.0))}),
                 ("cosine", {"encoder": cfg.encoder}))}
-        out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
+        return {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
+
+    @staticmethod
+    def students(cfg: RerankDistillConfig, finals: dict[str, Path], dev: list[dict]) -> dict[str, _Remembered]:
+        """Each student on fp32 and on int8 ONNX, calibrated on :func:`calibration_pairs` (≈ 4k dev pairs)."""
+        from ragsieve.rerank.neural import CrossEncoderRanker
+
+        out: dict[str, _Remembered] = {}
         qs, ps, ys = calibration_pairs(cfg, dev)
         for name, final in finals.items():
             student = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length)
@@ -456,6 +461,7 @@ class RerankDistillStudy:
         from ragsieve.eval.stats import bootstrap_ci, paired_bootstrap
 
         out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
+        students_by_key: dict[str, _Remembered] | None = None
         for name in cfg.datasets:
             cache = work / "eval" / f"{name}.json"
             stored = json.loads(cache.read_text()) if cache.is_file() else {"per_query": {}, "rows": {}}
@@ -464,9 +470,12 @@ class RerankDistillStudy:
             if missing:
                 queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
                 qids = [q.query_id for q in queries]
-                rankers = {r: ranker for r, ranker in self.rankers(
-                    cfg, teacher, {k: v for k, v in finals.items() if k in missing}, dev, queries, name).items()
-                    if r in missing}
+                if students_by_key is None:  # built (calibrated, exported) once for all sets
+                    students_by_key = self.students(cfg, finals, dev)
+                for ranker in students_by_key.values():
+                    ranker.memo.clear()  # one set's scores at a time
+                rankers = {r: ranker for r, ranker in {**self.references(cfg, teacher, queries, name),
+                                                        **students_by_key}.items() if r in missing}
                 per = stored["per_query"]
                 for r, ranker in rankers.items():
                     per[r] = per_query(ranker, queries, ks=(10,), measures=("nDCG",))["nDCG@10"]
