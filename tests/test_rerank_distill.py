@@ -263,6 +263,11 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     assert ((0 <= p) & (p <= 1)).all()
     again = run_experiment_file(cfg)  # everything cached: nothing trains or scores again
     assert again["evaluation"]["by_dataset"] == result["evaluation"]["by_dataset"]
+    reported = run_experiment_file(cfg, report_only=True)  # the tables from the cache alone
+    verdicts = result["evaluation"]["verdicts"]
+    assert reported["evaluation"]["verdicts"] == {k: verdicts[k] for k in ("fast-1l", "base-1l")}
+    tables = (out / "TABLES.md").read_text()
+    assert "## `fast-1l` (1 layer)" in tables and "| fever | 3 |" in tables
 
     # another machine: the work folder's scores are gone, the committed records are not
     records = tmp_path / "records"

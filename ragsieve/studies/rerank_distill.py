@@ -245,6 +245,56 @@ def shortfall(by_dataset: dict[str, dict], key: str, tolerance: float) -> str:
                                    f"measurably below cosine on {', '.join(below)}" if below else ""]))
 
 
+def student_verdict(by_dataset: dict[str, dict], student: StudentConfig) -> dict:
+    """Whether ``student`` ships, judged as it would ship: on int8 ONNX if that variant meets the targets
+    itself, else on fp32 (:func:`shortfall`)."""
+    int8_key = f"{student.key}-onnx-int8"
+    int8_why = shortfall(by_dataset, int8_key, student.tolerance)
+    why = int8_why and shortfall(by_dataset, student.key, student.tolerance)
+    int8_gap = max(rows[student.key]["nDCG@10"]["mean"] - rows[int8_key]["nDCG@10"]["mean"]
+                   for rows in by_dataset.values())
+    return {"ship": not why, "why": why or "within target", "backend": "torch" if int8_why else "onnx-int8",
+            "int8_why": int8_why or "within target", "int8_max_ndcg10_loss": int8_gap}
+
+
+def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig], verdicts: dict) -> str:
+    """Markdown: per student, each held-out set's nDCG@10 (teacher, cosine, student fp32 / int8), the paired
+    differences and ECE, from the evaluation rows (:meth:`RerankDistillStudy.evaluate`)."""
+    def mean(d: dict | None) -> str:
+        return "–" if d is None else f"{d['mean']:.3f}"
+
+    def interval(d: dict | None) -> str:
+        return "–" if d is None else f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"
+
+    def diff(d: dict | None) -> str:
+        return "–" if d is None else f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+    lines = ["# rerank_distill: held-out tables", "",
+             "Written by `ragsieve run experiments/rerank_distill.yaml` (or `--report-only`) from the cached "
+             "evaluation. nDCG@10 reranking BM25's top-20; n = queries; every interval and paired difference "
+             "resamples whole queries; ECE: 10 equal-width bins of the calibrated probability, every candidate "
+             "one pair.", ""]
+    for student in students:
+        key, int8 = student.key, f"{student.key}-onnx-int8"
+        v = verdicts[key]
+        layers = f"{student.layers} layer{'s' if student.layers != 1 else ''}"
+        lines += [f"## `{key}` ({layers}) for `embedded:{student.name}`, tolerance {student.tolerance}",
+                  "", f"**{'ships' if v['ship'] else 'missed'}** ({v['why']}); int8: {v['int8_why']}; "
+                  f"backend {v['backend']}; largest int8 − fp32 nDCG@10 loss {v['int8_max_ndcg10_loss']:.3f}.", "",
+                  "| set | n | teacher | cosine | fp32 | int8 | fp32 − teacher | int8 − teacher | fp32 − cosine "
+                  "| int8 − cosine | ECE teacher | ECE fp32 | ECE int8 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, rows in by_dataset.items():
+            t, c, f, q = (rows.get(r) for r in ("teacher", "cosine", key, int8))
+            lines.append(" | ".join([
+                f"| {name}", str(f["n"]), mean(t["nDCG@10"]), mean(c["nDCG@10"]), mean(f["nDCG@10"]),
+                mean(q and q["nDCG@10"]), diff(f["vs_teacher"]), diff(q and q["vs_teacher"]),
+                diff(f["vs_cosine"]), diff(q and q["vs_cosine"]), interval(t.get("ece")), interval(f.get("ece")),
+                interval(q and q.get("ece"))]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def teacher_identity(teacher: Path) -> dict:
     """What makes the teacher's logits what they are: its weights' sha256 and its truncation length."""
     from ragsieve.artifacts import file_sha256
@@ -303,7 +353,23 @@ class RerankDistillStudy:
                     console.print(f"{student.key} not shipped: {verdict['why']}")
         result["seconds"] = time.perf_counter() - t0
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+        self.report(cfg, out_dir, console)
         return result
+
+    def report(self, cfg: RerankDistillConfig, out_dir: Path, console: Console) -> dict:
+        """``TABLES.md`` from the held-out evaluation cached so far (``work/eval``): every student evaluated
+        on all sets, with its verdict. Trains and scores nothing (``ragsieve run ... --report-only``)."""
+        eval_dir = Path(out_dir) / "work" / "eval"
+        by_dataset = {name: json.loads((eval_dir / f"{name}.json").read_text())["rows"]
+                      for name in cfg.datasets if (eval_dir / f"{name}.json").is_file()}
+        if not by_dataset:
+            raise RagsieveError(f"{eval_dir} holds no held-out evaluation yet: run the experiment first")
+        students = [st for st in cfg.students if len(by_dataset) == len(cfg.datasets)
+                    and all(f"{st.key}-onnx-int8" in rows for rows in by_dataset.values())]
+        verdicts = {st.key: student_verdict(by_dataset, st) for st in students}
+        (Path(out_dir) / "TABLES.md").write_text(distill_tables(by_dataset, students, verdicts))
+        console.print(f"{Path(out_dir) / 'TABLES.md'}: {', '.join(verdicts) or 'no student evaluated on every set'}")
+        return {"evaluation": {"by_dataset": by_dataset, "verdicts": verdicts}}
 
     @staticmethod
     def mined_from_records(cfg: RerankDistillConfig, mined: Path, console: Console) -> None:
@@ -497,15 +563,7 @@ class RerankDistillStudy:
                 console.print(name, {r: round(stored["rows"][r]["nDCG@10"]["mean"], 3) for r in rankers})
             out["by_dataset"][name] = stored["rows"]
         for student in students:
-            int8_key = f"{student.key}-onnx-int8"
-            # judged as it would ship: on int8 ONNX if that variant meets the targets itself, else on fp32
-            int8_why = shortfall(out["by_dataset"], int8_key, student.tolerance)
-            why = int8_why and shortfall(out["by_dataset"], student.key, student.tolerance)
-            int8_gap = max(rows[student.key]["nDCG@10"]["mean"] - rows[int8_key]["nDCG@10"]["mean"]
-                           for rows in out["by_dataset"].values())
-            out["verdicts"][student.key] = {
-                "ship": not why, "why": why or "within target", "backend": "torch" if int8_why else "onnx-int8",
-                "int8_why": int8_why or "within target", "int8_max_ndcg10_loss": int8_gap}
+            out["verdicts"][student.key] = student_verdict(out["by_dataset"], student)
         return out
 
     @staticmethod
