@@ -229,7 +229,8 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
                                              "trained": False, "why": "not trained: base-1l took embedded:base"}
     assert not (out / "work" / "students" / "base-2l").exists()
     rows = result["evaluation"]["by_dataset"]["fever"]
-    assert set(rows) == {"teacher", "cosine", "fast-1l", "fast-1l-onnx-int8", "base-1l", "base-1l-onnx-int8"}
+    assert set(rows) == {"teacher", "cosine", "teacher-cross-encoder", "fast-1l", "fast-1l-onnx-int8", "base-1l",
+                         "base-1l-onnx-int8"}
     assert rows["fast-1l"]["n"] == 3
     assert {"diff", "low", "high"} <= set(rows["fast-1l"]["vs_teacher"]) and "vs_cosine" in rows["teacher"]
     assert 0.0 <= rows["teacher"]["ece"]["mean"] <= 1.0 and 0.0 <= rows["fast-1l"]["ece"]["mean"] <= 1.0
@@ -267,7 +268,7 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     verdicts = result["evaluation"]["verdicts"]
     assert reported["evaluation"]["verdicts"] == {k: verdicts[k] for k in ("fast-1l", "base-1l")}
     tables = (out / "TABLES.md").read_text()
-    assert "## `fast-1l` (1 layer)" in tables and "| fever | 3 |" in tables
+    assert "## `fast-1l` (1 layer)" in tables and "| fever | 3 |" in tables and "cross-encoder alone" in tables
 
     # another machine: the work folder's scores are gone, the committed records are not
     records = tmp_path / "records"
@@ -279,7 +280,7 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     shutil.rmtree(work / "eval")
     third = run_experiment_file(cfg)
     assert {f: f.read_bytes() for f in records.rglob("*.gz")} == before  # nothing scored again
-    for ranker in ("teacher", "cosine"):
+    for ranker in ("teacher", "cosine", "teacher-cross-encoder"):  # the last from the records: mix − cosine term
         assert third["evaluation"]["by_dataset"]["fever"][ranker]["nDCG@10"] == rows[ranker]["nDCG@10"]
 
 
@@ -301,3 +302,17 @@ def test_calibration_pairs_use_the_dev_questions_candidate_lists():
     assert qs.count(rows[0]["query"]) == 6 and qs.count(rows[1]["query"]) == 6  # 1 gold + 5 negatives each
     groups = calibration_pairs(RerankDistillConfig(calibration="dev-groups"), rows)
     assert len(groups[0]) == 18
+
+
+def test_the_teachers_cross_encoder_alone_is_its_mix_minus_the_cosine_term(teacher_dir):
+    from ragsieve.benchmarks.forgetting import heldout_queries
+    from ragsieve.rerank.neural import CrossEncoderRanker
+    from ragsieve.studies.rerank_distill import CROSS_ALONE, RerankDistillStudy
+
+    queries = heldout_queries("fever", max_queries=2)
+    refs = RerankDistillStudy.references(RerankDistillStudy.Config(teacher=str(teacher_dir)), teacher_dir, queries)
+    cross = CrossEncoderRanker(str(teacher_dir), max_length=64)
+    for q in queries:
+        passages = list(q.candidates)
+        np.testing.assert_allclose(refs[CROSS_ALONE].score(q.query, passages),
+                                   cross.predict_logits([(q.query, p.full_text) for p in passages]), atol=1e-4)

@@ -161,6 +161,9 @@ class RerankDistillConfig(StrictConfig):
     seed: int = 0
 
 
+CROSS_ALONE = "teacher-cross-encoder"  # the teacher without its cosine term (a reference row, never shipped)
+
+
 def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[list[str], list[str], list[int]]:
     """(queries, passages, labels) a student's calibration is fitted on (see ``RerankDistillConfig.calibration``).
 
@@ -228,6 +231,20 @@ class _Remembered(BaseRanker):
         return self.memo[key]
 
 
+class _WithoutCosine(BaseRanker):
+    """The teacher's cross-encoder alone: its mixed score minus its cosine term (``weight · scale · cosine``),
+    both read from :class:`_Remembered` rankers, so with records it costs no model forward."""
+
+    score_is_probability = False
+
+    def __init__(self, mixed: BaseRanker, cosine: BaseRanker, factor: float) -> None:
+        self.mixed, self.cosine, self.factor = mixed, cosine, factor
+
+    def score(self, query, passages):
+        mixed, cosine = self.mixed.score(query, passages), self.cosine.score(query, passages)
+        return np.asarray(mixed, dtype=float) - self.factor * np.asarray(cosine, dtype=float)
+
+
 def shortfall(by_dataset: dict[str, dict], key: str, tolerance: float) -> str:
     """Why ranker ``key`` misses a student's targets ("" if it meets them): more than ``tolerance`` nDCG@10
     below the teacher on a set (point estimate), or measurably below MiniLM cosine (interval under 0)."""
@@ -274,6 +291,17 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
              "evaluation. nDCG@10 reranking BM25's top-20; n = queries; every interval and paired difference "
              "resamples whole queries; ECE: 10 equal-width bins of the calibrated probability, every candidate "
              "one pair.", ""]
+    if any(CROSS_ALONE in rows for rows in by_dataset.values()):
+        lines += ["## Reference: the teacher's cross-encoder alone (its mix minus the cosine term; no training)", "",
+                  "| set | n | teacher | cosine | cross-encoder alone | − teacher | − cosine |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, rows in by_dataset.items():
+            if CROSS_ALONE in rows:
+                x = rows[CROSS_ALONE]
+                lines.append(" | ".join([f"| {name}", str(x["n"]), mean(rows["teacher"]["nDCG@10"]),
+                                         mean(rows["cosine"]["nDCG@10"]), mean(x["nDCG@10"]), diff(x["vs_teacher"]),
+                                         diff(x["vs_cosine"])]) + " |")
+        lines.append("")
     for student in students:
         key, int8 = student.key, f"{student.key}-onnx-int8"
         v = verdicts[key]
@@ -470,7 +498,8 @@ class RerankDistillStudy:
 
     @staticmethod
     def references(cfg: RerankDistillConfig, teacher: Path, queries, dataset: str = "") -> dict[str, BaseRanker]:
-        """Teacher (its shipped mix and calibration) and MiniLM cosine over ``queries``' candidates. With
+        """Teacher (its shipped mix and calibration), MiniLM cosine over ``queries``' candidates and, for a
+        mixed teacher, its cross-encoder alone (``teacher-cross-encoder``: the mix minus the cosine term). With
         ``cfg.records``, their held-out scores (which never change) are read from and added to
         ``<records>/eval-teacher`` and ``<records>/eval-cosine``."""
         from ragsieve.data.score_records import PairScores
@@ -493,7 +522,11 @@ class RerankDistillStudy:
                              "cosine_weight": float(card.get("cosine_weight", 0.0)),
                              "cosine_scale": float(card.get("cosine_scale", 20.0))}),
                 ("cosine", {"encoder": cfg.encoder}))}
-        return {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
+        out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
+        factor = float(card.get("cosine_weight", 0.0)) * float(card.get("cosine_scale", 20.0))
+        if factor:  # what dropping the second model costs with no training: the student's starting point (6 layers)
+            out[CROSS_ALONE] = _WithoutCosine(out["teacher"], out["cosine"], factor)
+        return out
 
     @staticmethod
     def students(cfg: RerankDistillConfig, finals: dict[str, Path], dev: list[dict]) -> dict[str, _Remembered]:
@@ -525,13 +558,16 @@ class RerankDistillStudy:
         from ragsieve.benchmarks.forgetting import heldout_queries
         from ragsieve.benchmarks.relevance import per_query
         from ragsieve.eval.stats import bootstrap_ci, paired_bootstrap
+        from ragsieve.rerank.shipped import read_card
 
         out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
         students_by_key: dict[str, _Remembered] | None = None
         for name in cfg.datasets:
             cache = work / "eval" / f"{name}.json"
             stored = json.loads(cache.read_text()) if cache.is_file() else {"per_query": {}, "rows": {}}
-            wanted = ["teacher", "cosine", *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
+            mixed = float(read_card(teacher).get("cosine_weight", 0.0)) > 0
+            wanted = ["teacher", "cosine", *([CROSS_ALONE] if mixed else []),
+                      *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
             missing = [r for r in wanted if r not in stored["rows"]]
             if missing:
                 queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
@@ -553,7 +589,7 @@ class RerankDistillStudy:
                         if r != ref:
                             row[f"vs_{ref}"] = paired_bootstrap(
                                 v, [per[ref][q] for q in qids], n_boot=cfg.bootstrap, seed=cfg.seed).to_dict()
-                    if r != "cosine":  # the memo already holds every query's scores: ECE costs nothing more
+                    if r not in ("cosine", CROSS_ALONE):  # ECE from the memo's scores: costs nothing more
                         row["ece"] = heldout_calibration(rankers[r], [name], cfg.eval_queries, cfg.ece_bins,
                                                          cfg.bootstrap, cfg.seed, cfg.data_dir)[name]["ece"]
                     stored["rows"][r] = row

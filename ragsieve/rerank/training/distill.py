@@ -176,7 +176,9 @@ class BlockBatchSampler(DefaultBatchSampler):
 
 
 def dev_samples(mined: Sequence[dict], max_docs: int = 12) -> list[dict]:
-    """Reranking-evaluator samples, documents in cosine order (so its ``base_*`` = MiniLM cosine)."""
+    """Reranking-evaluator samples, documents in the order of each row's stored score, so the evaluator's
+    ``base_*`` is that ranking: MiniLM cosine for freshly mined rows, the teacher's mixed score for rows
+    :func:`cache_teacher_scores` returned (the distillation's dev rows)."""
     out = []
     for m in mined:
         negs = sorted(m["neg"], key=lambda n: -n[2])[: max(1, max_docs - len(m["pos"]))]
