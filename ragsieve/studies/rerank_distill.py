@@ -381,7 +381,7 @@ class RerankDistillStudy:
                     console.print(f"{student.key} not shipped: {verdict['why']}")
         result["seconds"] = time.perf_counter() - t0
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-        self.report(cfg, out_dir, console)
+        self._write_tables(cfg, out_dir, result["evaluation"]["by_dataset"], console)
         return result
 
     def report(self, cfg: RerankDistillConfig, out_dir: Path, console: Console) -> dict:
@@ -392,12 +392,17 @@ class RerankDistillStudy:
                       for name in cfg.datasets if (eval_dir / f"{name}.json").is_file()}
         if not by_dataset:
             raise RagsieveError(f"{eval_dir} holds no held-out evaluation yet: run the experiment first")
+        return {"evaluation": self._write_tables(cfg, out_dir, by_dataset, console)}
+
+    @staticmethod
+    def _write_tables(cfg: RerankDistillConfig, out_dir: Path, by_dataset: dict[str, dict], console: Console) -> dict:
+        """``TABLES.md`` for every student evaluated on all sets; returns the rows and those students' verdicts."""
         students = [st for st in cfg.students if len(by_dataset) == len(cfg.datasets)
                     and all(f"{st.key}-onnx-int8" in rows for rows in by_dataset.values())]
         verdicts = {st.key: student_verdict(by_dataset, st) for st in students}
         (Path(out_dir) / "TABLES.md").write_text(distill_tables(by_dataset, students, verdicts))
         console.print(f"{Path(out_dir) / 'TABLES.md'}: {', '.join(verdicts) or 'no student evaluated on every set'}")
-        return {"evaluation": {"by_dataset": by_dataset, "verdicts": verdicts}}
+        return {"by_dataset": by_dataset, "verdicts": verdicts}
 
     @staticmethod
     def mined_from_records(cfg: RerankDistillConfig, mined: Path, console: Console) -> None:
@@ -523,9 +528,8 @@ class RerankDistillStudy:
                              "cosine_scale": float(card.get("cosine_scale", 20.0))}),
                 ("cosine", {"encoder": cfg.encoder}))}
         out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
-        factor = float(card.get("cosine_weight", 0.0)) * float(card.get("cosine_scale", 20.0))
-        if factor:  # what dropping the second model costs with no training: the student's starting point (6 layers)
-            out[CROSS_ALONE] = _WithoutCosine(out["teacher"], out["cosine"], factor)
+        if isinstance(mix, CosineMixRanker) and mix.weight:  # what dropping the second model costs, untrained
+            out[CROSS_ALONE] = _WithoutCosine(out["teacher"], out["cosine"], mix.weight * mix.scale)
         return out
 
     @staticmethod
@@ -562,12 +566,12 @@ class RerankDistillStudy:
 
         out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
         students_by_key: dict[str, _Remembered] | None = None
+        mixed = float(read_card(teacher).get("cosine_weight", 0.0)) > 0  # then references() adds CROSS_ALONE
+        wanted = ["teacher", "cosine", *([CROSS_ALONE] if mixed else []),
+                  *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
         for name in cfg.datasets:
             cache = work / "eval" / f"{name}.json"
             stored = json.loads(cache.read_text()) if cache.is_file() else {"per_query": {}, "rows": {}}
-            mixed = float(read_card(teacher).get("cosine_weight", 0.0)) > 0
-            wanted = ["teacher", "cosine", *([CROSS_ALONE] if mixed else []),
-                      *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
             missing = [r for r in wanted if r not in stored["rows"]]
             if missing:
                 queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
