@@ -316,3 +316,13 @@ def test_the_teachers_cross_encoder_alone_is_its_mix_minus_the_cosine_term(teach
         passages = list(q.candidates)
         np.testing.assert_allclose(refs[CROSS_ALONE].score(q.query, passages),
                                    cross.predict_logits([(q.query, p.full_text) for p in passages]), atol=1e-4)
+
+
+def test_a_student_with_its_own_alpha_trains_under_its_own_key():
+    from ragsieve.studies.rerank_distill import RerankDistillConfig, StudentConfig
+
+    kl_heavy = StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, time_budget_minutes=150)
+    assert kl_heavy.key == "base-6l-a8" and StudentConfig(name="base", layers=6, tolerance=0.005).key == "base-6l"
+    distill = RerankDistillConfig().distill.model_copy(update=kl_heavy.distill_overrides())
+    assert (distill.alpha, distill.time_budget_minutes) == (8.0, 150)
+    assert StudentConfig(name="fast", layers=1, tolerance=0.02).distill_overrides() == {}
