@@ -68,6 +68,29 @@ def reporting(fn: Reporter) -> Iterator[None]:
         _reporter.reset(token)
 
 
+@contextmanager
+def showing_reports(console: "Console | None" = None) -> Iterator[None]:
+    """Show what the code inside the ``with`` block :func:`report`\ s: one :func:`progress_bar` task per
+    reported name (a name reported again after it finished, e.g. each round's ``train``, starts again).
+
+    For a command or study that runs library code with progress deep inside (training steps, LLM
+    scoring batches) and no bar of its own for it::
+
+        with showing_reports():
+            run_step("store/")      # a log gets "train: started, 126 to do", "train: 13/126 (10%), ..."
+    """
+    with progress_bar(console) as bar:
+        tasks: dict[str, Any] = {}
+
+        def show(task: str, done: int, total: int) -> None:
+            if task not in tasks:
+                tasks[task] = bar.add_task(task, total=total)
+            bar.update(tasks[task], completed=done, total=total)
+
+        with reporting(show):
+            yield
+
+
 # -- showing it ------------------------------------------------------------------------------------
 
 

@@ -338,26 +338,36 @@ def test_own_data_serve_feedback_step_reload_changes_the_fed_back_scores(tmp_pat
 
 
 @requires_data
-def test_own_data_study_runs_resumes_and_reports_on_tiny_sizes(tmp_path, tiny_llm_dir):
+def test_own_data_study_runs_resumes_and_reports_on_tiny_sizes(tmp_path, tiny_llm_dir, capfd):
     """experiments/evolve_own_data.yaml's code paths with the tiny LLM: file path vs --dataset, the
-    checked and unguarded cells, the paired report; a rerun redoes nothing."""
+    checked and unguarded cells, the paired report; a rerun redoes nothing. Run as `ragsieve run` runs
+    a study, its training steps and scoring batches show as progress lines in a log (stderr no terminal)."""
+    import yaml
     from rich.console import Console
 
     from ragsieve.config import build_config, read_mapping
     from ragsieve.studies.evolve_own_data import EvolveOwnDataConfig, EvolveOwnDataStudy
+    from ragsieve.studies.runner import run_experiment_file
 
     params = read_mapping(REPO / "experiments" / "evolve_own_data.yaml")["params"]
     build_config(EvolveOwnDataConfig, params)  # the committed config validates
-    cfg = build_config(EvolveOwnDataConfig, {
+    tiny = {
         **params, "llm": str(tiny_llm_dir), "datasets": ["pubmedqa"], "file_path_dataset": "pubmedqa",
         "rounds": 2, "sizes": {"initial": 8, "per_round": 8}, "size_overrides": {}, "test_size": 8,
         "check_size": 4, "max_prompt_tokens": 300, "m0_train_overrides": {}, "n_boot": 50, "threads": 1,
         "m0_train": {"lr": 2e-2, "epochs": 1, "batch_size": 4}, "train": {"lr": 1e-2, "batch_size": 4},
         "judges": ["reranker:bm25"], "hotpot_source": "sample100",
-    })
+    }
+    cfg = build_config(EvolveOwnDataConfig, tiny)
     out = tmp_path / "out"
     console = Console(file=open(tmp_path / "log.txt", "w"), width=200)
-    metrics = EvolveOwnDataStudy().run(cfg, out, console)
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump({"experiment": "evolve_own_data", "out_dir": str(out),
+                                                       "params": tiny}))
+    capfd.readouterr()
+    metrics = run_experiment_file(tmp_path / "own.yaml", console)
+    log = capfd.readouterr().err.splitlines()
+    assert "train: started, 2 to do" in log and any(x.startswith("train: done, 2/2 in ") for x in log), log
+    assert any(x.startswith("score: done, ") for x in log), log
     fp = metrics["file_path"]["pubmedqa"]
     assert fp["n"] == 8 and {"file", "dataset", "mcnemar", "auroc_paired"} <= set(fp)
     assert fp["templates"] == {"dataset": "pubmedqa", "file": "relevance"}

@@ -162,8 +162,7 @@ def step_cmd(
     """Run the next round: waiting feedback first, then queued rounds, then served traffic (one line each)."""
     from ragsieve.evolve.live import promote_feedback, promote_traffic
     from ragsieve.evolve.store import run_step
-    from ragsieve.progress import reporting
-    from ragsieve.progress import progress_bar
+    from ragsieve.progress import showing_reports
 
     store = _location(store, db)
     # feedback since the last round goes ahead of any unlabelled round; traffic since then queues last
@@ -174,16 +173,8 @@ def step_cmd(
     if traffic is not None:
         console.print(f"served traffic queued as round {traffic}")
     while True:
-        with progress_bar(err_console) as bar:
-            tasks: dict[str, int] = {}
-
-            def show(task: str, done: int, total: int) -> None:
-                if task not in tasks:
-                    tasks[task] = bar.add_task(task, total=total)
-                bar.update(tasks[task], completed=done, total=total)
-
-            with reporting(show):  # scoring batches and training steps, as they finish
-                report = run_step(store)
+        with showing_reports(err_console):  # scoring batches and training steps, as they finish
+            report = run_step(store)
         if report.round is None:
             console.print("no queued round: post feedback, serve with --log-traffic or `evolve ingest` a batch")
             return

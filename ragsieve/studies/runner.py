@@ -22,6 +22,7 @@ from rich.console import Console
 
 from ragsieve.config import StrictConfig, build_config, read_mapping
 from ragsieve.errors import RagsieveError
+from ragsieve.progress import showing_reports
 from ragsieve.studies.cbdr_nq import CBDRExperiment
 from ragsieve.studies.evolve import EvolveExperiment
 from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep
@@ -85,4 +86,7 @@ def run_experiment_file(path: str | Path, console: Console | None = None, overri
         return experiment.report(config, out_dir, console)
     out_dir.mkdir(parents=True, exist_ok=True)
     console.rule(f"[bold]{spec.experiment}[/] → {out_dir}")
-    return experiment.run(config, out_dir, console)
+    # library code deep inside a study reports its steps (training, LLM scoring); a study with no bar of
+    # its own for them would otherwise sit silent for an hour in a log
+    with showing_reports():
+        return experiment.run(config, out_dir, console)
