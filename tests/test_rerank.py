@@ -277,7 +277,7 @@ def test_interleave_round_robin_skips_gold_and_repeats():
     assert _interleave([("x", ["g"])], {"g"}, 3) == []
 
 
-def test_group_distill_loss_is_infonce_plus_kl():
+def test_group_distill_loss_is_infonce_plus_kl_or_margin_mse():
     import torch
 
     from ragsieve.rerank.training.distill import group_distill_loss
@@ -291,6 +291,12 @@ def test_group_distill_loss_is_infonce_plus_kl():
     assert torch.isclose(group_distill_loss(scores, teacher, 0.0, 20.0), ce)
     # a student matching the teacher's logits pays no distillation cost
     assert torch.isclose(group_distill_loss(teacher * 20, teacher, 1.0, 20.0),
+                         -torch.log_softmax(teacher * 20, -1)[0, 0], atol=1e-5)
+    # margin-mse: every difference within the group matched; a shifted copy of the teacher pays nothing
+    centred = (scores - scores.mean()) - (teacher * 20 - (teacher * 20).mean())
+    assert torch.isclose(group_distill_loss(scores, teacher, 0.5, 20.0, "margin-mse"),
+                         ce + 0.5 * centred.pow(2).mean(), atol=1e-5)
+    assert torch.isclose(group_distill_loss(teacher * 20 + 3.0, teacher, 1.0, 20.0, "margin-mse"),
                          -torch.log_softmax(teacher * 20, -1)[0, 0], atol=1e-5)
 
 

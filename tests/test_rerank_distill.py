@@ -217,7 +217,7 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     cfg.write_text(
         f"experiment: rerank_distill\nout_dir: {out}\nparams:\n  mined_dir: {mined}\n  teacher: {teacher_dir}\n"
         "  students: [{name: fast, layers: 1, tolerance: 0.02}, {name: base, layers: 2, tolerance: 1.0},"
-        " {name: base, layers: 1, tolerance: 1.0}]\n"
+        " {name: base, layers: 1, tolerance: 1.0}, {name: fast, layers: 2, tolerance: 0.02, skip: tried before}]\n"
         "  distill: {group_size: 3, batch_size: 2, max_steps: 2, eval_steps: 1, max_length: 64, dev_docs: 4,"
         " teacher_scale: 1.0}\n"
         f"  datasets: [fever]\n  eval_queries: 3\n  bootstrap: 100\n  asset_root: {tmp_path / 'assets'}\n"
@@ -228,6 +228,8 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     assert result["students"]["base-2l"] == {"name": "base", "layers": 2, "tolerance": 1.0, "shipped": False,
                                              "trained": False, "why": "not trained: base-1l took embedded:base"}
     assert not (out / "work" / "students" / "base-2l").exists()
+    assert result["students"]["fast-2l"]["why"] == "tried before" and not result["students"]["fast-2l"]["trained"]
+    assert not (out / "work" / "students" / "fast-2l").exists()  # a tried candidate stays listed, untrained
     rows = result["evaluation"]["by_dataset"]["fever"]
     assert set(rows) == {"teacher", "cosine", "teacher-cross-encoder", "fast-1l", "fast-1l-onnx-int8", "base-1l",
                          "base-1l-onnx-int8"}
@@ -318,7 +320,7 @@ def test_the_teachers_cross_encoder_alone_is_its_mix_minus_the_cosine_term(teach
                                    cross.predict_logits([(q.query, p.full_text) for p in passages]), atol=1e-4)
 
 
-def test_a_student_with_its_own_alpha_trains_under_its_own_key():
+def test_a_student_with_its_own_alpha_or_loss_trains_under_its_own_key():
     from ragsieve.studies.rerank_distill import RerankDistillConfig, StudentConfig
 
     kl_heavy = StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, time_budget_minutes=150)
@@ -326,3 +328,9 @@ def test_a_student_with_its_own_alpha_trains_under_its_own_key():
     distill = RerankDistillConfig().distill.model_copy(update=kl_heavy.distill_overrides())
     assert (distill.alpha, distill.time_budget_minutes) == (8.0, 150)
     assert StudentConfig(name="fast", layers=1, tolerance=0.02).distill_overrides() == {}
+    margins = StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, distill_loss="margin-mse")
+    assert margins.key == "base-6l-a8-mmse" and margins.distill_overrides()["distill_loss"] == "margin-mse"
+    keys = [st.key for st in RerankDistillConfig().students]
+    assert len(keys) == len(set(keys))  # every candidate trains and is evaluated under its own key
+    with pytest.raises(ValueError, match="share the key base-6l"):
+        RerankDistillConfig(students=[{"name": "base", "layers": 6, "tolerance": 0.005}] * 2)

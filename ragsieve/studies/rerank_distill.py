@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 from rich.console import Console
 
 from ragsieve.atomic import atomic_file
@@ -118,23 +118,34 @@ class StudentConfig(StrictConfig):
     # overrides ``distill.alpha`` (the KL-to-teacher weight beside InfoNCE on gold); a candidate with its own
     # alpha gets its own key, so it trains and is evaluated apart from the same depth at the shared alpha
     alpha: float | None = None
+    # overrides ``distill.distill_loss`` ("kl" or "margin-mse"); "margin-mse" adds "-mmse" to the key
+    distill_loss: Literal["kl", "margin-mse"] | None = None
+    # a candidate already tried (its verdict in the results README): listed for the record, never trained
+    # again (its weights are gone with the machine it was trained on), reported with this reason
+    skip: str = ""
 
     @property
     def key(self) -> str:
         """Several candidates may share a name: of those within target, the one with fewest layers ships."""
-        return f"{self.name}-{self.layers}l" + ("" if self.alpha is None else f"-a{self.alpha:g}")
+        return (f"{self.name}-{self.layers}l" + ("" if self.alpha is None else f"-a{self.alpha:g}")
+                + ("-mmse" if self.distill_loss == "margin-mse" else ""))
 
     def distill_overrides(self) -> dict:
         """This student's departures from the shared ``distill`` settings."""
-        return {k: v for k, v in (("time_budget_minutes", self.time_budget_minutes), ("alpha", self.alpha))
-                if v is not None}
+        return {k: v for k, v in (("time_budget_minutes", self.time_budget_minutes), ("alpha", self.alpha),
+                                  ("distill_loss", self.distill_loss)) if v is not None}
 
 
 def _students() -> list[StudentConfig]:
     # ≤ 3 layers on int8 ONNX is what reaches 3× CrossEncoder.predict (see experiments/rerank_distill.yaml), but
-    # three layers and six at alpha 1 lost NQ (results/rerank_distill/README.md); six layers at the teacher's
-    # depth with the KL to the teacher dominating is the candidate that may keep its quality
-    return [StudentConfig(name="base", layers=6, tolerance=0.005, time_budget_minutes=150, alpha=8.0),
+    # three layers, and six with InfoNCE or the listwise KL leading, lost quality (results/rerank_distill/
+    # README.md); six layers matching every score margin of the teacher's is the candidate left
+    tried = "tried: missed (results/rerank_distill/README.md)"
+    return [StudentConfig(name="base", layers=3, tolerance=0.005, skip=tried),
+            StudentConfig(name="base", layers=6, tolerance=0.005, skip=tried),
+            StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, skip=tried),
+            StudentConfig(name="base", layers=6, tolerance=0.005, time_budget_minutes=150, alpha=8.0,
+                          distill_loss="margin-mse"),
             StudentConfig(name="fast", layers=1, tolerance=0.02),
             StudentConfig(name="fast", layers=2, tolerance=0.02)]
 
@@ -167,6 +178,15 @@ class RerankDistillConfig(StrictConfig):
     asset_root: str = ""  # where shipped students go ("" = the package's ragsieve/assets)
     data_dir: str | None = None
     seed: int = 0
+
+    @field_validator("students")
+    @classmethod
+    def _one_key_per_student(cls, students: list[StudentConfig]) -> list[StudentConfig]:
+        keys = [st.key for st in students]
+        if len(keys) != len(set(keys)):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise ValueError(f"two students share the key {', '.join(dup)}: give one its own alpha or distill_loss")
+        return students
 
 
 CROSS_ALONE = "teacher-cross-encoder"  # the teacher without its cosine term (a reference row, never shipped)
@@ -370,10 +390,11 @@ class RerankDistillStudy:
         for name in dict.fromkeys(st.name for st in cfg.students):
             for student in sorted((st for st in cfg.students if st.name == name), key=lambda st: st.layers):
                 entry = {"name": student.name, "layers": student.layers, "tolerance": student.tolerance,
-                         **({} if student.alpha is None else {"alpha": student.alpha}), "shipped": False}
-                if name in taken:
-                    result["students"][student.key] = {**entry, "trained": False,
-                                                       "why": f"not trained: {taken[name]} took embedded:{name}"}
+                         **{k: v for k, v in student.distill_overrides().items() if k != "time_budget_minutes"},
+                         "shipped": False}
+                if name in taken or student.skip:
+                    why = f"not trained: {taken[name]} took embedded:{name}" if name in taken else student.skip
+                    result["students"][student.key] = {**entry, "trained": False, "why": why}
                     continue
                 final = self.train(cfg, student, teacher, train, dev, work, console)
                 result["evaluation"] = self.evaluate(cfg, teacher, {student.key: final}, dev, work, console,

@@ -27,7 +27,7 @@ import json
 import logging
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import torch
@@ -47,6 +47,10 @@ class DistillConfig(StrictConfig):
     passes: int = 2  # over the train questions, fresh negatives (and positive) each pass
     alpha: float = 1.0  # weight of the cosine distillation term
     teacher_scale: float = 20.0  # cosine → teacher logits (MiniLM was trained at scale 20)
+    # "kl": listwise KL to softmax(teacher), which mostly carries the teacher's top passage when its
+    # logits are far apart; "margin-mse": every score difference within the group matched (Margin-MSE,
+    # Hofstätter et al. 2020), so the teacher's order among the lower passages is learnt too
+    distill_loss: Literal["kl", "margin-mse"] = "kl"
     lr: float = 7e-5
     weight_decay: float = 0.01
     warmup_ratio: float = 0.05
@@ -70,11 +74,12 @@ class DistilInfoNCELoss(nn.Module):
     teacher cosine of every doc; every row has the same number of docs.
     """
 
-    def __init__(self, model, alpha: float = 1.0, teacher_scale: float = 20.0) -> None:
+    def __init__(self, model, alpha: float = 1.0, teacher_scale: float = 20.0, kind: str = "kl") -> None:
         super().__init__()
         self.model = model
         self.alpha = alpha
         self.teacher_scale = teacher_scale
+        self.kind = kind
 
     def forward(self, inputs, labels, prompt=None, task=None) -> torch.Tensor:
         queries, docs_list = inputs
@@ -87,18 +92,23 @@ class DistilInfoNCELoss(nn.Module):
         tokens = batch_to_device(self.model.preprocess(pairs, prompt=prompt, task=task), self.model.device)
         scores = self.model(tokens)["scores"].view(len(queries), group).float()
         teacher = torch.stack([torch.as_tensor(lab, dtype=torch.float32) for lab in labels]).to(scores.device)
-        return group_distill_loss(scores, teacher, self.alpha, self.teacher_scale)
+        return group_distill_loss(scores, teacher, self.alpha, self.teacher_scale, self.kind)
 
-    def get_config_dict(self) -> dict[str, float]:
-        return {"alpha": self.alpha, "teacher_scale": self.teacher_scale}
+    def get_config_dict(self) -> dict[str, float | str]:
+        return {"alpha": self.alpha, "teacher_scale": self.teacher_scale, "distill_loss": self.kind}
 
     @property
     def citation(self) -> str | None:
         return None
 
 
-def group_distill_loss(scores: torch.Tensor, teacher: torch.Tensor, alpha: float, teacher_scale: float) -> torch.Tensor:
-    """``CE(scores, 0) + alpha * KL(softmax(teacher * scale) || softmax(scores))``, batch mean.
+def group_distill_loss(scores: torch.Tensor, teacher: torch.Tensor, alpha: float, teacher_scale: float,
+                       kind: str = "kl") -> torch.Tensor:
+    """``CE(scores, 0) + alpha * D(scores, teacher * scale)``, batch mean, where ``D`` is
+
+    - ``"kl"``: ``KL(softmax(teacher * scale) || softmax(scores))``;
+    - ``"margin-mse"``: the mean squared difference of the group-centred scores, i.e. every score
+      difference within a group matched to the teacher's (shift-invariant, like the KL).
 
     Example::
 
@@ -108,8 +118,14 @@ def group_distill_loss(scores: torch.Tensor, teacher: torch.Tensor, alpha: float
     info_nce = nn.functional.cross_entropy(scores, target)
     if alpha == 0:
         return info_nce
+    scaled = teacher * teacher_scale
+    if kind == "margin-mse":
+        centred = (scores - scores.mean(-1, keepdim=True)) - (scaled - scaled.mean(-1, keepdim=True))
+        return info_nce + alpha * centred.pow(2).mean()
+    if kind != "kl":
+        raise RagsieveError(f"unknown distillation loss '{kind}': kl or margin-mse")
     log_student = torch.log_softmax(scores, dim=-1)
-    log_teacher = torch.log_softmax(teacher * teacher_scale, dim=-1)
+    log_teacher = torch.log_softmax(scaled, dim=-1)
     kl = nn.functional.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
     return info_nce + alpha * kl
 
@@ -260,7 +276,7 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
         args=args,
         train_dataset=Dataset.from_list(rows),
         evaluator=evaluator,
-        loss=DistilInfoNCELoss(model, config.alpha, config.teacher_scale),
+        loss=DistilInfoNCELoss(model, config.alpha, config.teacher_scale, config.distill_loss),
         callbacks=[EarlyStoppingCallback(early_stopping_patience=config.patience),
                    _TimeBudget(config.time_budget_minutes)],
     )
