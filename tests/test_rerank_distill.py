@@ -209,9 +209,16 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     from ragsieve.rerank.shipped import load_shipped_reranker
     from ragsieve.studies.runner import run_experiment_file
 
+    from ragsieve.benchmarks.mining import held_out_sources
+    from ragsieve.benchmarks.relevance import split_questions
+    from ragsieve.data import load_dataset
+
+    # the dev rows stand for real FEVER questions outside the held-out set: their candidate lists choose the checkpoint
+    train_questions, _ = split_questions(load_dataset("fever"), held_out_sources()["fever"])
+    rows = [{**r, "qid": q.id} if r["split"] == "dev" else r for r, q in zip(_mined_rows(), train_questions)]
     mined = tmp_path / "mined"
     mined.mkdir()
-    (mined / "fever.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _mined_rows()))
+    (mined / "fever.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "study"
     cfg = tmp_path / "distill.yaml"
     cfg.write_text(
@@ -241,6 +248,12 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
     assert verdict["backend"] in ("torch", "onnx-int8") and verdict["int8_max_ndcg10_loss"] is not None
     work = out / "work"
     assert (work / "teacher-scores" / "fever.jsonl").is_file() and (work / "students" / "fast-1l" / "final").is_dir()
+    # the checkpoint is chosen on the dev questions' candidate lists, the mined dev groups logged beside them
+    state = json.loads(max((work / "students" / "fast-1l" / "checkpoints").glob("checkpoint-*/trainer_state.json"),
+                           key=lambda p: int(p.parent.name.split("-")[1])).read_text())
+    evals = [e for e in state["log_history"] if "eval_devlists_ndcg@10" in e]
+    assert evals and all("eval_dev_ndcg@10" in e for e in evals)
+    assert state["best_metric"] in [e["eval_devlists_ndcg@10"] for e in evals]
 
     # the ship step on its own (a 2-step student rarely meets a target): dev labels its own top passage
     from ragsieve.rerank.neural import CrossEncoderRanker

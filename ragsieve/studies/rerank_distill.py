@@ -170,6 +170,9 @@ class RerankDistillConfig(StrictConfig):
     # lists, the same kind of list as the held-out sets (the shipped base was fitted on "dev-groups", 1-2 gold
     # + mined hard negatives, and misses ECE 0.05 on four of six held-out sets)
     calibration: Literal["dev-candidates", "dev-groups"] = "dev-candidates"
+    # what each student's best checkpoint is chosen on (nDCG@10), the same two kinds of dev list; the students
+    # up to session 53 were chosen on "dev-groups"
+    select_on: Literal["dev-candidates", "dev-groups"] = "dev-candidates"
     encoder: str = DEFAULT_ENCODER
     # text-free records to commit (mined ids, teacher logits, the teacher's and cosine's held-out scores, by
     # query and passage id): read at start, extended as phases run, so a run resumes on another machine
@@ -192,25 +195,16 @@ class RerankDistillConfig(StrictConfig):
 CROSS_ALONE = "teacher-cross-encoder"  # the teacher without its cosine term (a reference row, never shipped)
 
 
-def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[list[str], list[str], list[int]]:
-    """(queries, passages, labels) a student's calibration is fitted on (see ``RerankDistillConfig.calibration``).
-
-    ``dev-candidates``: for each dataset with a held-out set, its mined dev questions (never trained on, never
-    held out) with the candidate lists the held-out evaluation uses; other rows (the HotpotQA 1,517 pool)
-    keep their mined groups.
-    """
+def _dev_candidates(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[list, list[dict]]:
+    """The mined dev questions of each dataset with a held-out set, as ranking queries with the candidate
+    lists the held-out evaluation uses (never trained on, never held out), and the dev rows left over (the
+    HotpotQA 1,517 pool, questions without a list)."""
     from ragsieve.benchmarks.mining import held_out_sources
     from ragsieve.benchmarks.relevance import ranking_queries
     from ragsieve.data import load_dataset
-    from ragsieve.studies.rerank_base import dev_pairs
 
-    if cfg.calibration == "dev-groups":
-        return dev_pairs(dev)
     sources = held_out_sources()
-    qs: list[str] = []
-    ps: list[str] = []
-    ys: list[int] = []
-    leftover = []
+    queries, leftover = [], []
     by_dataset: dict[str, list[dict]] = {}
     for row in dev:
         by_dataset.setdefault(row.get("dataset", ""), []).append(row)
@@ -220,16 +214,41 @@ def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[li
             continue
         ds = load_dataset(name, data_dir=cfg.data_dir)
         ids = {r["qid"] for r in rows}
-        queries = ranking_queries(ds, [q for q in ds.questions if q.id in ids], sources[name])
-        found = {q.query_id for q in queries}
-        leftover += [r for r in rows if r["qid"] not in found]
-        for q in queries:
-            for p in q.candidates:
-                qs.append(q.query)
-                ps.append(p.full_text)
-                ys.append(int(p.id in q.relevant))
+        found = ranking_queries(ds, [q for q in ds.questions if q.id in ids], sources[name])
+        queries += found
+        leftover += [r for r in rows if r["qid"] not in {q.query_id for q in found}]
+    return queries, leftover
+
+
+def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[list[str], list[str], list[int]]:
+    """(queries, passages, labels) a student's calibration is fitted on (see ``RerankDistillConfig.calibration``).
+
+    ``dev-candidates``: for each dataset with a held-out set, its mined dev questions (never trained on, never
+    held out) with the candidate lists the held-out evaluation uses; other rows (the HotpotQA 1,517 pool)
+    keep their mined groups.
+    """
+    from ragsieve.studies.rerank_base import dev_pairs
+
+    if cfg.calibration == "dev-groups":
+        return dev_pairs(dev)
+    queries, leftover = _dev_candidates(cfg, dev)
+    qs = [q.query for q in queries for _ in q.candidates]
+    ps = [p.full_text for q in queries for p in q.candidates]
+    ys = [int(p.id in q.relevant) for q in queries for p in q.candidates]
     q2, p2, y2 = dev_pairs(leftover)
     return qs + q2, ps + p2, ys + y2
+
+
+def dev_lists(cfg: RerankDistillConfig, dev: Sequence[dict]) -> list[dict] | None:
+    """Reranking samples a student's checkpoint is chosen on (``RerankDistillConfig.select_on``):
+    ``dev-candidates``, the dev questions' candidate lists (the kind of list the verdict is read on, in the
+    retriever's order); None for ``dev-groups`` (the mined groups, which order students unlike the held-out
+    sets do: the teacher's cross-encoder alone leads the teacher there)."""
+    if cfg.select_on == "dev-groups":
+        return None
+    queries, _ = _dev_candidates(cfg, dev)
+    return [{"query": q.query, "positive": [p.full_text for p in q.candidates if p.id in q.relevant],
+             "documents": [p.full_text for p in q.candidates]} for q in queries]
 
 
 class _Remembered(BaseRanker):
@@ -525,8 +544,11 @@ class RerankDistillStudy:
         init = truncated_student(teacher, student.layers, out / "init", cfg.distill.max_length)
         console.print(f"training {student.key} on {len(train)} rows, dev {len(dev)}")
         t = time.perf_counter()
+        lists = dev_lists(cfg, dev)
+        if lists is not None:
+            console.print(f"{student.key}: best checkpoint by nDCG@10 on {len(lists)} dev candidate lists")
         train_distilled(train, dev, cfg.distill.model_copy(update={"init": str(init), **student.distill_overrides()}),
-                        out)
+                        out, dev_lists=lists)
         (out / "train_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}\n")
         return final
 

@@ -228,10 +228,14 @@ def _TimeBudget(minutes: float):
     return _time_budget_callback()(minutes)
 
 
-def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillConfig, out_dir: str | Path) -> Path:
+def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillConfig, out_dir: str | Path,
+                    dev_lists: Sequence[dict] | None = None) -> Path:
     """Train from mined rows into ``out_dir`` (checkpoints in ``out_dir/checkpoints``, resumed if present).
 
-    The best dev checkpoint (nDCG@10 on ``dev``) is loaded at the end and saved to ``out_dir/final``.
+    The best dev checkpoint is loaded at the end and saved to ``out_dir/final``: by nDCG@10 on ``dev``'s
+    mined groups, or, given ``dev_lists`` (reranking samples ``{query, positive, documents}``, e.g. dev
+    questions with the candidate lists the model will rerank), by nDCG@10 on those, with ``dev`` still
+    logged beside it.
     """
     from datasets import Dataset
     from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
@@ -248,6 +252,14 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
     out_dir = Path(out_dir)
     ckpt_dir = out_dir / "checkpoints"
     evaluator = CrossEncoderRerankingEvaluator(dev_samples(dev, config.dev_docs), at_k=10, name="dev", batch_size=32)
+    best = "eval_dev_ndcg@10"
+    if dev_lists:
+        from sentence_transformers.sentence_transformer.evaluation import SequentialEvaluator
+
+        # only the list is reranked (a positive the list missed is not added back): the metric of use
+        lists = CrossEncoderRerankingEvaluator(list(dev_lists), at_k=10, always_rerank_positives=False,
+                                               name="devlists", batch_size=32)
+        evaluator, best = SequentialEvaluator([evaluator, lists]), "eval_devlists_ndcg@10"
     args = CrossEncoderTrainingArguments(
         output_dir=str(ckpt_dir),
         num_train_epochs=1,  # the passes are already in the rows
@@ -264,7 +276,7 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
         save_steps=config.eval_steps,
         save_total_limit=2,  # the best one is kept on top of this
         load_best_model_at_end=True,
-        metric_for_best_model="eval_dev_ndcg@10",
+        metric_for_best_model=best,
         greater_is_better=True,
         report_to="none",
         logging_steps=10,
