@@ -70,8 +70,8 @@ def reporting(fn: Reporter) -> Iterator[None]:
 
 @contextmanager
 def showing_reports(console: "Console | None" = None) -> Iterator[None]:
-    """Show what the code inside the ``with`` block :func:`report`\ s: one :func:`progress_bar` task per
-    reported name (a name reported again after it finished, e.g. each round's ``train``, starts again).
+    """Show what the code inside the ``with`` block reports (:func:`report`): one :func:`progress_bar` task
+    per reported name (a name reported again after it finished, e.g. each round's ``train``, starts again).
 
     For a command or study that runs library code with progress deep inside (training steps, LLM
     scoring batches) and no bar of its own for it::

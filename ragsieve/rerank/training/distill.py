@@ -68,7 +68,8 @@ class DistillConfig(StrictConfig):
 
 
 class DistilInfoNCELoss(nn.Module):
-    """Group InfoNCE on the gold positive plus listwise KL to the teacher's cosines.
+    """Group InfoNCE on the gold positive plus a distillation term to the teacher's scores (listwise KL or
+    Margin-MSE, see :func:`group_distill_loss`).
 
     Inputs: columns ``(query, docs)`` with ``docs[0]`` the positive, and ``label`` the
     teacher cosine of every doc; every row has the same number of docs.
