@@ -164,7 +164,9 @@ class LogProgress:
         if task.finished and completed is not None and completed < (total if total is not None else task.total or 0):
             # a finished task given new work (a phase's next step, reported under its name): it starts again,
             # or a log stays silent through that step (the fit's grid after its rankings: ~1 h)
-            task.finished, task.announced, task.total_when_added = False, False, False
+            # new work from nothing: what its first report says is done was done in this run, not before it
+            task.finished, task.announced, task.total_when_added = False, False, True
+            task.started, task.start_done = time.monotonic(), 0.0
         if total is not None:
             task.total = int(total)
         if not task.announced:

@@ -58,6 +58,13 @@ def test_log_lines_by_share_and_by_time(capsys, monkeypatch):
     assert lines[1] == "fit select: started, 40 to do" and STATUS.match(lines[2])["done"] == "20"
     assert lines[3].startswith("fit select: done, 40/40") and len(lines) == 4
 
+    with LogProgress(every_fraction=0.5, every_seconds=3600) as bar:  # a round's scoring, then the next round's
+        task = bar.add_task("score", total=16)
+        bar.update(task, completed=16, total=16)
+        bar.update(task, completed=8, total=190)  # the next run's first batch: done in this run, not before it
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[2:] == ["score: started, 190 to do"], lines
+
     with LogProgress(every_fraction=0, every_seconds=0) as bar:  # a slow task: a line at every report
         task = bar.add_task("training", total=1000)
         bar.advance(task, 1)
