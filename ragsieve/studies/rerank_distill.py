@@ -216,7 +216,8 @@ def _dev_candidates(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[list
         ids = {r["qid"] for r in rows}
         found = ranking_queries(ds, [q for q in ds.questions if q.id in ids], sources[name])
         queries += found
-        leftover += [r for r in rows if r["qid"] not in {q.query_id for q in found}]
+        listed = {q.query_id for q in found}
+        leftover += [r for r in rows if r["qid"] not in listed]
     return queries, leftover
 
 
