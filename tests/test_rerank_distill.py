@@ -319,6 +319,17 @@ def test_calibration_pairs_use_the_dev_questions_candidate_lists():
     assert len(groups[0]) == 18
 
 
+def test_checkpoints_are_chosen_only_on_lists_that_can_tell_rankers_apart():
+    """A one-passage list (sklearn's nDCG refuses it, which ended a real run at its first evaluation), or a list
+    with no relevant or no irrelevant passage, scores every order alike: it is left out of the dev lists."""
+    from ragsieve.studies.rerank_distill import telling_list
+
+    assert telling_list(["gold", "other"], ["gold"])
+    assert not telling_list(["gold"], ["gold"])
+    assert not telling_list(["a", "b"], [])
+    assert not telling_list(["a", "b"], ["a", "b"])
+
+
 def test_the_teachers_cross_encoder_alone_is_its_mix_minus_the_cosine_term(teacher_dir):
     from ragsieve.benchmarks.forgetting import heldout_queries
     from ragsieve.rerank.neural import CrossEncoderRanker

@@ -248,8 +248,18 @@ def dev_lists(cfg: RerankDistillConfig, dev: Sequence[dict]) -> list[dict] | Non
     if cfg.select_on == "dev-groups":
         return None
     queries, _ = _dev_candidates(cfg, dev)
-    return [{"query": q.query, "positive": [p.full_text for p in q.candidates if p.id in q.relevant],
-             "documents": [p.full_text for p in q.candidates]} for q in queries]
+    return [{"query": q.query, "positive": positive, "documents": documents} for q in queries
+            for documents, positive in [([p.full_text for p in q.candidates],
+                                         [p.full_text for p in q.candidates if p.id in q.relevant])]
+            if telling_list(documents, positive)]
+
+
+def telling_list(documents: Sequence[str], positive: Sequence[str]) -> bool:
+    """Whether a candidate list can tell two rankers apart: a relevant and an irrelevant passage in it. A list
+    of one passage (a FEVER dev claim's retriever found one) or of one kind scores every order alike, and
+    sentence-transformers' evaluator fails on the first (sklearn's nDCG needs two documents)."""
+    relevant = sum(d in positive for d in documents)
+    return 0 < relevant < len(documents)
 
 
 class _Remembered(BaseRanker):
