@@ -321,8 +321,11 @@ def test_calibration_pairs_use_the_dev_questions_candidate_lists():
 
 def test_checkpoints_are_chosen_only_on_lists_that_can_tell_rankers_apart():
     """A one-passage list (sklearn's nDCG refuses it, which ended a real run at its first evaluation), or a list
-    with no relevant or no irrelevant passage, scores every order alike: it is left out of the dev lists."""
-    from ragsieve.studies.rerank_distill import telling_list
+    with no relevant or no irrelevant passage, scores every order alike: training leaves it out of the choice."""
+    from ragsieve.rerank.training.distill import can_tell_rankers_apart
+
+    def telling_list(documents, positive):
+        return can_tell_rankers_apart({"query": "q", "positive": positive, "documents": documents})
 
     assert telling_list(["gold", "other"], ["gold"])
     assert not telling_list(["gold"], ["gold"])

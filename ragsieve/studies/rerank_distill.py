@@ -248,18 +248,8 @@ def dev_lists(cfg: RerankDistillConfig, dev: Sequence[dict]) -> list[dict] | Non
     if cfg.select_on == "dev-groups":
         return None
     queries, _ = _dev_candidates(cfg, dev)
-    return [{"query": q.query, "positive": positive, "documents": documents} for q in queries
-            for documents, positive in [([p.full_text for p in q.candidates],
-                                         [p.full_text for p in q.candidates if p.id in q.relevant])]
-            if telling_list(documents, positive)]
-
-
-def telling_list(documents: Sequence[str], positive: Sequence[str]) -> bool:
-    """Whether a candidate list can tell two rankers apart: a relevant and an irrelevant passage in it. A list
-    of one passage (a FEVER dev claim's retriever found one) or of one kind scores every order alike, and
-    sentence-transformers' evaluator fails on the first (sklearn's nDCG needs two documents)."""
-    relevant = sum(d in positive for d in documents)
-    return 0 < relevant < len(documents)
+    return [{"query": q.query, "positive": [p.full_text for p in q.candidates if p.id in q.relevant],
+             "documents": [p.full_text for p in q.candidates]} for q in queries]
 
 
 class _Remembered(BaseRanker):
@@ -557,7 +547,8 @@ class RerankDistillStudy:
         t = time.perf_counter()
         lists = dev_lists(cfg, dev)
         if lists is not None:
-            console.print(f"{student.key}: best checkpoint by nDCG@10 on {len(lists)} dev candidate lists")
+            console.print(f"{student.key}: best checkpoint by nDCG@10 on {len(lists)} dev questions' candidate lists"
+                          " (less those without both a relevant and an irrelevant passage)")
         train_distilled(train, dev, cfg.distill.model_copy(update={"init": str(init), **student.distill_overrides()}),
                         out, dev_lists=lists)
         (out / "train_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}\n")

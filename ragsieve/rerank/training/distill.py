@@ -131,6 +131,15 @@ def group_distill_loss(scores: torch.Tensor, teacher: torch.Tensor, alpha: float
     return info_nce + alpha * kl
 
 
+def can_tell_rankers_apart(sample: dict) -> bool:
+    """Whether a reranking sample ``{query, positive, documents}`` can tell two rankers apart: a relevant and an
+    irrelevant passage among its documents. A list of one passage (a FEVER dev claim's retriever found one) or
+    of one kind scores every order alike, and sentence-transformers' evaluator fails on the first (sklearn's
+    nDCG needs two documents)."""
+    relevant = sum(d in sample["positive"] for d in sample["documents"])
+    return 0 < relevant < len(sample["documents"])
+
+
 def distill_rows(mined: Sequence[dict], group_size: int, passes: int, seed: int = 0, batch_size: int = 0) -> list[dict]:
     """``{query, docs, label}`` rows: per pass and question, one positive + sampled negatives.
 
@@ -254,11 +263,15 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
     ckpt_dir = out_dir / "checkpoints"
     evaluator = CrossEncoderRerankingEvaluator(dev_samples(dev, config.dev_docs), at_k=10, name="dev", batch_size=32)
     best = "eval_dev_ndcg@10"
-    if dev_lists:
+    telling = [s for s in dev_lists or () if can_tell_rankers_apart(s)]
+    if dev_lists and len(telling) < len(dev_lists):
+        log.info("%d of %d dev lists left out: one passage, or none or all relevant", len(dev_lists) - len(telling),
+                 len(dev_lists))
+    if telling:
         from sentence_transformers.sentence_transformer.evaluation import SequentialEvaluator
 
         # only the list is reranked (a positive the list missed is not added back): the metric of use
-        lists = CrossEncoderRerankingEvaluator(list(dev_lists), at_k=10, always_rerank_positives=False,
+        lists = CrossEncoderRerankingEvaluator(telling, at_k=10, always_rerank_positives=False,
                                                name="devlists", batch_size=32)
         evaluator, best = SequentialEvaluator([evaluator, lists]), "eval_devlists_ndcg@10"
     args = CrossEncoderTrainingArguments(
