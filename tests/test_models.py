@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ragsieve.errors import ModelNotAvailable, RagsieveError
@@ -112,3 +113,21 @@ def test_gguf_cache_concurrent_conversion(tmp_path):
     names = sorted(p.name for p in cached)
     assert [n for n in names if not n.endswith(".lock")] == ["smollm2-135m-instruct-v1"]  # no temp dirs left
     assert (tmp_path / "models" / "smollm2-135m-instruct-v1" / "model.safetensors").stat().st_size > 400e6
+
+
+def test_onnx_encoder_encodes_as_the_sentence_transformer_does():
+    """The bi-encoder on onnxruntime: fp32 gives MiniLM's own vectors, int8 stays within a few hundredths of
+    cosine; input order, normalisation and an empty input behave as SentenceTransformer.encode."""
+    from ragsieve.models.encoder import load_encoder, load_onnx_encoder
+
+    texts = ["who wrote hamlet", "Hamlet is a tragedy by William Shakespeare, written around 1600.",
+             "Paris is the capital of France.", "a"]
+    ref = load_encoder().encode(texts, normalize_embeddings=True)
+    fp32 = load_onnx_encoder(backend="onnx").encode(texts, batch_size=2)
+    np.testing.assert_allclose(fp32, ref, atol=1e-4)
+    int8 = load_onnx_encoder(backend="onnx-int8").encode(texts)
+    assert (np.einsum("ij,ij->i", int8, ref) > 0.97).all()
+    np.testing.assert_allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-5)
+    assert load_onnx_encoder(backend="onnx-int8").encode([]).shape[0] == 0
+    with pytest.raises(ModelNotAvailable, match="unknown encoder backend"):
+        load_onnx_encoder(backend="tensorrt")

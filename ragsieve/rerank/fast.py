@@ -24,6 +24,7 @@ import numpy as np
 
 from ragsieve.atomic import atomic_file
 from ragsieve.errors import RagsieveError
+from ragsieve.models.onnx import onnx_session
 from ragsieve.paths import cache_dir
 
 if TYPE_CHECKING:
@@ -56,25 +57,6 @@ def _torch_int8_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
             return quantized(**features).logits.float().numpy()
 
     return forward
-
-
-def onnx_session(path: str | Path, threads: int | None = None):
-    """An onnxruntime CPU session with every graph optimisation (node fusions: attention, GELU, layer norm)
-    and ``threads`` intra-op threads (None/0 = onnxruntime's default, all cores). Inter-op parallelism is
-    off: a cross-encoder graph is one chain, and a second pool only competes for the same cores.
-
-    Example::
-
-        onnx_session("ragsieve/assets/base-reranker/model.int8.onnx", threads=1).run(["logits"], feeds)
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = threads or 0
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _onnx_forward(int8: bool) -> Callable[["CrossEncoder", str], Forward]:
