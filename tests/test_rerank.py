@@ -436,6 +436,8 @@ def test_cosine_mix_ranker_and_weight_tuning():
     assert CosineMixRanker(cross, 0.0, cosine=cosine).rank("q", POOL).results[0].index == 0
     mixed = CosineMixRanker(cross, 1.0, scale=20.0, cosine=cosine)
     assert np.allclose(mixed.score("q", POOL), [1.0, 10.0, 0.0])
+    # all pairs at once (serve's batches across requests) score as query by query does
+    assert np.allclose(mixed.score_pairs(["q", "q", "q", "r", "r", "r"], POOL + POOL), [1.0, 10.0, 0.0] * 2)
     # sigmoid outputs are mixed on the logit scale
     assert np.allclose(CosineMixRanker(Fixed([0.5, 0.5, 0.5], prob=True), 0.0, cosine=cosine).score("q", POOL), 0.0)
     # dev: cosine finds the gold where the cross-encoder does not, so a positive weight wins

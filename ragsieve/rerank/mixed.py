@@ -29,11 +29,13 @@ class CosineMixRanker(BaseRanker):
     name = "cross-encoder+cosine"
 
     def __init__(self, cross: BaseRanker, weight: float, scale: float = 20.0, encoder: str = DEFAULT_ENCODER,
-                 cosine: BaseRanker | None = None):
+                 cosine: BaseRanker | None = None, cosine_backend: str = "torch", threads: int | None = None):
         self.cross = cross
         self.weight = float(weight)
         self.scale = float(scale)
         self.encoder = encoder
+        self.cosine_backend = cosine_backend  # "torch", or "onnx-int8" (exported once, on first use)
+        self.threads = threads
         self._cosine = cosine  # loaded on first use: load_reranker stays fast
 
     @property
@@ -41,20 +43,31 @@ class CosineMixRanker(BaseRanker):
         if self._cosine is None:
             from ragsieve.rerank.neural import BiEncoderRanker
 
-            self._cosine = BiEncoderRanker(self.encoder)
+            self._cosine = BiEncoderRanker(self.encoder, backend=self.cosine_backend, threads=self.threads)
         return self._cosine
 
-    def cross_logits(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        s = np.asarray(self.cross.score(query, passages), dtype=float)
+    def _as_logits(self, scores) -> np.ndarray:
+        s = np.asarray(scores, dtype=float)
         if self.cross.score_is_probability:
             p = np.clip(s, 1e-7, 1 - 1e-7)
             s = np.log(p) - np.log1p(-p)
         return s
 
+    def cross_logits(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
+        return self._as_logits(self.cross.score(query, passages))
+
     def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
         s = self.cross_logits(query, passages)
         if self.weight:
             s = s + self.weight * self.scale * np.asarray(self.cosine.score(query, passages), dtype=float)
+        return s
+
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        """Both models over all pairs at once (the base class would go query by query: serve's batches across
+        requests, and a bench's pair list, would lose their length-sorted batching)."""
+        s = self._as_logits(self.cross.score_pairs(queries, passages))
+        if self.weight:
+            s = s + self.weight * self.scale * np.asarray(self.cosine.score_pairs(queries, passages), dtype=float)
         return s
 
 

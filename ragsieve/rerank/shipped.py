@@ -87,7 +87,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
                  batch_size: int = 32, threads: int | None = None):
         from tokenizers import Tokenizer
 
-        from ragsieve.rerank.fast import onnx_session
+        from ragsieve.models.onnx import onnx_session
 
         folder = Path(folder)
         if not (folder / onnx_file).exists() or not (folder / "tokenizer.json").exists():
@@ -134,11 +134,15 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
 
 def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = None, threads: int | None = None,
-                          batch_size: int = 32, max_length: int | None = None) -> BaseRanker:
-    """The shipped base reranker with its calibration; ``backend`` defaults to the card's choice.
+                          batch_size: int = 32, max_length: int | None = None,
+                          cosine_backend: str | None = None) -> BaseRanker:
+    """The shipped base reranker with its calibration; ``backend`` (the cross-encoder's forward) and
+    ``cosine_backend`` (a mixed card's MiniLM cosine) default to the card's choices.
 
     ``onnx-int8`` reads the shipped ONNX file; ``torch`` (fp32) and the other
-    :mod:`ragsieve.rerank.fast` backends load the fp16 weights as a CrossEncoder.
+    :mod:`ragsieve.rerank.fast` backends load the fp16 weights as a CrossEncoder. The cosine's
+    ``onnx-int8`` is exported from the encoder's weights once, on first use
+    (:class:`ragsieve.models.encoder.OnnxEncoder`).
     """
     from ragsieve.rerank.calibration import Calibration
 
@@ -164,8 +168,9 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
     if weight:
         from ragsieve.rerank.mixed import CosineMixRanker
 
-        # the mixed score is on the logit scale whatever the backend
-        ranker = CosineMixRanker(ranker, weight, scale=float(card.get("cosine_scale", 20.0)))
+        # the mixed score is on the logit scale whatever the backends
+        ranker = CosineMixRanker(ranker, weight, scale=float(card.get("cosine_scale", 20.0)),
+                                 cosine_backend=cosine_backend or card.get("cosine_backend", "torch"), threads=threads)
         from_probability = False
     if cal:
         # the fit is on logits; a sigmoid-output backend maps its scores back to logits first
