@@ -361,3 +361,45 @@ def test_a_student_with_its_own_alpha_or_loss_trains_under_its_own_key():
     assert len(keys) == len(set(keys))  # every candidate trains and is evaluated under its own key
     with pytest.raises(ValueError, match="share the key base-6l"):
         RerankDistillConfig(students=[{"name": "base", "layers": 6, "tolerance": 0.005}] * 2)
+
+
+def test_the_teacher_on_faster_backends_is_evaluated_and_written_into_its_card(tmp_path, teacher_dir):
+    """A teacher variant's row is the teacher's own cross-encoder logit plus the int8 cosine term; the fastest
+    variant within tolerance is written into the shipped card only when the shipped weights are the teacher's."""
+    from ragsieve.benchmarks.forgetting import heldout_queries
+    from ragsieve.rerank.mixed import CosineMixRanker
+    from ragsieve.rerank.shipped import load_shipped_reranker
+    from ragsieve.studies.rerank_distill import RerankDistillStudy, backend_verdict, variant_key
+
+    queries = heldout_queries("fever", max_queries=2)
+    cfg = RerankDistillStudy.Config(teacher=str(teacher_dir), teacher_backends=["torch+onnx-int8"])
+    refs = RerankDistillStudy.references(cfg, teacher_dir, queries)
+    key = variant_key("torch+onnx-int8")
+    for q in queries:
+        passages = list(q.candidates)
+        # MiniLM on int8 moves a cosine by ≈ 0.02 at most: times 0.25 · 20 on the logit scale
+        np.testing.assert_allclose(refs[key].score(q.query, passages), refs["teacher"].score(q.query, passages),
+                                   atol=5 * 0.05)
+    assert refs[key].calibration is not None  # the teacher's: same logit scale
+
+    def rows(diff, low, high, cos_high=0.1):
+        return {"teacher": {}, key: {"n": 200, "vs_teacher": {"diff": diff, "low": low, "high": high},
+                                     "vs_cosine": {"diff": 0.0, "low": -0.1, "high": cos_high}}}
+
+    ok = backend_verdict({"a": rows(-0.001, -0.004, 0.002), "b": rows(0.0, -0.01, 0.01)}, "torch+onnx-int8", 0.005)
+    assert ok["ship"] and ok["per_set"] == {"a": "met", "b": "met at the point estimate, not shown"}
+    assert not backend_verdict({"a": rows(-0.006, -0.01, -0.002)}, "torch+onnx-int8", 0.005)["ship"]
+    assert not backend_verdict({"a": rows(0.0, -0.01, 0.01, cos_high=-0.01)}, "torch+onnx-int8", 0.005)["ship"]
+
+    asset = tmp_path / "assets" / "base-reranker"
+    shutil.copytree(teacher_dir, asset)
+    RerankDistillStudy.write_backends(asset, "torch+onnx-int8", {"a": rows(-0.001, -0.004, 0.002)}, 0.005)
+    card = json.loads((asset / "ragsieve_reranker.json").read_text())
+    assert card["default_backend"] == "torch" and card["cosine_backend"] == "onnx-int8"
+    assert card["backend_choice"]["heldout_ndcg10_vs_fp32"]["a"] == {"diff": -0.001, "low": -0.004, "high": 0.002}
+    ranker = load_shipped_reranker(asset)
+    assert isinstance(ranker, CosineMixRanker) and ranker.cosine.backend == "onnx-int8"
+    q = queries[0]
+    np.testing.assert_allclose(ranker.score(q.query, list(q.candidates)),
+                               refs["teacher"].score(q.query, list(q.candidates)), atol=5 * 0.05)
+    assert load_shipped_reranker(asset, cosine_backend="torch").cosine.backend == "torch"

@@ -119,22 +119,21 @@ class CosineOverCandidates:
 
     name = "cosine"
 
-    def __init__(self, encoder: str, queries) -> None:
-        from ragsieve.rerank.neural import BiEncoderRanker
-
-        self.ranker = BiEncoderRanker(encoder)
-        self.encoder, self.queries = encoder, queries
+    def __init__(self, encoder: str, queries, backend: str = "torch") -> None:
+        self.encoder, self.queries, self.backend = encoder, queries, backend
         self._vec: dict | None = None
 
     @property
     def vec(self) -> dict:
         # encoded on first use: a study whose cosine scores are all recorded never loads MiniLM
         if self._vec is None:
-            from ragsieve.models.encoder import load_encoder
+            from ragsieve.models.encoder import encoder_batch_size, load_encoder, load_onnx_encoder
 
             qs = self.queries
             texts = sorted({p.full_text for q in qs for p in q.candidates} | {q.query for q in qs})
-            vecs = load_encoder(self.encoder).encode(texts, batch_size=64, normalize_embeddings=True)
+            encoder = load_encoder(self.encoder) if self.backend == "torch" \
+                else load_onnx_encoder(self.encoder, self.backend)
+            vecs = encoder.encode(texts, batch_size=encoder_batch_size(self.backend), normalize_embeddings=True)
             self._vec = dict(zip(texts, vecs))
         return self._vec
 

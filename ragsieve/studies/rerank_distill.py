@@ -120,8 +120,8 @@ class StudentConfig(StrictConfig):
     alpha: float | None = None
     # overrides ``distill.distill_loss`` ("kl" or "margin-mse"); "margin-mse" adds "-mmse" to the key
     distill_loss: Literal["kl", "margin-mse"] | None = None
-    # a candidate already tried (its verdict in the results README): listed for the record, never trained
-    # again (its weights are gone with the machine it was trained on), reported with this reason
+    # a candidate not to train: tried already (its verdict in the results README; its weights are gone with
+    # the machine it was trained on) or held back until its recipe changes; reported with this reason
     skip: str = ""
 
     @property
@@ -174,6 +174,12 @@ class RerankDistillConfig(StrictConfig):
     # up to session 53 were chosen on "dev-groups"
     select_on: Literal["dev-candidates", "dev-groups"] = "dev-candidates"
     encoder: str = DEFAULT_ENCODER
+    # the teacher itself on faster forwards, "<cross-encoder backend>+<cosine backend>" (each "torch" or
+    # "onnx-int8"), evaluated as reference rows ``teacher@<variant>``: the fastest within ``backend_tolerance``
+    # of the teacher on every set (point estimate) and not measurably below cosine becomes the shipped teacher's
+    # backends (its card), until a student takes ``embedded:base``. Listed fastest first.
+    teacher_backends: list[Literal["onnx-int8+onnx-int8", "torch+onnx-int8", "onnx-int8+torch"]] = []
+    backend_tolerance: float = 0.005
     # text-free records to commit (mined ids, teacher logits, the teacher's and cosine's held-out scores, by
     # query and passage id): read at start, extended as phases run, so a run resumes on another machine
     # without mining or scoring again ("" = none; experiments/rerank_distill.yaml sets results/.../records)
@@ -293,6 +299,37 @@ class _WithoutCosine(BaseRanker):
         return np.asarray(mixed, dtype=float) - self.factor * np.asarray(cosine, dtype=float)
 
 
+class _CrossPlusCosine(BaseRanker):
+    """The teacher's mix from its parts: ``cross`` logit + ``factor`` · ``cosine`` (each any ranker)."""
+
+    score_is_probability = False
+
+    def __init__(self, cross: BaseRanker, cosine, factor: float, calibration=None) -> None:
+        self.cross, self.cosine, self.factor = cross, cosine, factor
+        self.calibration = calibration
+
+    def score(self, query, passages):
+        return (np.asarray(self.cross.score(query, passages), dtype=float)
+                + self.factor * np.asarray(self.cosine.score(query, passages), dtype=float))
+
+
+def variant_key(backends: str) -> str:
+    """The evaluation row of the teacher on ``"<cross-encoder backend>+<cosine backend>"``."""
+    return f"teacher@{backends}"
+
+
+def backend_verdict(by_dataset: dict[str, dict], backends: str, tolerance: float) -> dict:
+    """Whether the teacher on ``backends`` keeps its own quality: :func:`shortfall` at ``tolerance``, plus the
+    per-set verdict on the interval ("met" only where the interval's low end clears ``-tolerance``)."""
+    from ragsieve.eval.stats import target_verdict
+
+    key = variant_key(backends)
+    why = shortfall(by_dataset, key, tolerance)
+    per_set = {name: target_verdict(rows[key]["vs_teacher"]["diff"], rows[key]["vs_teacher"]["low"],
+                                    rows[key]["vs_teacher"]["high"], -tolerance) for name, rows in by_dataset.items()}
+    return {"ship": not why, "why": why or "within target", "per_set": per_set}
+
+
 def shortfall(by_dataset: dict[str, dict], key: str, tolerance: float) -> str:
     """Why ranker ``key`` misses a student's targets ("" if it meets them): more than ``tolerance`` nDCG@10
     below the teacher on a set (point estimate), or measurably below MiniLM cosine (interval under 0)."""
@@ -350,6 +387,23 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
                                          mean(rows["cosine"]["nDCG@10"]), mean(x["nDCG@10"]), diff(x["vs_teacher"]),
                                          diff(x["vs_cosine"])]) + " |")
         lines.append("")
+    variants = [k for k in dict.fromkeys(k for rows in by_dataset.values() for k in rows) if k.startswith("teacher@")]
+    if variants:
+        lines += ["## The teacher itself on faster forwards (`teacher_backends`)", "",
+                  "`teacher@<cross-encoder backend>+<cosine backend>`: the same weights and mix; \"torch\" is fp32 "
+                  "(the cross-encoder's fp32 logit read from the records), \"onnx-int8\" the int8 per-channel ONNX "
+                  "forward.", "",
+                  "| set | n | variant | teacher | variant nDCG@10 | − teacher [95 %] | − cosine [95 %] | ECE |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for key in variants:
+            for name, rows in by_dataset.items():
+                if key in rows:
+                    x = rows[key]
+                    lines.append(" | ".join([f"| {name}", str(x["n"]), f"`{key[len('teacher@'):]}`",
+                                             mean(rows["teacher"]["nDCG@10"]), mean(x["nDCG@10"]),
+                                             diff(x["vs_teacher"]), diff(x["vs_cosine"]),
+                                             interval(x.get("ece"))]) + " |")
+        lines.append("")
     for student in students:
         key, int8 = student.key, f"{student.key}-onnx-int8"
         v = verdicts[key]
@@ -404,6 +458,8 @@ class RerankDistillStudy:
         train, dev = self.teacher_rows(cfg, mined, teacher, work, console)
         result: dict = {"mined_rows": counts, "teacher": str(teacher), "students": {},
                         "evaluation": {"by_dataset": {}, "verdicts": {}}}
+        if cfg.teacher_backends:
+            result["teacher_backends"] = self.choose_backends(cfg, teacher, dev, work, console)
         taken: dict[str, str] = {}  # asset name → the student that took it
         # per name, fewest layers first: train, evaluate, ship; once one takes the name, the larger ones are
         # not trained (the fastest candidate within target wins, and each larger one costs an hour or more)
@@ -429,8 +485,9 @@ class RerankDistillStudy:
                 else:
                     console.print(f"{student.key} not shipped: {verdict['why']}")
         result["seconds"] = time.perf_counter() - t0
+        # every row evaluated so far (this run's and the cached ones), not only this run's students
+        result["evaluation"] = self.report(cfg, out_dir, console)["evaluation"]
         (Path(out_dir) / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-        self._write_tables(cfg, out_dir, result["evaluation"]["by_dataset"], console)
         return result
 
     def report(self, cfg: RerankDistillConfig, out_dir: Path, console: Console) -> dict:
@@ -582,7 +639,17 @@ class RerankDistillStudy:
                 ("cosine", {"encoder": cfg.encoder}))}
         out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
         if isinstance(mix, CosineMixRanker) and mix.weight:  # what dropping the second model costs, untrained
-            out[CROSS_ALONE] = _WithoutCosine(out["teacher"], out["cosine"], mix.weight * mix.scale)
+            factor = mix.weight * mix.scale
+            out[CROSS_ALONE] = _WithoutCosine(out["teacher"], out["cosine"], factor)
+            cosines = {"torch": out["cosine"]}  # one encoding of the candidates per cosine backend
+            for backends in cfg.teacher_backends:
+                cross_backend, cosine_backend = backends.split("+")
+                # the fp32 cross-encoder's logit is the recorded mix minus its cosine term: no forward
+                cross = out[CROSS_ALONE] if cross_backend == "torch" else load_shipped_reranker(
+                    teacher, backend=cross_backend).cross
+                cos = cosines.setdefault(cosine_backend, CosineOverCandidates(cfg.encoder, queries, cosine_backend))
+                key = variant_key(backends)  # remembered: nDCG and ECE read one pass of the forwards
+                out[key] = _Remembered(_CrossPlusCosine(cross, cos, factor, calibration=shipped.calibration), key)
         return out
 
     @staticmethod
@@ -620,7 +687,7 @@ class RerankDistillStudy:
         out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
         students_by_key: dict[str, _Remembered] | None = None
         mixed = float(read_card(teacher).get("cosine_weight", 0.0)) > 0  # then references() adds CROSS_ALONE
-        wanted = ["teacher", "cosine", *([CROSS_ALONE] if mixed else []),
+        wanted = ["teacher", "cosine", *([CROSS_ALONE, *map(variant_key, cfg.teacher_backends)] if mixed else []),
                   *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
         for name in cfg.datasets:
             cache = work / "eval" / f"{name}.json"
@@ -658,6 +725,50 @@ class RerankDistillStudy:
         for student in students:
             out["verdicts"][student.key] = student_verdict(out["by_dataset"], student)
         return out
+
+    def choose_backends(self, cfg: RerankDistillConfig, teacher: Path, dev: list[dict], work: Path,
+                        console: Console) -> dict:
+        """Evaluate the teacher on each of ``cfg.teacher_backends`` and write the fastest that keeps its quality
+        (:func:`backend_verdict`) into the shipped card, if the shipped weights are the teacher's."""
+        from ragsieve.rerank.shipped import embedded_reranker_dir
+
+        evaluation = self.evaluate(cfg, teacher, {}, dev, work, console)
+        verdicts = {b: backend_verdict(evaluation["by_dataset"], b, cfg.backend_tolerance)
+                    for b in cfg.teacher_backends}
+        chosen = next((b for b in cfg.teacher_backends if verdicts[b]["ship"]), None)
+        for b, v in verdicts.items():
+            console.print(f"teacher@{b}: {'keeps' if v['ship'] else 'misses'} the teacher's quality ({v['why']})")
+        out = {"verdicts": verdicts, "chosen": chosen, "written": False}
+        target = Path(cfg.asset_root) / embedded_reranker_dir("base").name if cfg.asset_root \
+            else embedded_reranker_dir("base")
+        if chosen and (target / "model.safetensors").is_file() \
+                and teacher_identity(target) == teacher_identity(teacher):
+            self.write_backends(target, chosen, evaluation["by_dataset"], cfg.backend_tolerance)
+            out["written"] = True
+            console.print(f"{target}: the shipped teacher now runs on {chosen}")
+        return out
+
+    @staticmethod
+    def write_backends(folder: Path, backends: str, by_dataset: dict[str, dict], tolerance: float) -> None:
+        """Set a mixed reranker card's cross-encoder and cosine backends, with the held-out evidence."""
+        from ragsieve.rerank.shipped import CARD
+
+        cross_backend, cosine_backend = backends.split("+")
+        card = json.loads((folder / CARD).read_text())
+        key = variant_key(backends)
+        card.update({
+            "default_backend": cross_backend, "cosine_backend": cosine_backend,
+            "backend_choice": {
+                "by": "experiments/rerank_distill.yaml (teacher_backends): the fastest within "
+                      f"{tolerance} nDCG@10 of fp32 on every held-out set, not measurably below cosine",
+                "heldout_ndcg10_vs_fp32": {
+                    name: {k: round(rows[key]["vs_teacher"][k], 4) for k in ("diff", "low", "high")}
+                    for name, rows in by_dataset.items()},
+                "n_queries": {name: rows[key]["n"] for name, rows in by_dataset.items()},
+            },
+        })
+        with atomic_file(folder / CARD) as tmp:
+            tmp.write_text(json.dumps(card, indent=2) + "\n")
 
     @staticmethod
     def ship(cfg: RerankDistillConfig, student: StudentConfig, final: Path, teacher: Path, dev: list[dict],
