@@ -95,8 +95,8 @@ def build(row: str, threads: int, max_length: int, batch_size: int):
 
     spec = "embedded:base" if row == DEFAULT else row
     scheme, _ = parse_reranker_spec(spec)
-    options = {"threads": threads, "max_length": max_length, "batch_size": batch_size} \
-        if scheme in ("embedded", "cross-encoder", "hf") else {}
+    # batches as shipped (torch 32, onnxruntime ragsieve.models.onnx.ONNX_BATCH): --batch-size is predict's
+    options = {"threads": threads, "max_length": max_length} if scheme in ("embedded", "cross-encoder", "hf") else {}
     ranker = load_reranker(spec, **options)
     return lambda pairs: ranker.score_pairs([q for q, _ in pairs], [p for _, p in pairs])
 
@@ -133,7 +133,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=0, help="keep only the first N pairs per set (smoke run)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--ranker", action="append", default=[], help="another reranker spec to measure")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="CrossEncoder.predict's batch (ragsieve rows "
+                        "batch as they ship)")
     parser.add_argument("--max-ndcg-drop", type=float, default=0.005)
     parser.add_argument("--out", default="bench/results/rerank.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: measure one row in this process

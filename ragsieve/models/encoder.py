@@ -31,10 +31,11 @@ ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")
 
 
 def encoder_batch_size(backend: str) -> int:
-    """Texts per forward for a backend. onnxruntime runs small batches fastest on CPU (MiniLM int8, one thread:
-    97 passages/s at 8 vs 58 at 64 on NQ, 26 vs 20 on 256-token MultiRC, a third of the peak memory); int8
-    quantises activations per batch, so whoever measures a backend must batch as it ships."""
-    return 64 if backend == "torch" else 8
+    """Texts per forward for a backend: sentence-transformers' 64 on torch, :data:`ragsieve.models.onnx.ONNX_BATCH`
+    on onnxruntime (small batches run fastest there; int8 quantises activations per batch)."""
+    from ragsieve.models.onnx import ONNX_BATCH
+
+    return 64 if backend == "torch" else ONNX_BATCH
 
 
 @lru_cache(maxsize=4)

@@ -84,10 +84,10 @@ class OnnxCrossEncoderRanker(BaseRanker):
     name = "cross-encoder-onnx"
 
     def __init__(self, folder: str | Path = ASSET_DIR, onnx_file: str = ONNX_FILE, max_length: int = 256,
-                 batch_size: int = 32, threads: int | None = None):
+                 batch_size: int | None = None, threads: int | None = None):
         from tokenizers import Tokenizer
 
-        from ragsieve.models.onnx import onnx_session
+        from ragsieve.models.onnx import ONNX_BATCH, onnx_session
 
         folder = Path(folder)
         if not (folder / onnx_file).exists() or not (folder / "tokenizer.json").exists():
@@ -99,7 +99,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
         self.session = onnx_session(folder / onnx_file, threads)
         self.inputs = {i.name for i in self.session.get_inputs()}
-        self.batch_size = batch_size
+        self.batch_size = batch_size or ONNX_BATCH
         self.max_length = max_length
 
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
@@ -134,7 +134,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
 
 def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = None, threads: int | None = None,
-                          batch_size: int = 32, max_length: int | None = None,
+                          batch_size: int | None = None, max_length: int | None = None,
                           cosine_backend: str | None = None) -> BaseRanker:
     """The shipped base reranker with its calibration; ``backend`` (the cross-encoder's forward) and
     ``cosine_backend`` (a mixed card's MiniLM cosine) default to the card's choices.
@@ -161,7 +161,7 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
             import torch
 
             torch.set_num_threads(threads)
-        ranker = CrossEncoderRanker(str(folder), max_length=max_length, batch_size=batch_size, backend=backend)
+        ranker = CrossEncoderRanker(str(folder), max_length=max_length, batch_size=batch_size or 32, backend=backend)
         ranker.model.model.float()  # shipped in fp16 to halve the wheel; CPU inference runs in fp32
         from_probability = True
     weight = float(card.get("cosine_weight", 0.0))
@@ -179,7 +179,7 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
     return ranker
 
 
-def load_cross_encoder(model: str = "", max_length: int | None = None, batch_size: int = 32,
+def load_cross_encoder(model: str = "", max_length: int | None = None, batch_size: int | None = None,
                        backend: str | None = None, threads: int | None = None) -> BaseRanker:
     """``cross-encoder:<folder or id>``: a folder with a ragsieve card scores the way its card says.
 
@@ -196,7 +196,8 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
                                      max_length=max_length)
     from ragsieve.rerank.neural import CrossEncoderRanker
 
-    return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size, backend=backend or "torch")
+    return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size or 32,
+                              backend=backend or "torch")
 
 
 #: the rerankers ``embedded:<name>`` names → their folder under ``ragsieve/assets/``. ``fast`` is the
