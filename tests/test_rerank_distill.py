@@ -194,6 +194,13 @@ def test_truncated_student_keeps_the_first_layers_and_the_head(tmp_path, teacher
     assert torch.equal(*first)
     with pytest.raises(RagsieveError, match="1..2"):
         truncated_student(teacher_dir, 3, tmp_path / "too-deep")
+    # a fresh head: the same first layer under a newly initialised pooler and classifier
+    fresh = AutoModelForSequenceClassification.from_pretrained(
+        truncated_student(teacher_dir, 1, tmp_path / "fresh", max_length=64, fresh_head=True))
+    assert torch.equal(fresh.bert.encoder.layer[0].output.dense.weight, teacher.bert.encoder.layer[0].output.dense.weight)
+    assert not torch.equal(fresh.classifier.weight, teacher.classifier.weight)
+    assert not torch.equal(fresh.bert.pooler.dense.weight, teacher.bert.pooler.dense.weight)
+    assert float(fresh.classifier.bias.abs().max()) == 0.0
 
 
 def test_embedded_fast_is_one_line_until_shipped():
@@ -357,6 +364,8 @@ def test_a_student_with_its_own_alpha_or_loss_trains_under_its_own_key():
     assert StudentConfig(name="fast", layers=1, tolerance=0.02).distill_overrides() == {}
     margins = StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, distill_loss="margin-mse")
     assert margins.key == "base-6l-a8-mmse" and margins.distill_overrides()["distill_loss"] == "margin-mse"
+    fresh = StudentConfig(name="fast", layers=1, tolerance=0.02, fresh_head=True, lr=2e-4)
+    assert fresh.key == "fast-1l-fh-lr0.0002" and fresh.distill_overrides() == {"lr": 2e-4}
     keys = [st.key for st in RerankDistillConfig().students]
     assert len(keys) == len(set(keys))  # every candidate trains and is evaluated under its own key
     with pytest.raises(ValueError, match="share the key base-6l"):

@@ -120,6 +120,10 @@ class StudentConfig(StrictConfig):
     alpha: float | None = None
     # overrides ``distill.distill_loss`` ("kl" or "margin-mse"); "margin-mse" adds "-mmse" to the key
     distill_loss: Literal["kl", "margin-mse"] | None = None
+    # re-initialise the pooler and classifier (truncated_student): "-fh" in the key
+    fresh_head: bool = False
+    # overrides ``distill.lr`` (a fresh head learns from scratch): "-lr<lr>" in the key
+    lr: float | None = None
     # a candidate not to train: tried already (its verdict in the results README; its weights are gone with
     # the machine it was trained on) or held back until its recipe changes; reported with this reason
     skip: str = ""
@@ -128,12 +132,13 @@ class StudentConfig(StrictConfig):
     def key(self) -> str:
         """Several candidates may share a name: of those within target, the one with fewest layers ships."""
         return (f"{self.name}-{self.layers}l" + ("" if self.alpha is None else f"-a{self.alpha:g}")
-                + ("-mmse" if self.distill_loss == "margin-mse" else ""))
+                + ("-mmse" if self.distill_loss == "margin-mse" else "") + ("-fh" if self.fresh_head else "")
+                + ("" if self.lr is None else f"-lr{self.lr:g}"))
 
     def distill_overrides(self) -> dict:
         """This student's departures from the shared ``distill`` settings."""
         return {k: v for k, v in (("time_budget_minutes", self.time_budget_minutes), ("alpha", self.alpha),
-                                  ("distill_loss", self.distill_loss)) if v is not None}
+                                  ("distill_loss", self.distill_loss), ("lr", self.lr)) if v is not None}
 
 
 def _students() -> list[StudentConfig]:
@@ -146,8 +151,9 @@ def _students() -> list[StudentConfig]:
             StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, skip=tried),
             StudentConfig(name="base", layers=6, tolerance=0.005, time_budget_minutes=150, alpha=8.0,
                           distill_loss="margin-mse", skip=tried),
-            StudentConfig(name="fast", layers=1, tolerance=0.02),
-            StudentConfig(name="fast", layers=2, tolerance=0.02)]
+            StudentConfig(name="fast", layers=1, tolerance=0.02, skip=tried),
+            StudentConfig(name="fast", layers=1, tolerance=0.02, fresh_head=True, lr=2e-4),
+            StudentConfig(name="fast", layers=2, tolerance=0.02, skip="held back: needs other training lists")]
 
 
 def _distill() -> DistillConfig:
@@ -474,6 +480,7 @@ class RerankDistillStudy:
             for student in sorted((st for st in cfg.students if st.name == name), key=lambda st: st.layers):
                 entry = {"name": student.name, "layers": student.layers, "tolerance": student.tolerance,
                          **{k: v for k, v in student.distill_overrides().items() if k != "time_budget_minutes"},
+                         **({"fresh_head": True} if student.fresh_head else {}),
                          "shipped": False}
                 if name in taken or student.skip:
                     why = f"not trained: {taken[name]} took embedded:{name}" if name in taken else student.skip
@@ -606,7 +613,7 @@ class RerankDistillStudy:
         final = out / "final"
         if (final / "config.json").exists():
             return final
-        init = truncated_student(teacher, student.layers, out / "init", cfg.distill.max_length)
+        init = truncated_student(teacher, student.layers, out / "init", cfg.distill.max_length, student.fresh_head)
         console.print(f"training {student.key} on {len(train)} rows, dev {len(dev)}")
         t = time.perf_counter()
         lists = dev_lists(cfg, dev)
@@ -662,6 +669,7 @@ class RerankDistillStudy:
     @staticmethod
     def students(cfg: RerankDistillConfig, finals: dict[str, Path], dev: list[dict]) -> dict[str, _Remembered]:
         """Each student on fp32 and on int8 ONNX, calibrated on :func:`calibration_pairs` (≈ 4k dev pairs)."""
+        from ragsieve.models.onnx import ONNX_BATCH
         from ragsieve.rerank.neural import CrossEncoderRanker
 
         out: dict[str, _Remembered] = {}
@@ -674,7 +682,8 @@ class RerankDistillStudy:
                 log.warning("%s: no calibration (%s)", name, exc)
             out[name] = _Remembered(student, name)
             # the same weights on the int8 per-channel ONNX forward, with the fp32 calibration (same logit scale)
-            int8 = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length, backend="onnx-int8")
+            int8 = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length, backend="onnx-int8",
+                                      batch_size=ONNX_BATCH)  # batched as the shipped ONNX ranker batches
             int8.calibration = student.calibration
             out[f"{name}-onnx-int8"] = _Remembered(int8, f"{name}-onnx-int8")
         return out

@@ -313,12 +313,15 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
     return final
 
 
-def truncated_student(teacher_folder: str | Path, layers: int, out_dir: str | Path, max_length: int = 256) -> Path:
+def truncated_student(teacher_folder: str | Path, layers: int, out_dir: str | Path, max_length: int = 256,
+                      fresh_head: bool = False) -> Path:
     """A student cross-encoder: the teacher's embeddings, its first ``layers`` transformer layers and its head.
 
     Starting from the teacher's own lower layers (rather than a fresh head on a smaller encoder)
-    keeps the classifier head it trained, so distillation starts near the teacher's ranking.
-    Written once to ``out_dir`` (reused when it exists).
+    keeps the classifier head it trained, so distillation starts near the teacher's ranking. That head
+    reads the teacher's last layer: under one layer it scores every pair alike and barely moves
+    (``results/rerank_distill``), so ``fresh_head`` re-initialises the pooler and classifier as the
+    architecture initialises them. Written once to ``out_dir`` (reused when it exists).
 
     Example::
 
@@ -337,6 +340,18 @@ def truncated_student(teacher_folder: str | Path, layers: int, out_dir: str | Pa
         raise RagsieveError(f"a student keeps 1..{total} of the teacher's layers, got {layers}")
     encoder.layer = nn.ModuleList(list(encoder.layer)[:layers])
     ce.model.config.num_hidden_layers = layers
+    if fresh_head:
+        std = float(getattr(ce.model.config, "initializer_range", 0.02))
+        head = [getattr(getattr(ce.model, ce.model.base_model_prefix), "pooler", None),
+                getattr(ce.model, "classifier", None)]
+        linears = [m for part in head if part is not None for m in part.modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise RagsieveError(f"{teacher_folder}: no pooler or classifier to re-initialise")
+        with torch.no_grad():
+            for linear in linears:
+                linear.weight.normal_(0.0, std)
+                if linear.bias is not None:
+                    linear.bias.zero_()
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     ce.save_pretrained(str(tmp), safe_serialization=True)
     (tmp / "README.md").unlink(missing_ok=True)
