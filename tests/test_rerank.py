@@ -195,7 +195,7 @@ def test_fast_backends_match_predict(tiny_cross_encoder_dir, tmp_path, monkeypat
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
     pairs = [("who wrote hamlet", p.full_text) for p in POOL] + [("capital of france", "Paris " * 30)]
     ref = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64).predict_pairs(pairs)
-    for backend, atol in (("onnx", 1e-5), ("torch-int8", 0.05), ("onnx-int8", 0.05)):
+    for backend, atol in (("onnx", 1e-5), ("torch-bf16", 0.05), ("torch-int8", 0.05), ("onnx-int8", 0.05)):
         ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64, batch_size=2,
                                backend=backend)
         np.testing.assert_allclose(ranker.predict_pairs(pairs), ref, atol=atol, err_msg=backend)
@@ -510,3 +510,31 @@ def test_raw_threshold_inverts_unit_scores_for_every_kind_of_ranker():
     grader = new_grader("ranker", base="bm25", threshold=0.1)
     assert grader.unit_scores([0.1]) == pytest.approx(bm25.unit_scores([0.1]))
     assert LMGrader.score_is_probability
+
+
+def test_bf16_backends_run_only_where_the_cpu_has_bf16_units(monkeypatch, tmp_path, tiny_cross_encoder_dir):
+    """A card naming torch-bf16 loads it on a CPU with AMX / AVX512-BF16, and its measured choice without bf16
+    elsewhere (bf16 is emulated there, slower than fp32); an explicit torch-bf16 request falls back to fp32."""
+    import json
+    import shutil
+
+    from ragsieve.models import cpu
+    from ragsieve.rerank.mixed import CosineMixRanker
+    from ragsieve.rerank.shipped import load_shipped_reranker
+
+    folder = tmp_path / "asset"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    (folder / "ragsieve_reranker.json").write_text(json.dumps({
+        "max_length": 64, "default_backend": "torch-bf16", "cosine_backend": "torch-bf16", "cosine_weight": 0.25,
+        "without_bf16": {"default_backend": "torch", "cosine_backend": "onnx-int8"}}))
+    monkeypatch.setattr(cpu, "fast_bf16", lambda: True)
+    ranker = load_shipped_reranker(folder)
+    assert isinstance(ranker, CosineMixRanker) and ranker.cross.backend == "torch-bf16"
+    assert ranker.cosine.backend == "torch-bf16"
+    bf16 = ranker.score("who wrote hamlet", POOL)
+    monkeypatch.setattr(cpu, "fast_bf16", lambda: False)
+    plain = load_shipped_reranker(folder)
+    assert plain.cross.backend == "torch" and plain.cosine_backend == "onnx-int8"
+    assert load_shipped_reranker(folder, backend="torch-bf16").cross.backend == "torch"
+    assert cpu.cpu_backend("torch-bf16") == "torch" and cpu.cpu_backend("onnx-int8") == "onnx-int8"
+    np.testing.assert_allclose(bf16, plain.score("who wrote hamlet", POOL), atol=0.3)  # bf16 vs fp32 + int8 cosine

@@ -26,8 +26,9 @@ def resolve_encoder_path(spec: str) -> str:
     return parsed.target
 
 
-#: bi-encoder backends: ``torch`` = ``SentenceTransformer`` itself; ``onnx`` / ``onnx-int8`` = :class:`OnnxEncoder`
-ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")
+#: bi-encoder backends: ``torch`` = ``SentenceTransformer`` itself (``torch-bf16``: under bf16 autocast);
+#: ``onnx`` / ``onnx-int8`` = :class:`OnnxEncoder`
+ENCODER_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
 
 
 def encoder_batch_size(backend: str) -> int:
@@ -35,7 +36,7 @@ def encoder_batch_size(backend: str) -> int:
     on onnxruntime (small batches run fastest there; int8 quantises activations per batch)."""
     from ragsieve.models.onnx import ONNX_BATCH
 
-    return 64 if backend == "torch" else ONNX_BATCH
+    return 64 if backend in ("torch", "torch-bf16") else ONNX_BATCH
 
 
 @lru_cache(maxsize=4)

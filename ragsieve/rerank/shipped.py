@@ -146,8 +146,14 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
     """
     from ragsieve.rerank.calibration import Calibration
 
+    from ragsieve.models.cpu import cpu_backend, fast_bf16
+
     card = read_card(folder)
-    backend = backend or card.get("default_backend", "onnx-int8")
+    # bf16 pays only on CPUs with bf16 matrix units: elsewhere the card's measured choice without bf16
+    fallback = {} if fast_bf16() else card.get("without_bf16", {})
+    backend = cpu_backend(backend or fallback.get("default_backend") or card.get("default_backend", "onnx-int8"))
+    cosine_backend = cpu_backend(cosine_backend or fallback.get("cosine_backend")
+                                 or card.get("cosine_backend", "torch"))
     max_length = int(max_length or card.get("max_length", 256))
     cal = card.get("calibration")
     if backend == "onnx-int8":
@@ -170,7 +176,7 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
 
         # the mixed score is on the logit scale whatever the backends
         ranker = CosineMixRanker(ranker, weight, scale=float(card.get("cosine_scale", 20.0)),
-                                 cosine_backend=cosine_backend or card.get("cosine_backend", "torch"), threads=threads)
+                                 cosine_backend=cosine_backend, threads=threads)
         from_probability = False
     if cal:
         # the fit is on logits; a sigmoid-output backend maps its scores back to logits first
