@@ -197,7 +197,8 @@ def test_truncated_student_keeps_the_first_layers_and_the_head(tmp_path, teacher
     # a fresh head: the same first layer under a newly initialised pooler and classifier
     fresh = AutoModelForSequenceClassification.from_pretrained(
         truncated_student(teacher_dir, 1, tmp_path / "fresh", max_length=64, fresh_head=True))
-    assert torch.equal(fresh.bert.encoder.layer[0].output.dense.weight, teacher.bert.encoder.layer[0].output.dense.weight)
+    first = [m.bert.encoder.layer[0].output.dense.weight for m in (fresh, teacher)]
+    assert torch.equal(*first)
     assert not torch.equal(fresh.classifier.weight, teacher.classifier.weight)
     assert not torch.equal(fresh.bert.pooler.dense.weight, teacher.bert.pooler.dense.weight)
     assert float(fresh.classifier.bias.abs().max()) == 0.0
@@ -417,3 +418,11 @@ def test_the_teacher_on_faster_backends_is_evaluated_and_written_into_its_card(t
     np.testing.assert_allclose(ranker.score(q.query, list(q.candidates)),
                                refs["teacher"].score(q.query, list(q.candidates)), atol=5 * 0.05)
     assert load_shipped_reranker(asset, cosine_backend="torch").cosine.backend == "torch"
+    # a bf16 choice carries what a CPU without bf16 units loads instead; a later plain choice drops it
+    by = {"a": {**rows(-0.001, -0.004, 0.002), variant_key("torch-bf16+torch-bf16"): rows(0, -0.001, 0.001)[key]}}
+    RerankDistillStudy.write_backends(asset, "torch-bf16+torch-bf16", by, 0.005, "torch+onnx-int8")
+    card = json.loads((asset / "ragsieve_reranker.json").read_text())
+    assert card["default_backend"] == card["cosine_backend"] == "torch-bf16"
+    assert card["without_bf16"] == {"default_backend": "torch", "cosine_backend": "onnx-int8"}
+    RerankDistillStudy.write_backends(asset, "torch+onnx-int8", by, 0.005)
+    assert "without_bf16" not in json.loads((asset / "ragsieve_reranker.json").read_text())

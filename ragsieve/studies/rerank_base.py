@@ -131,9 +131,12 @@ class CosineOverCandidates:
 
             qs = self.queries
             texts = sorted({p.full_text for q in qs for p in q.candidates} | {q.query for q in qs})
-            encoder = load_encoder(self.encoder) if self.backend == "torch" \
+            from ragsieve.models.cpu import autocast
+
+            encoder = load_encoder(self.encoder) if self.backend in ("torch", "torch-bf16") \
                 else load_onnx_encoder(self.encoder, self.backend)
-            vecs = encoder.encode(texts, batch_size=encoder_batch_size(self.backend), normalize_embeddings=True)
+            with autocast(self.backend):
+                vecs = encoder.encode(texts, batch_size=encoder_batch_size(self.backend), normalize_embeddings=True)
             self._vec = dict(zip(texts, vecs))
         return self._vec
 

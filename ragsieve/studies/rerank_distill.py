@@ -184,7 +184,8 @@ class RerankDistillConfig(StrictConfig):
     # "onnx-int8"), evaluated as reference rows ``teacher@<variant>``: the fastest shown within
     # ``backend_tolerance`` of the teacher on every set and not measurably below cosine (:func:`backend_verdict`)
     # becomes the shipped teacher's backends (its card), until a student takes ``embedded:base``. Fastest first.
-    teacher_backends: list[Literal["onnx-int8+onnx-int8", "torch+onnx-int8", "onnx-int8+torch"]] = []
+    teacher_backends: list[Literal["torch-bf16+torch-bf16", "onnx-int8+onnx-int8", "torch+onnx-int8",
+                                   "torch-bf16+onnx-int8", "onnx-int8+torch"]] = []
     backend_tolerance: float = 0.005
     # text-free records to commit (mined ids, teacher logits, the teacher's and cosine's held-out scores, by
     # query and passage id): read at start, extended as phases run, so a run resumes on another machine
@@ -303,20 +304,6 @@ class _WithoutCosine(BaseRanker):
     def score(self, query, passages):
         mixed, cosine = self.mixed.score(query, passages), self.cosine.score(query, passages)
         return np.asarray(mixed, dtype=float) - self.factor * np.asarray(cosine, dtype=float)
-
-
-class _CrossPlusCosine(BaseRanker):
-    """The teacher's mix from its parts: ``cross`` logit + ``factor`` · ``cosine`` (each any ranker)."""
-
-    score_is_probability = False
-
-    def __init__(self, cross: BaseRanker, cosine, factor: float, calibration=None) -> None:
-        self.cross, self.cosine, self.factor = cross, cosine, factor
-        self.calibration = calibration
-
-    def score(self, query, passages):
-        return (np.asarray(self.cross.score(query, passages), dtype=float)
-                + self.factor * np.asarray(self.cosine.score(query, passages), dtype=float))
 
 
 def variant_key(backends: str) -> str:
@@ -663,7 +650,9 @@ class RerankDistillStudy:
                     teacher, backend=cross_backend).cross
                 cos = cosines.setdefault(cosine_backend, CosineOverCandidates(cfg.encoder, queries, cosine_backend))
                 key = variant_key(backends)  # remembered: nDCG and ECE read one pass of the forwards
-                out[key] = _Remembered(_CrossPlusCosine(cross, cos, factor, calibration=shipped.calibration), key)
+                variant = CosineMixRanker(cross, mix.weight, mix.scale, cosine=cos)  # the shipped mix, its parts
+                variant.calibration = shipped.calibration
+                out[key] = _Remembered(variant, key)
         return out
 
     @staticmethod
@@ -752,31 +741,40 @@ class RerankDistillStudy:
         verdicts = {b: backend_verdict(evaluation["by_dataset"], b, cfg.backend_tolerance)
                     for b in cfg.teacher_backends}
         chosen = next((b for b in cfg.teacher_backends if verdicts[b]["ship"]), None)
+        # what a CPU without bf16 matrix units runs instead (bf16 is emulated, slower than fp32, there)
+        without_bf16 = next((b for b in cfg.teacher_backends if verdicts[b]["ship"] and "bf16" not in b), None)
         for b, v in verdicts.items():
             console.print(f"teacher@{b}: {'keeps' if v['ship'] else 'misses'} the teacher's quality ({v['why']})")
-        out = {"verdicts": verdicts, "chosen": chosen, "written": False}
+        out = {"verdicts": verdicts, "chosen": chosen, "without_bf16": without_bf16, "written": False}
         target = Path(cfg.asset_root) / embedded_reranker_dir("base").name if cfg.asset_root \
             else embedded_reranker_dir("base")
         if chosen and (target / "model.safetensors").is_file() \
                 and teacher_identity(target) == teacher_identity(teacher):
-            self.write_backends(target, chosen, evaluation["by_dataset"], cfg.backend_tolerance)
+            self.write_backends(target, chosen, evaluation["by_dataset"], cfg.backend_tolerance, without_bf16)
             out["written"] = True
             console.print(f"{target}: the shipped teacher now runs on {chosen}")
         return out
 
     @staticmethod
-    def write_backends(folder: Path, backends: str, by_dataset: dict[str, dict], tolerance: float) -> None:
-        """Set a mixed reranker card's cross-encoder and cosine backends, with the held-out evidence."""
+    def write_backends(folder: Path, backends: str, by_dataset: dict[str, dict], tolerance: float,
+                       without_bf16: str | None = None) -> None:
+        """Set a mixed reranker card's cross-encoder and cosine backends, with the held-out evidence, and the
+        pair a CPU without bf16 matrix units loads instead (``without_bf16``; the card's fp32 default if None)."""
         from ragsieve.rerank.shipped import CARD
 
         cross_backend, cosine_backend = backends.split("+")
         card = json.loads((folder / CARD).read_text())
+        card.pop("without_bf16", None)
+        if "bf16" in backends:
+            cross, cosine = (without_bf16 or "torch+torch").split("+")
+            card["without_bf16"] = {"default_backend": cross, "cosine_backend": cosine}
         key = variant_key(backends)
         card.update({
             "default_backend": cross_backend, "cosine_backend": cosine_backend,
             "backend_choice": {
-                "by": "experiments/rerank_distill.yaml (teacher_backends): the fastest within "
-                      f"{tolerance} nDCG@10 of fp32 on every held-out set, not measurably below cosine",
+                "by": "experiments/rerank_distill.yaml (teacher_backends): the fastest shown within "
+                      f"{tolerance} nDCG@10 of fp32 on every held-out set (paired interval by query), not "
+                      "measurably below cosine",
                 "heldout_ndcg10_vs_fp32": {
                     name: {k: round(rows[key]["vs_teacher"][k], 4) for k in ("diff", "low", "high")}
                     for name, rows in by_dataset.items()},
