@@ -144,9 +144,8 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
     ``onnx-int8`` is exported from the encoder's weights once, on first use
     (:class:`ragsieve.models.encoder.OnnxEncoder`).
     """
-    from ragsieve.rerank.calibration import Calibration
-
     from ragsieve.models.cpu import cpu_backend, fast_bf16
+    from ragsieve.rerank.calibration import Calibration
 
     card = read_card(folder)
     # bf16 pays only on CPUs with bf16 matrix units: elsewhere the card's measured choice without bf16
