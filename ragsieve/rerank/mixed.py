@@ -46,15 +46,8 @@ class CosineMixRanker(BaseRanker):
             self._cosine = BiEncoderRanker(self.encoder, backend=self.cosine_backend, threads=self.threads)
         return self._cosine
 
-    def _as_logits(self, scores) -> np.ndarray:
-        s = np.asarray(scores, dtype=float)
-        if self.cross.score_is_probability:
-            p = np.clip(s, 1e-7, 1 - 1e-7)
-            s = np.log(p) - np.log1p(-p)
-        return s
-
     def cross_logits(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        return self._as_logits(self.cross.score(query, passages))
+        return self.cross.logit_scores(self.cross.score(query, passages))
 
     def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
         s = self.cross_logits(query, passages)
@@ -65,7 +58,7 @@ class CosineMixRanker(BaseRanker):
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         """Both models over all pairs at once (the base class would go query by query: serve's batches across
         requests, and a bench's pair list, would lose their length-sorted batching)."""
-        s = self._as_logits(self.cross.score_pairs(queries, passages))
+        s = self.cross.logit_scores(self.cross.score_pairs(queries, passages))
         if self.weight:
             s = s + self.weight * self.scale * np.asarray(self.cosine.score_pairs(queries, passages), dtype=float)
         return s

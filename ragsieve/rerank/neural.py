@@ -84,7 +84,7 @@ class CrossEncoderRanker(BaseRanker):
             self.model = CrossEncoder(model, max_length=max_length, device="cpu", model_kwargs={"dtype": torch.float32})
         except OSError as exc:
             raise ModelNotAvailable(f"cannot load cross-encoder '{model}': {str(exc).splitlines()[0]}") from exc
-        self.batch_size = batch_size or encoder_batch_size(backend)
+        self.batch_size = batch_size
         self.backend = backend
         self._forward = None if backend == "torch" else make_forward(backend, self.model, model)
 
