@@ -105,19 +105,10 @@ class OnnxEncoder:
     def encode(self, texts: Sequence[str], batch_size: int = 32, normalize_embeddings: bool = True,
                **_: object) -> np.ndarray:
         """Mean-pooled token states of ``texts`` (length-sorted batches, input order back), L2-normalised."""
-        encodings = self.tokenizer.encode_batch(list(texts))
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        from ragsieve.models.onnx import padded_batches
+
         out: np.ndarray | None = None
-        for lo in range(0, len(order), batch_size):
-            idx = order[lo: lo + batch_size]
-            width = max(len(encodings[i].ids) for i in idx)
-            feeds = {k: np.zeros((len(idx), width), dtype=np.int64)
-                     for k in ("input_ids", "attention_mask", "token_type_ids")}
-            for row, i in enumerate(idx):
-                n = len(encodings[i].ids)
-                feeds["input_ids"][row, :n] = encodings[i].ids
-                feeds["attention_mask"][row, :n] = 1
-                feeds["token_type_ids"][row, :n] = encodings[i].type_ids
+        for idx, feeds in padded_batches(self.tokenizer.encode_batch(list(texts)), batch_size):
             states = self.session.run(["token_embeddings"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             vecs = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)

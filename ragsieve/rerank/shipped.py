@@ -114,20 +114,10 @@ class OnnxCrossEncoderRanker(BaseRanker):
         """Raw logits for (query, passage text) tuples in input order; batches over length-sorted pairs."""
         if not pairs:
             return np.zeros(0)
-        encodings = self.encode_pairs(pairs)
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        from ragsieve.models.onnx import padded_batches
+
         out = np.zeros(len(pairs), dtype=float)
-        for lo in range(0, len(order), self.batch_size):
-            idx = order[lo: lo + self.batch_size]
-            width = max(len(encodings[i].ids) for i in idx)
-            feeds = {k: np.full((len(idx), width), self.pad_id if k == "input_ids" else 0, dtype=np.int64)
-                     for k in ("input_ids", "attention_mask", "token_type_ids")}
-            for row, i in enumerate(idx):
-                e = encodings[i]
-                n = len(e.ids)
-                feeds["input_ids"][row, :n] = e.ids
-                feeds["attention_mask"][row, :n] = 1
-                feeds["token_type_ids"][row, :n] = e.type_ids
+        for idx, feeds in padded_batches(self.encode_pairs(pairs), self.batch_size, self.pad_id):
             logits = self.session.run(["logits"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
             out[idx] = logits.reshape(len(idx), -1)[:, 0]
         return out
