@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -42,6 +43,7 @@ __all__ = [
     "record_training_outputs",
     "sqlite_error",
     "state_dict_mismatch",
+    "weights_key",
 ]
 
 # How to rebuild each kind of artefact, in CLI terms (the user is usually at a shell).
@@ -225,6 +227,17 @@ def sqlite_error(file: str | os.PathLike[str], exc: sqlite3.Error, rebuild: str)
 TRAINING_OUTPUTS = "artifacts.json"
 
 
+def weights_key(folder: str | Path, filename: str = "model.safetensors") -> str:
+    """A short key that changes with a model folder's weights (first MB + size of its safetensors;
+    ``filename="adapter_model.safetensors"`` for a PEFT adapter)."""
+    f = Path(folder) / filename
+    if not f.is_file():
+        raise RagsieveError(f"{folder}: no {filename} to key the scores made with it by")
+    with f.open("rb") as fh:
+        head = fh.read(1 << 20)
+    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
+
+
 def file_sha256(file: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks.
 
@@ -232,8 +245,6 @@ def file_sha256(file: str | os.PathLike[str]) -> str:
 
         file_sha256("ragsieve/assets/base-reranker/model.safetensors")
     """
-    import hashlib
-
     digest = hashlib.sha256()
     with open(file, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -124,20 +124,18 @@ class OnnxEncoder:
 
 def _export_encoder(spec: str, folder: Path, int8: bool) -> tuple[Path, int]:
     """(ONNX file, max tokens) of a sentence-transformers folder's transformer, exported once per weights."""
-    import hashlib
     import json
 
     from filelock import FileLock
 
+    from ragsieve.artifacts import weights_key
     from ragsieve.atomic import atomic_file
     from ragsieve.paths import cache_dir
 
-    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+    weights = next((n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
     if weights is None:
         raise ModelNotAvailable(f"encoder '{spec}': no model.safetensors in {folder}")
-    with weights.open("rb") as fh:
-        digest = hashlib.sha1(fh.read(1 << 20) + str(weights.stat().st_size).encode()).hexdigest()[:16]
-    out = cache_dir() / "onnx" / f"encoder-{digest}"
+    out = cache_dir() / "onnx" / f"encoder-{weights_key(folder, weights)}"
     fp32, q8, meta = out / "model.onnx", out / "model.int8.onnx", out / "encoder.json"
     target = q8 if int8 else fp32
     if target.is_file() and meta.is_file():

@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ragsieve.artifacts import weights_key
 from ragsieve.data.records import Passage
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.paths import PACKAGE_DIR
@@ -45,17 +45,6 @@ def base_reranker_dir() -> Path:
     if not (ASSET_DIR / "config.json").is_file():
         raise ModelNotAvailable(f"no shipped reranker in {ASSET_DIR}; reinstall ragsieve")
     return ASSET_DIR
-
-
-def weights_key(folder: str | Path, filename: str = "model.safetensors") -> str:
-    """A short key that changes with a model folder's weights (first MB + size of its safetensors;
-    ``filename="adapter_model.safetensors"`` for a PEFT adapter)."""
-    f = Path(folder) / filename
-    if not f.is_file():
-        raise RagsieveError(f"{folder}: no {filename} to key the scores made with it by")
-    with f.open("rb") as fh:
-        head = fh.read(1 << 20)
-    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
 
 
 def scoring_key(folder: str | Path, weights: str | None = None) -> str:

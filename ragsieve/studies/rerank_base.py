@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import Field
 from rich.console import Console
 
+from ragsieve.artifacts import weights_key
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.rerank.training.distill import DistillConfig
@@ -174,7 +175,7 @@ class RerankBaseStudy:
         target = Path(cfg.asset_dir) if cfg.asset_dir else ASSET_DIR
         # a candidate folder first: the shipped asset is replaced only by a model measured better
         candidate = self.ship(cfg, final, work, work / "asset-candidate", console)
-        key = _weights_key(final)
+        key = weights_key(final)  # a new model never reuses another model's cached scores
         result = self.evaluate(cfg, final, candidate, console, work / "eval" / key)
         result["mined_rows"] = counts
         result["training"] = _trainer_state(work / "model")
@@ -328,14 +329,6 @@ class RerankBaseStudy:
         (asset / CARD).write_text(json.dumps(card, indent=2) + "\n")
 
 
-def _weights_key(final: Path) -> str:
-    """Evaluation cache key: a new model never reuses another model's cached scores."""
-    import hashlib
-
-    f = final / "model.safetensors"
-    with f.open("rb") as fh:
-        head = fh.read(1 << 20)
-    return hashlib.sha1(head + str(f.stat().st_size).encode()).hexdigest()[:12]
 
 
 def _mean_model_mrr(asset: Path) -> float | None:
