@@ -36,19 +36,21 @@ class BiEncoderRanker(BaseRanker):
         self.batch_size = batch_size or encoder_batch_size(backend)
         self.backend = backend
 
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """L2-normalised embeddings of ``texts`` on this ranker's backend (and its autocast), in input order."""
+        from ragsieve.models.cpu import autocast
+
+        with autocast(self.backend):
+            return self.encoder.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True)
+
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         """Cosines of aligned pairs; each distinct query is encoded once."""
         if len(queries) != len(passages):
             raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
         if not queries:
             return np.zeros(0, dtype=float)
-        from ragsieve.models.cpu import autocast
-
         unique = list(dict.fromkeys(queries))
-        with autocast(self.backend):
-            q = self.encoder.encode(unique, batch_size=self.batch_size, normalize_embeddings=True)
-            p = self.encoder.encode([x.full_text for x in as_passages(passages)], batch_size=self.batch_size,
-                                    normalize_embeddings=True)
+        q, p = self.embed(unique), self.embed([x.full_text for x in as_passages(passages)])
         row = {text: i for i, text in enumerate(unique)}
         return np.einsum("ij,ij->i", q[[row[t] for t in queries]], p).astype(np.float64)
 

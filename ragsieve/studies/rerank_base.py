@@ -128,17 +128,12 @@ class CosineOverCandidates:
     def vec(self) -> dict:
         # encoded on first use: a study whose cosine scores are all recorded never loads MiniLM
         if self._vec is None:
-            from ragsieve.models.encoder import encoder_batch_size, load_encoder, load_onnx_encoder
+            from ragsieve.rerank.neural import BiEncoderRanker
 
             qs = self.queries
             texts = sorted({p.full_text for q in qs for p in q.candidates} | {q.query for q in qs})
-            from ragsieve.models.cpu import autocast
-
-            encoder = load_encoder(self.encoder) if self.backend in ("torch", "torch-bf16") \
-                else load_onnx_encoder(self.encoder, self.backend)
-            with autocast(self.backend):
-                vecs = encoder.encode(texts, batch_size=encoder_batch_size(self.backend), normalize_embeddings=True)
-            self._vec = dict(zip(texts, vecs))
+            # the shipped cosine's own encoding: backend, batch size (int8 quantises per batch) and autocast
+            self._vec = dict(zip(texts, BiEncoderRanker(self.encoder, backend=self.backend).embed(texts)))
         return self._vec
 
     score_is_probability = False
