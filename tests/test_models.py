@@ -116,8 +116,8 @@ def test_gguf_cache_concurrent_conversion(tmp_path):
 
 
 def test_onnx_encoder_encodes_as_the_sentence_transformer_does():
-    """The bi-encoder on onnxruntime: fp32 gives MiniLM's own vectors, int8 stays within a few hundredths of
-    cosine; input order, normalisation and an empty input behave as SentenceTransformer.encode."""
+    """The bi-encoder's ONNX export: fp32 gives MiniLM's own vectors, int8 and OpenVINO's bf16 stay within a few
+    hundredths of cosine; input order, normalisation and an empty input behave as SentenceTransformer.encode."""
     from ragsieve.models.encoder import load_encoder, load_onnx_encoder
 
     texts = ["who wrote hamlet", "Hamlet is a tragedy by William Shakespeare, written around 1600.",
@@ -129,5 +129,7 @@ def test_onnx_encoder_encodes_as_the_sentence_transformer_does():
     assert (np.einsum("ij,ij->i", int8, ref) > 0.97).all()
     np.testing.assert_allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-5)
     assert load_onnx_encoder(backend="onnx-int8").encode([]).shape[0] == 0
+    bf16 = load_onnx_encoder(backend="openvino-bf16", threads=1).encode(texts, batch_size=2)  # OpenVINO, bf16 products
+    assert (np.einsum("ij,ij->i", bf16, ref) > 0.99).all()
     with pytest.raises(ModelNotAvailable, match="unknown encoder backend"):
         load_onnx_encoder(backend="tensorrt")

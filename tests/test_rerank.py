@@ -195,7 +195,8 @@ def test_fast_backends_match_predict(tiny_cross_encoder_dir, tmp_path, monkeypat
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
     pairs = [("who wrote hamlet", p.full_text) for p in POOL] + [("capital of france", "Paris " * 30)]
     ref = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64).predict_pairs(pairs)
-    for backend, atol in (("onnx", 1e-5), ("torch-bf16", 0.05), ("torch-int8", 0.05), ("onnx-int8", 0.05)):
+    for backend, atol in (("onnx", 1e-5), ("torch-bf16", 0.05), ("torch-int8", 0.05), ("onnx-int8", 0.05),
+                          ("openvino-bf16", 0.05)):
         ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64, batch_size=2,
                                backend=backend)
         np.testing.assert_allclose(ranker.predict_pairs(pairs), ref, atol=atol, err_msg=backend)
@@ -538,3 +539,31 @@ def test_bf16_backends_run_only_where_the_cpu_has_bf16_units(monkeypatch, tmp_pa
     assert load_shipped_reranker(folder, backend="torch-bf16").cross.backend == "torch"
     assert cpu.cpu_backend("torch-bf16") == "torch" and cpu.cpu_backend("onnx-int8") == "onnx-int8"
     np.testing.assert_allclose(bf16, plain.score("who wrote hamlet", POOL), atol=0.3)  # bf16 vs fp32 + int8 cosine
+
+
+def test_openvino_bf16_runs_both_models_from_their_onnx_exports(monkeypatch, tmp_path, tiny_cross_encoder_dir):
+    """A card naming openvino-bf16 runs the cross-encoder's and the cosine's fp32 ONNX exports (made once, into
+    the cache) on OpenVINO, scoring as fp32 torch does within bf16's rounding; a CPU without bf16 units runs
+    OpenVINO in f32."""
+    import json
+    import shutil
+
+    from ragsieve.models import cpu
+    from ragsieve.rerank.shipped import OnnxCrossEncoderRanker, load_shipped_reranker
+
+    monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "asset"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    (folder / "ragsieve_reranker.json").write_text(json.dumps({
+        "max_length": 64, "default_backend": "openvino-bf16", "cosine_backend": "openvino-bf16",
+        "cosine_weight": 0.25}))
+    monkeypatch.setattr(cpu, "fast_bf16", lambda: True)
+    ranker = load_shipped_reranker(folder, threads=1)
+    assert isinstance(ranker.cross, OnnxCrossEncoderRanker) and ranker.cross.model.engine == "openvino-bf16"
+    assert ranker.cosine.backend == "openvino-bf16"
+    fp32 = load_shipped_reranker(folder, backend="torch", cosine_backend="torch")
+    np.testing.assert_allclose(ranker.score("who wrote hamlet", POOL), fp32.score("who wrote hamlet", POOL), atol=0.3)
+    assert len(list((tmp_path / "cache" / "onnx").glob("cross-encoder-*/model.onnx"))) == 1
+    monkeypatch.setattr(cpu, "fast_bf16", lambda: False)
+    f32 = load_shipped_reranker(folder, cosine_backend="torch")  # OpenVINO in f32: fp32's scores
+    np.testing.assert_allclose(f32.score("who wrote hamlet", POOL), fp32.score("who wrote hamlet", POOL), atol=1e-3)

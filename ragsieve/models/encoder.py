@@ -27,8 +27,8 @@ def resolve_encoder_path(spec: str) -> str:
 
 
 #: bi-encoder backends: ``torch`` = ``SentenceTransformer`` itself (``torch-bf16``: under bf16 autocast);
-#: ``onnx`` / ``onnx-int8`` = :class:`OnnxEncoder`
-ENCODER_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
+#: ``onnx`` / ``onnx-int8`` (onnxruntime) and ``openvino-bf16`` (OpenVINO) = :class:`OnnxEncoder`
+ENCODER_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8", "openvino-bf16")
 
 
 def encoder_batch_size(backend: str) -> int:
@@ -42,16 +42,17 @@ def encoder_batch_size(backend: str) -> int:
 @lru_cache(maxsize=4)
 def load_onnx_encoder(spec: str = DEFAULT_ENCODER, backend: str = "onnx-int8",
                       threads: int | None = None) -> "OnnxEncoder":
-    """The bi-encoder on onnxruntime (``onnx`` fp32 or ``onnx-int8``), exported on first use; ``encode()``
-    as :func:`load_encoder`'s.
+    """The bi-encoder's ONNX export (on first use) on onnxruntime (``onnx`` fp32 or ``onnx-int8``) or OpenVINO
+    (``openvino-bf16``); ``encode()`` as :func:`load_encoder`'s.
 
     Example::
 
         load_onnx_encoder().encode(["a query", "a passage"], normalize_embeddings=True)
     """
-    if backend not in ("onnx", "onnx-int8"):
+    if backend not in ("onnx", "onnx-int8", "openvino-bf16"):
         raise ModelNotAvailable(f"unknown encoder backend '{backend}'; known: {', '.join(ENCODER_BACKENDS)}")
-    return OnnxEncoder(spec, int8=backend == "onnx-int8", threads=threads)
+    return OnnxEncoder(spec, int8=backend == "onnx-int8", threads=threads,
+                       engine="openvino-bf16" if backend == "openvino-bf16" else "onnxruntime")
 
 
 @lru_cache(maxsize=4)
@@ -74,7 +75,8 @@ def load_encoder(spec: str = DEFAULT_ENCODER, device: str = "cpu") -> "SentenceT
 
 
 class OnnxEncoder:
-    """A sentence-transformers bi-encoder's transformer on onnxruntime (int8 per-channel by default), with the
+    """A sentence-transformers bi-encoder's transformer on onnxruntime (int8 per-channel by default) or OpenVINO
+    (``engine="openvino-bf16"``, the fp32 export), with the
     model's own tokenizer, truncation, mean pooling and normalisation: ``encode()`` as ``SentenceTransformer``'s,
     for the cosine term of a mixed reranker. The ONNX file is exported once from the model's weights (torch is
     needed then, not after) to ``$RAGSIEVE_CACHE/onnx/encoder-<weights digest>/``.
@@ -87,10 +89,11 @@ class OnnxEncoder:
         vecs = enc.encode(["a query", "a passage"], batch_size=8, normalize_embeddings=True)
     """
 
-    def __init__(self, spec: str = DEFAULT_ENCODER, int8: bool = True, threads: int | None = None):
+    def __init__(self, spec: str = DEFAULT_ENCODER, int8: bool = True, threads: int | None = None,
+                 engine: str = "onnxruntime"):
         from tokenizers import Tokenizer
 
-        from ragsieve.models.onnx import onnx_session
+        from ragsieve.models.onnx import OnnxModel
 
         target = Path(resolve_encoder_path(spec))
         if not (target / "tokenizer.json").is_file():
@@ -99,8 +102,7 @@ class OnnxEncoder:
         self.tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_seq_length)
-        self.session = onnx_session(path, threads)
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.model = OnnxModel(path, engine, threads)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32, normalize_embeddings: bool = True,
                **_: object) -> np.ndarray:
@@ -109,7 +111,7 @@ class OnnxEncoder:
 
         out: np.ndarray | None = None
         for idx, feeds in padded_batches(self.tokenizer.encode_batch(list(texts)), batch_size):
-            states = self.session.run(["token_embeddings"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
+            states = self.model(feeds)
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             vecs = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
             if out is None:

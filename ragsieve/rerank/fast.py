@@ -10,6 +10,8 @@ changes:
 * ``onnx`` / ``onnx-int8`` — ``torch.onnx.export`` (TorchScript exporter: the dynamo one
   breaks ``quantize_dynamic``) run by onnxruntime; int8 is per-channel dynamic
   quantisation, which keeps rankings much closer to fp32 than per-tensor.
+* ``openvino-bf16`` — the fp32 ONNX export on OpenVINO with bf16 matrix products: on a CPU with AMX,
+  ≈ 1.5× ``torch-bf16`` at ≤ 128 tokens (179 vs 114 pairs/s, one thread), logits within ≈ 0.09 of fp32.
 
 The ONNX files are cached under ``$RAGSIEVE_CACHE/onnx/<weights digest>/``. Whether a
 backend keeps quality is measured, not assumed: ``bench/rerank.py`` reports nDCG@10
@@ -26,7 +28,7 @@ import numpy as np
 
 from ragsieve.atomic import atomic_file
 from ragsieve.errors import RagsieveError
-from ragsieve.models.onnx import onnx_session
+from ragsieve.models.onnx import OnnxModel
 from ragsieve.paths import cache_dir
 
 if TYPE_CHECKING:
@@ -73,17 +75,14 @@ def _torch_int8_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
     return forward
 
 
-def _onnx_forward(int8: bool) -> Callable[["CrossEncoder", str], Forward]:
+def _onnx_forward(int8: bool, engine: str = "onnxruntime") -> Callable[["CrossEncoder", str], Forward]:
     def factory(ce: "CrossEncoder", model_dir: str) -> Forward:
         import torch
 
-        path = export_onnx(ce, model_dir, int8=int8)
-        session = onnx_session(path, torch.get_num_threads())
-        names = {i.name for i in session.get_inputs()}
+        model = OnnxModel(export_onnx(ce, model_dir, int8=int8), engine, torch.get_num_threads())
 
         def forward(features: dict) -> np.ndarray:
-            feeds = {k: v.numpy().astype(np.int64) for k, v in features.items() if k in names}
-            return session.run(["logits"], feeds)[0]
+            return model({k: v.numpy().astype(np.int64) for k, v in features.items() if k in model.inputs})
 
         return forward
 
@@ -96,6 +95,7 @@ BACKENDS: dict[str, Callable[["CrossEncoder", str], Forward]] = {
     "torch-int8": _torch_int8_forward,
     "onnx": _onnx_forward(int8=False),
     "onnx-int8": _onnx_forward(int8=True),
+    "openvino-bf16": _onnx_forward(int8=False, engine="openvino-bf16"),  # pays on AMX / AVX512-BF16 CPUs
 }
 
 
@@ -117,12 +117,28 @@ def _weights_digest(ce: "CrossEncoder") -> str:
     return h.hexdigest()[:16]
 
 
-def export_onnx(ce: "CrossEncoder", model_dir: str, int8: bool = False) -> Path:
-    """Export (once) the cross-encoder's sequence classifier to ONNX; optionally int8 per-channel."""
+def folder_onnx(model_dir: str | Path) -> Path:
+    """The fp32 ONNX export of a cross-encoder folder, keyed by its weights file: a cached export loads
+    without torch; a missing one loads the folder (in fp32) once to export it."""
+    from ragsieve.artifacts import weights_key
+
+    folder = cache_dir() / "onnx" / f"cross-encoder-{weights_key(model_dir)}"
+    if (folder / "model.onnx").is_file():
+        return folder / "model.onnx"
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    ce = CrossEncoder(str(model_dir), device="cpu", model_kwargs={"dtype": torch.float32})
+    return export_onnx(ce, str(model_dir), folder=folder)
+
+
+def export_onnx(ce: "CrossEncoder", model_dir: str, int8: bool = False, folder: Path | None = None) -> Path:
+    """Export (once) the cross-encoder's sequence classifier to ONNX, into ``folder`` (default: keyed by a
+    digest of the loaded weights); optionally int8 per-channel."""
     import torch
     from filelock import FileLock
 
-    folder = cache_dir() / "onnx" / _weights_digest(ce)
+    folder = folder or cache_dir() / "onnx" / _weights_digest(ce)
     fp32, q8 = folder / "model.onnx", folder / "model.int8.onnx"
     target = q8 if int8 else fp32
     if target.exists():

@@ -34,7 +34,7 @@ class CosineMixRanker(BaseRanker):
         self.weight = float(weight)
         self.scale = float(scale)
         self.encoder = encoder
-        self.cosine_backend = cosine_backend  # "torch", "torch-bf16" or "onnx-int8" (exported once, on first use)
+        self.cosine_backend = cosine_backend  # an ENCODER_BACKENDS name (ONNX ones exported once, on first use)
         self.threads = threads
         self._cosine = cosine  # loaded on first use: load_reranker stays fast
 

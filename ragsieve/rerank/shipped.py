@@ -63,7 +63,8 @@ def read_card(folder: str | Path = ASSET_DIR) -> dict:
 
 
 class OnnxCrossEncoderRanker(BaseRanker):
-    """A cross-encoder ONNX file + ``tokenizer.json``; score = the raw logit.
+    """A cross-encoder ONNX file (in ``folder``, or a path) + ``tokenizer.json``; score = the raw logit. Runs on
+    onnxruntime, or on OpenVINO in bf16 (``engine="openvino-bf16"``, :class:`ragsieve.models.onnx.OnnxModel`).
 
     Example::
 
@@ -72,11 +73,11 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
     name = "cross-encoder-onnx"
 
-    def __init__(self, folder: str | Path = ASSET_DIR, onnx_file: str = ONNX_FILE, max_length: int = 256,
-                 batch_size: int | None = None, threads: int | None = None):
+    def __init__(self, folder: str | Path = ASSET_DIR, onnx_file: str | Path = ONNX_FILE, max_length: int = 256,
+                 batch_size: int | None = None, threads: int | None = None, engine: str = "onnxruntime"):
         from tokenizers import Tokenizer
 
-        from ragsieve.models.onnx import ONNX_BATCH, onnx_session
+        from ragsieve.models.onnx import ONNX_BATCH, OnnxModel
 
         folder = Path(folder)
         if not (folder / onnx_file).exists() or not (folder / "tokenizer.json").exists():
@@ -86,8 +87,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length, strategy="longest_first")
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
-        self.session = onnx_session(folder / onnx_file, threads)
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.model = OnnxModel(folder / onnx_file, engine, threads)
         self.batch_size = batch_size or ONNX_BATCH
         self.max_length = max_length
 
@@ -107,7 +107,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
 
         out = np.zeros(len(pairs), dtype=float)
         for idx, feeds in padded_batches(self.encode_pairs(pairs), self.batch_size, self.pad_id):
-            logits = self.session.run(["logits"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
+            logits = self.model(feeds)
             out[idx] = logits.reshape(len(idx), -1)[:, 0]
         return out
 
@@ -118,10 +118,10 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
     """The shipped base reranker with its calibration; ``backend`` (the cross-encoder's forward) and
     ``cosine_backend`` (a mixed card's MiniLM cosine) default to the card's choices.
 
-    ``onnx-int8`` reads the shipped ONNX file; ``torch`` (fp32) and the other
-    :mod:`ragsieve.rerank.fast` backends load the fp16 weights as a CrossEncoder. The cosine's
-    ``onnx-int8`` is exported from the encoder's weights once, on first use
-    (:class:`ragsieve.models.encoder.OnnxEncoder`).
+    ``onnx-int8`` reads the shipped ONNX file; ``openvino-bf16`` runs the weights' fp32 ONNX export
+    (made once, on first use: :func:`ragsieve.rerank.fast.folder_onnx`) on OpenVINO; ``torch`` (fp32) and
+    the other :mod:`ragsieve.rerank.fast` backends load the fp16 weights as a CrossEncoder. The cosine's
+    ONNX backends export the encoder's weights once, on first use (:class:`ragsieve.models.encoder.OnnxEncoder`).
     """
     from ragsieve.models.cpu import cpu_backend, fast_bf16
     from ragsieve.rerank.calibration import Calibration
@@ -134,9 +134,12 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
                                  or card.get("cosine_backend", "torch"))
     max_length = int(max_length or card.get("max_length", 256))
     cal = card.get("calibration")
-    if backend == "onnx-int8":
-        ranker: BaseRanker = OnnxCrossEncoderRanker(folder, max_length=max_length, threads=threads,
-                                                    batch_size=batch_size)
+    if backend in ("onnx-int8", "openvino-bf16"):
+        from ragsieve.rerank.fast import folder_onnx
+
+        ranker: BaseRanker = OnnxCrossEncoderRanker(
+            folder, ONNX_FILE if backend == "onnx-int8" else folder_onnx(folder), max_length=max_length,
+            threads=threads, batch_size=batch_size, engine="onnxruntime" if backend == "onnx-int8" else backend)
         from_probability = False
     else:
         from ragsieve.rerank.neural import CrossEncoderRanker
