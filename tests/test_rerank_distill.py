@@ -426,3 +426,29 @@ def test_the_teacher_on_faster_backends_is_evaluated_and_written_into_its_card(t
     assert card["without_bf16"] == {"default_backend": "torch", "cosine_backend": "onnx-int8"}
     RerankDistillStudy.write_backends(asset, "torch+onnx-int8", by, 0.005)
     assert "without_bf16" not in json.loads((asset / "ragsieve_reranker.json").read_text())
+
+
+def test_calibration_transfer_shows_what_one_map_cannot_do_and_own_labels_can():
+    """Two sets where the same score means different odds of relevance: one calibration is off on at least one
+    set even when fitted to both (the oracle rows), while a refit on a set's own queries is calibrated there."""
+    from ragsieve.rerank.calibration import Calibration
+    from ragsieve.studies.rerank_distill import calibration_transfer, distill_tables
+
+    rng = np.random.default_rng(0)
+
+    def one_set(shift: float, queries: int = 120):
+        x = rng.normal(0.0, 2.0, size=queries * 10)
+        y = (rng.random(len(x)) < 1 / (1 + np.exp(-(x + shift)))).astype(int)
+        return x, y, np.repeat([f"q{i}" for i in range(queries)], 10)
+
+    sets = {"lenient": one_set(+2.0), "strict": one_set(-2.0)}
+    out = calibration_transfer(sets, Calibration(), draws=5)
+    assert set(out) == {"shipped", "one_platt_oracle", "one_isotonic_oracle", "leave_one_set_out",
+                        "refit_on_own_queries"}
+    assert min(out["leave_one_set_out"].values()) > 0.1  # fitted on the other set: off the other way
+    assert max(out["one_platt_oracle"]["by_set"].values()) > 0.1  # no single map fits both
+    assert max(out["one_isotonic_oracle"].values()) > 0.1
+    for name, refit in out["refit_on_own_queries"].items():
+        assert refit["fit_queries"] == 40 and refit["draws"] == 5 and refit["median"] < 0.06, name
+    table = distill_tables({}, [], {}, out)
+    assert "| strict |" in table and "oracle" in table

@@ -106,6 +106,66 @@ def heldout_calibration(ranker: BaseRanker, datasets: Sequence[str] = SOURCES, m
     return out
 
 
+def calibration_transfer(sets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], shipped, n_bins: int = 10,
+                         refit_queries: int = 40, draws: int = 20, seed: int = 0) -> dict:
+    """How far one calibration can go: per held-out set, ECE of ``shipped`` (a
+    :class:`~ragsieve.rerank.calibration.Calibration`), of the one Platt map fitted to the held-out sets
+    themselves for the smallest worst-set ECE (a grid over slope and bias: no single map of this score does
+    better on all sets at once), of one isotonic map fitted to them (sets weighed equally), of a Platt map fitted
+    on the other sets (an unseen corpus), and of a Platt map
+    refitted on ``refit_queries`` queries of the set itself, scored on its other queries (median and 2.5-97.5 %
+    range over ``draws`` random splits): what a user's own labels buy.
+
+    ``sets`` maps a set's name to (raw scores, 0/1 labels, query ids), one entry per candidate.
+
+    Example::
+
+        calibration_transfer({"a": (np.array([2., -1.]), np.array([1, 0]), np.array(["q", "q"]))}, cal, draws=2)
+    """
+    from scipy.special import expit
+    from sklearn.isotonic import IsotonicRegression
+
+    from ragsieve.eval.calibration import expected_calibration_error as ece
+    from ragsieve.rerank.calibration import Calibration
+
+    out: dict = {"shipped": {n: ece(y, shipped.proba(x), n_bins) for n, (x, y, _) in sets.items()}}
+    best: tuple[float, float, float] = (np.inf, 1.0, 0.0)
+    for slope in np.linspace(0.1, 1.5, 57):  # z = slope * score + bias, the shipped map's family
+        for bias in np.linspace(-6.0, 1.0, 71):
+            worst = max(ece(y, expit(slope * x + bias), n_bins) for x, y, _ in sets.values())
+            best = min(best, (worst, slope, bias))
+    out["one_platt_oracle"] = {"slope": best[1], "bias": best[2], "by_set": {
+        n: ece(y, expit(best[1] * x + best[2]), n_bins) for n, (x, y, _) in sets.items()}}
+    xs, ys = np.concatenate([x for x, _, _ in sets.values()]), np.concatenate([y for _, y, _ in sets.values()])
+    weights = np.concatenate([np.full(len(y), 1.0 / len(y)) for _, y, _ in sets.values()])
+    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(xs, ys, sample_weight=weights)
+    out["one_isotonic_oracle"] = {n: ece(y, iso.predict(x), n_bins) for n, (x, y, _) in sets.items()}
+    out["leave_one_set_out"] = {}  # a Platt map fitted on the other sets (pairs repeated so sets weigh alike)
+    for n, (x, y, _) in sets.items():
+        others = [(xo, yo) for m, (xo, yo, _) in sets.items() if m != n]
+        if others:
+            reps = [max(1, round(max(len(yo) for _, yo in others) / len(yo))) for _, yo in others]
+            cal = Calibration.fit(np.concatenate([np.tile(xo, r) for (xo, _), r in zip(others, reps)]),
+                                  np.concatenate([np.tile(yo, r) for (_, yo), r in zip(others, reps)]))
+            out["leave_one_set_out"][n] = ece(y, cal.proba(x), n_bins)
+    rng = np.random.default_rng(seed)
+    out["refit_on_own_queries"] = {}
+    for n, (x, y, groups) in sets.items():
+        queries = np.unique(groups)
+        k = min(refit_queries, len(queries) // 2)
+        values = []
+        for _ in range(draws):
+            fit = np.isin(groups, rng.choice(queries, size=k, replace=False))
+            try:
+                values.append(ece(y[~fit], Calibration.fit(x[fit], y[fit]).proba(x[~fit]), n_bins))
+            except RagsieveError:  # a draw with one class only
+                continue
+        out["refit_on_own_queries"][n] = {"fit_queries": int(k), "draws": len(values), **(
+            {"median": float(np.median(values)), "low": float(np.percentile(values, 2.5)),
+             "high": float(np.percentile(values, 97.5))} if values else {})}
+    return out
+
+
 class StudentConfig(StrictConfig):
     """One student: the teacher's first ``layers`` layers, shipped as ``embedded:<name>`` if it keeps quality."""
 
@@ -180,12 +240,14 @@ class RerankDistillConfig(StrictConfig):
     # up to session 53 were chosen on "dev-groups"
     select_on: Literal["dev-candidates", "dev-groups"] = "dev-candidates"
     encoder: str = DEFAULT_ENCODER
-    # the teacher itself on faster forwards, "<cross-encoder backend>+<cosine backend>" (each "torch" or
-    # "onnx-int8"), evaluated as reference rows ``teacher@<variant>``: the fastest shown within
-    # ``backend_tolerance`` of the teacher on every set and not measurably below cosine (:func:`backend_verdict`)
-    # becomes the shipped teacher's backends (its card), until a student takes ``embedded:base``. Fastest first.
-    teacher_backends: list[Literal["torch-bf16+torch-bf16", "onnx-int8+onnx-int8", "torch+onnx-int8",
-                                   "torch-bf16+onnx-int8", "onnx-int8+torch"]] = []
+    # the teacher itself on faster forwards, "<cross-encoder backend>+<cosine backend>" (each a backend of
+    # ragsieve.rerank.fast / ragsieve.models.encoder), evaluated as reference rows ``teacher@<variant>``: the fastest
+    # shown within ``backend_tolerance`` of the teacher on every set and not measurably below cosine
+    # (:func:`backend_verdict`) becomes the shipped teacher's backends (its card), until a student takes
+    # ``embedded:base``. Fastest first.
+    teacher_backends: list[Literal["openvino-bf16+openvino-bf16", "torch-bf16+openvino-bf16", "torch-bf16+torch-bf16",
+                                   "onnx-int8+onnx-int8", "torch+onnx-int8", "torch-bf16+onnx-int8",
+                                   "onnx-int8+torch"]] = []
     backend_tolerance: float = 0.005
     # text-free records to commit (mined ids, teacher logits, the teacher's and cosine's held-out scores, by
     # query and passage id): read at start, extended as phases run, so a run resumes on another machine
@@ -359,9 +421,11 @@ def student_verdict(by_dataset: dict[str, dict], student: StudentConfig) -> dict
             "int8_why": int8_why or "within target", "int8_max_ndcg10_loss": int8_gap}
 
 
-def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig], verdicts: dict) -> str:
+def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig], verdicts: dict,
+                   limits: dict | None = None) -> str:
     """Markdown: per student, each held-out set's nDCG@10 (teacher, cosine, student fp32 / int8), the paired
-    differences and ECE, from the evaluation rows (:meth:`RerankDistillStudy.evaluate`)."""
+    differences and ECE, from the evaluation rows (:meth:`RerankDistillStudy.evaluate`); the teacher's
+    calibration limits (:func:`calibration_transfer`) when given."""
     def mean(d: dict | None) -> str:
         return "–" if d is None else f"{d['mean']:.3f}"
 
@@ -391,8 +455,9 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
     if variants:
         lines += ["## The teacher itself on faster forwards (`teacher_backends`)", "",
                   "`teacher@<cross-encoder backend>+<cosine backend>`: the same weights and mix; \"torch\" is fp32 "
-                  "(the cross-encoder's fp32 logit read from the records), \"onnx-int8\" the int8 per-channel ONNX "
-                  "forward.", "",
+                  "(the cross-encoder's fp32 logit read from the records), \"torch-bf16\" fp32 under bf16 autocast, "
+                  "\"onnx-int8\" the int8 per-channel ONNX forward, \"openvino-bf16\" the fp32 ONNX export on "
+                  "OpenVINO with bf16 products.", "",
                   "| set | n | variant | teacher | variant nDCG@10 | − teacher [95 %] | − cosine [95 %] | ECE |",
                   "|---|---|---|---|---|---|---|---|"]
         for key in variants:
@@ -403,6 +468,26 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
                                              mean(rows["teacher"]["nDCG@10"]), mean(x["nDCG@10"]),
                                              diff(x["vs_teacher"]), diff(x["vs_cosine"]),
                                              interval(x.get("ece"))]) + " |")
+        lines.append("")
+    if limits:
+        platt, refit = limits["one_platt_oracle"], limits["refit_on_own_queries"]
+        lines += ["## How far one calibration goes (the teacher's score, ECE per held-out set)", "",
+                  "Shipped: the card's calibration (fitted on dev). One Platt / one isotonic map: fitted to these "
+                  "held-out sets themselves (an oracle; Platt for the smallest worst-set ECE, slope "
+                  f"{platt['slope']:.3f}, bias {platt['bias']:.2f}; isotonic with the sets weighed equally). Refit: a "
+                  "Platt map fitted on the set's own queries, scored on its others (median [2.5-97.5 %] over random "
+                  "splits). Fitted on the other sets: a Platt map fitted on the other five, as on an unseen corpus.",
+                  "",
+                  "| set | shipped | one Platt map (oracle) | one isotonic map (oracle) | fitted on the other sets "
+                  "| refit on own queries |", "|---|---|---|---|---|---|"]
+        for name, shipped in limits["shipped"].items():
+            r = refit[name]
+            own = f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] ({r['fit_queries']} queries)" \
+                if "median" in r else "–"
+            lodo = limits.get("leave_one_set_out", {}).get(name)
+            lines.append(f"| {name} | {shipped:.3f} | {platt['by_set'][name]:.3f} | "
+                         f"{limits['one_isotonic_oracle'][name]:.3f} | {'–' if lodo is None else f'{lodo:.3f}'} "
+                         f"| {own} |")
         lines.append("")
     for student in students:
         key, int8 = student.key, f"{student.key}-onnx-int8"
@@ -460,6 +545,10 @@ class RerankDistillStudy:
                         "evaluation": {"by_dataset": {}, "verdicts": {}}}
         if cfg.teacher_backends:
             result["teacher_backends"] = self.choose_backends(cfg, teacher, dev, work, console)
+        result["calibration_limits"] = self.calibration_limits(cfg, teacher, console)
+        if result["calibration_limits"] is not None:  # TABLES.md reads it from here (--report-only too)
+            with atomic_file(work / "eval" / "calibration_limits.json") as tmp:
+                tmp.write_text(json.dumps(result["calibration_limits"], indent=1))
         taken: dict[str, str] = {}  # asset name → the student that took it
         # per name, fewest layers first: train, evaluate, ship; once one takes the name, the larger ones are
         # not trained (the fastest candidate within target wins, and each larger one costs an hour or more)
@@ -507,7 +596,9 @@ class RerankDistillStudy:
         students = [st for st in cfg.students if len(by_dataset) == len(cfg.datasets)
                     and all(f"{st.key}-onnx-int8" in rows for rows in by_dataset.values())]
         verdicts = {st.key: student_verdict(by_dataset, st) for st in students}
-        (Path(out_dir) / "TABLES.md").write_text(distill_tables(by_dataset, students, verdicts))
+        limits = Path(out_dir) / "work" / "eval" / "calibration_limits.json"
+        (Path(out_dir) / "TABLES.md").write_text(distill_tables(
+            by_dataset, students, verdicts, json.loads(limits.read_text()) if limits.is_file() else None))
         console.print(f"{Path(out_dir) / 'TABLES.md'}: {', '.join(verdicts) or 'no student evaluated on every set'}")
         return {"by_dataset": by_dataset, "verdicts": verdicts}
 
@@ -634,9 +725,7 @@ class RerankDistillStudy:
         if cfg.records and dataset:
             ids = {q.query: q.query_id for q in queries}
             recorded = {r: (PairScores(Path(cfg.records) / f"eval-{r}", dataset, identity), ids) for r, identity in (
-                ("teacher", {**teacher_identity(teacher), "encoder": cfg.encoder, "score": "mixed",
-                             "cosine_weight": float(card.get("cosine_weight", 0.0)),
-                             "cosine_scale": float(card.get("cosine_scale", 20.0))}),
+                ("teacher", RerankDistillStudy.teacher_scores_identity(cfg, teacher)),
                 ("cosine", {"encoder": cfg.encoder}))}
         out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
         if isinstance(mix, CosineMixRanker) and mix.weight:  # what dropping the second model costs, untrained
@@ -654,6 +743,45 @@ class RerankDistillStudy:
                 variant.calibration = shipped.calibration
                 out[key] = _Remembered(variant, key)
         return out
+
+    @staticmethod
+    def teacher_scores_identity(cfg: RerankDistillConfig, teacher: Path) -> dict:
+        """What the teacher's recorded held-out scores (``<records>/eval-teacher``) are tied to."""
+        from ragsieve.rerank.shipped import read_card
+
+        card = read_card(teacher)
+        return {**teacher_identity(teacher), "encoder": cfg.encoder, "score": "mixed",
+                "cosine_weight": float(card.get("cosine_weight", 0.0)),
+                "cosine_scale": float(card.get("cosine_scale", 20.0))}
+
+    def calibration_limits(self, cfg: RerankDistillConfig, teacher: Path, console: Console) -> dict | None:
+        """:func:`calibration_transfer` of the teacher's recorded held-out scores (None when a set's scores are
+        not all recorded yet: it scores nothing itself)."""
+        from ragsieve.benchmarks.forgetting import heldout_queries
+        from ragsieve.data.score_records import PairScores
+        from ragsieve.rerank.calibration import Calibration
+        from ragsieve.rerank.shipped import read_card
+
+        if not cfg.records or "calibration" not in read_card(teacher):
+            return None
+        sets = {}
+        for name in cfg.datasets:
+            recorded = PairScores(Path(cfg.records) / "eval-teacher", name, self.teacher_scores_identity(cfg, teacher))
+            x, y, groups = [], [], []
+            queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
+            recorded_as = {q.query: q.query_id for q in queries}  # as references() records them: by query text
+            for q in queries:
+                scores = recorded.lookup(recorded_as[q.query], [p.id for p in q.candidates])
+                if scores is None:
+                    console.print(f"calibration limits: {name}'s held-out scores are not all recorded; skipped")
+                    return None
+                x += scores
+                y += [int(p.id in q.relevant) for p in q.candidates]
+                groups += [q.query_id] * len(q.candidates)
+            sets[name] = (np.array(x), np.array(y), np.array(groups))
+        shipped = Calibration(**{k: v for k, v in read_card(teacher)["calibration"].items()
+                                 if k in ("temperature", "bias")})
+        return calibration_transfer(sets, shipped, cfg.ece_bins, seed=cfg.seed)
 
     @staticmethod
     def students(cfg: RerankDistillConfig, finals: dict[str, Path], dev: list[dict]) -> dict[str, _Remembered]:
