@@ -11,7 +11,10 @@ Rows (each measured in its own process, so thread settings and peak RSS belong t
 * **default** — ``load_reranker("embedded:base")`` exactly as shipped (its card's backend, any cosine mix,
   length-sorted batches), at the setting's max length;
 * **--ranker SPEC** (repeatable) — any other spec, e.g. ``embedded:fast`` or a folder (a folder with a
-  ragsieve card keeps its cosine mix: ``--ranker results/rerank_distill/work/teacher`` is the previous default).
+  ragsieve card keeps its cosine mix: ``--ranker results/rerank_distill/work/teacher`` is the fp32 default of
+  session 54);
+* **--backends CROSS+COSINE** (repeatable) — the default's weights and mix on other backends, as the row
+  ``default@CROSS+COSINE`` (``--backends torch-bf16+torch-bf16`` is the default of session 55).
 
 Pair sets: held-out questions with BM25 top-20 candidates, **short** = NQ-oracle truncated at 128
 tokens, **long** = MultiRC (passages ≈ 330 tokens) truncated at 512. What a student loses against the
@@ -20,6 +23,7 @@ speed, and what inference engineering costs in nDCG@10. Targets (issue 40): the 
 predict-fp32-6l at both lengths, ``embedded:fast`` ≥ 10×. Writes ``bench/results/rerank.json``.
 
     python bench/rerank.py [--short-queries 30] [--long-queries 8] [--threads 1 2] [--ranker embedded:fast]
+                           [--backends torch-bf16+torch-bf16]
     python bench/rerank.py --pairs 32 --out /tmp/rerank-smoke.json      # smoke run: 32 pairs per set
 """
 
@@ -93,10 +97,12 @@ def build(row: str, threads: int, max_length: int, batch_size: int):
         return lambda pairs: ce.predict(pairs, batch_size=batch_size, show_progress_bar=False)
     from ragsieve.registry import load_reranker, parse_reranker_spec
 
-    spec = "embedded:base" if row == DEFAULT else row
+    spec = "embedded:base" if row == DEFAULT or row.startswith(DEFAULT + "@") else row
     scheme, _ = parse_reranker_spec(spec)
-    # batches as shipped (torch 32, onnxruntime ragsieve.models.onnx.ONNX_BATCH): --batch-size is predict's
+    # batches as shipped (torch 32, ONNX ragsieve.models.onnx.ONNX_BATCH): --batch-size is predict's
     options = {"threads": threads, "max_length": max_length} if scheme in ("embedded", "cross-encoder", "hf") else {}
+    if row.startswith(DEFAULT + "@"):
+        options["backend"], options["cosine_backend"] = row.split("@", 1)[1].split("+")
     ranker = load_reranker(spec, **options)
     return lambda pairs: ranker.score_pairs([q for q, _ in pairs], [p for _, p in pairs])
 
@@ -133,6 +139,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=0, help="keep only the first N pairs per set (smoke run)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--ranker", action="append", default=[], help="another reranker spec to measure")
+    parser.add_argument("--backends", action="append", default=[],
+                        help="CROSS+COSINE: the default on other backends (row default@CROSS+COSINE)")
     parser.add_argument("--batch-size", type=int, default=32, help="CrossEncoder.predict's batch (ragsieve rows "
                         "batch as they ship)")
     parser.add_argument("--max-ndcg-drop", type=float, default=0.005)
@@ -144,7 +152,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    rows = [BASELINE, SHIPPED, DEFAULT, *args.ranker]
+    rows = [BASELINE, SHIPPED, DEFAULT, *(f"{DEFAULT}@{b}" for b in args.backends), *args.ranker]
     result: dict = {"settings": {}, "rows": rows}
     tmp = Path(tempfile.mkdtemp(prefix="bench-rerank-"))
     for setting, dataset, max_length in SETTINGS:
