@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -539,6 +541,39 @@ def test_bf16_backends_run_only_where_the_cpu_has_bf16_units(monkeypatch, tmp_pa
     assert load_shipped_reranker(folder, backend="torch-bf16").cross.backend == "torch"
     assert cpu.cpu_backend("torch-bf16") == "torch" and cpu.cpu_backend("onnx-int8") == "onnx-int8"
     np.testing.assert_allclose(bf16, plain.score("who wrote hamlet", POOL), atol=0.3)  # bf16 vs fp32 + int8 cosine
+
+
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+
+
+@pytest.mark.skipif(not JEMALLOC.is_file(), reason="libjemalloc2 is not installed")
+def test_a_card_naming_openvino_runs_torch_bf16_beside_jemalloc(tmp_path, tiny_cross_encoder_dir):
+    """OpenVINO aborts a process that preloads jemalloc (as the README suggests for long trainings): the card's
+    OpenVINO backends fall back to torch-bf16 there, and OpenVINO asked for directly fails in one line."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "asset"
+    shutil.copytree(tiny_cross_encoder_dir, folder)
+    (folder / "ragsieve_reranker.json").write_text(json.dumps({
+        "max_length": 64, "default_backend": "openvino-bf16", "cosine_backend": "openvino-bf16",
+        "cosine_weight": 0.25}))
+    script = (
+        "import sys\n"
+        "from ragsieve.errors import ModelNotAvailable\n"
+        "from ragsieve.models.encoder import load_onnx_encoder\n"
+        "from ragsieve.rerank.shipped import load_shipped_reranker\n"
+        f"r = load_shipped_reranker({str(folder)!r})\n"
+        "print(r.cross.backend, r.cosine.backend, len(r.score('who wrote hamlet', ['Hamlet', 'Paris'])))\n"
+        "try:\n    load_onnx_encoder(backend='openvino-bf16')\nexcept ModelNotAvailable as exc:\n    print(exc)\n")
+    env = {**os.environ, "LD_PRELOAD": str(JEMALLOC), "RAGSIEVE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].split()[:2] == ["torch-bf16", "torch-bf16"] or lines[0].split()[:2] == ["torch", "torch"]
+    assert lines[0].split()[2] == "2" and "jemalloc" in lines[1]
 
 
 def test_openvino_bf16_runs_both_models_from_their_onnx_exports(monkeypatch, tmp_path, tiny_cross_encoder_dir):

@@ -1,4 +1,5 @@
-"""What this CPU runs fast: bf16 matrix units decide whether a ``torch-bf16`` backend pays."""
+"""What this CPU and process run fast: bf16 matrix units decide whether a bf16 backend pays, and jemalloc
+rules OpenVINO out."""
 
 from __future__ import annotations
 
@@ -21,8 +22,22 @@ def fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+@lru_cache(maxsize=1)
+def jemalloc_loaded() -> bool:
+    """True when jemalloc is mapped into this process (``LD_PRELOAD``, as the README suggests for long trainings):
+    OpenVINO's CPU plugin then aborts the process when it compiles a model (``free(): invalid pointer``)."""
+    try:
+        return "jemalloc" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
 def cpu_backend(backend: str) -> str:
-    """``backend``, or ``torch`` for ``torch-bf16`` on a CPU without native bf16 (one log line says so)."""
+    """``backend`` as this process can run it: ``torch-bf16`` for an OpenVINO backend beside jemalloc, and
+    ``torch`` for ``torch-bf16`` on a CPU without native bf16 (one log line says which)."""
+    if backend.startswith("openvino") and jemalloc_loaded():
+        log.info("%s cannot run beside jemalloc (LD_PRELOAD): running torch-bf16", backend)
+        backend = "torch-bf16"
     if backend == "torch-bf16" and not fast_bf16():
         log.info("torch-bf16 needs a CPU with AMX or AVX512-BF16; running torch (fp32)")
         return "torch"

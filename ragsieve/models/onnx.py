@@ -63,7 +63,12 @@ class OnnxModel:
             return
         import openvino as ov
 
-        from ragsieve.models.cpu import fast_bf16
+        from ragsieve.errors import ModelNotAvailable
+        from ragsieve.models.cpu import fast_bf16, jemalloc_loaded
+
+        if jemalloc_loaded():  # OpenVINO would abort the whole process at compile time
+            raise ModelNotAvailable(f"{engine} cannot run in a process with jemalloc loaded (LD_PRELOAD): "
+                                    "use backend torch-bf16, or run without jemalloc")
 
         precision = "bf16" if fast_bf16() else "f32"
         if not fast_bf16():
