@@ -452,3 +452,30 @@ def test_calibration_transfer_shows_what_one_map_cannot_do_and_own_labels_can():
         assert refit["fit_queries"] == 40 and refit["draws"] == 5 and refit["median"] < 0.06, name
     table = distill_tables({}, [], {}, out)
     assert "| strict |" in table and "oracle" in table
+
+
+def test_teacher_lists_train_on_the_lists_the_verdict_reranks(tmp_path, teacher_dir):
+    """Train questions of a set with held-out lists become rows over their own candidate lists, the teacher's
+    top candidate as the positive, scored once and recorded; a set without such lists keeps its mined groups."""
+    from rich.console import Console
+
+    from ragsieve.benchmarks.mining import held_out_sources
+    from ragsieve.benchmarks.relevance import split_questions
+    from ragsieve.data import load_dataset
+    from ragsieve.studies.rerank_distill import RerankDistillStudy
+
+    train_questions, _ = split_questions(load_dataset("fever"), held_out_sources()["fever"])
+    rows = [{**r, "qid": q.id} for r, q in zip(_mined_rows()[:3], train_questions)]
+    pool = [{**r, "dataset": "hotpotqa-distractor-1517"} for r in _mined_rows()[3:5]]
+    cfg = RerankDistillStudy.Config(teacher=str(teacher_dir), records=str(tmp_path / "records"))
+    study = RerankDistillStudy()
+    out = study.teacher_lists(cfg, rows + pool, teacher_dir, tmp_path, Console(quiet=True), per_dataset=2)
+    lists = [r for r in out if r["dataset"] == "fever"]
+    assert [r["qid"] for r in lists] == [q.id for q in train_questions[:2]]
+    assert [r for r in out if r["dataset"] != "fever"] == pool
+    for r in lists:
+        scores = [d[2] for d in r["pos"] + r["neg"]]
+        assert scores[0] == max(scores) and len(scores) > 2  # the teacher's top first, then the rest of the list
+    assert list((tmp_path / "records" / "teacher-lists").glob("fever.*.jsonl.gz"))
+    again = study.teacher_lists(cfg, rows + pool, teacher_dir, tmp_path, Console(quiet=True), per_dataset=2)
+    assert again == out  # read back from the records

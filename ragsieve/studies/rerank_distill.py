@@ -184,6 +184,12 @@ class StudentConfig(StrictConfig):
     fresh_head: bool = False
     # overrides ``distill.lr`` (a fresh head learns from scratch): "-lr<lr>" in the key
     lr: float | None = None
+    # train on the candidate lists of this many train questions per dataset (the kind of list the held-out
+    # verdict reranks: BM25's top-20 or the set's own), scored by the teacher, instead of the mined groups:
+    # "-cl<n>" in the key (:meth:`RerankDistillStudy.teacher_lists`)
+    lists: int = 0
+    # overrides ``distill.bf16`` (bf16 autocast training): "-bf16" in the key
+    bf16: bool | None = None
     # a candidate not to train: tried already (its verdict in the results README; its weights are gone with
     # the machine it was trained on) or held back until its recipe changes; reported with this reason
     skip: str = ""
@@ -193,12 +199,14 @@ class StudentConfig(StrictConfig):
         """Several candidates may share a name: of those within target, the one with fewest layers ships."""
         return (f"{self.name}-{self.layers}l" + ("" if self.alpha is None else f"-a{self.alpha:g}")
                 + ("-mmse" if self.distill_loss == "margin-mse" else "") + ("-fh" if self.fresh_head else "")
-                + ("" if self.lr is None else f"-lr{self.lr:g}"))
+                + ("" if self.lr is None else f"-lr{self.lr:g}") + (f"-cl{self.lists}" if self.lists else "")
+                + ("-bf16" if self.bf16 else ""))
 
     def distill_overrides(self) -> dict:
         """This student's departures from the shared ``distill`` settings."""
         return {k: v for k, v in (("time_budget_minutes", self.time_budget_minutes), ("alpha", self.alpha),
-                                  ("distill_loss", self.distill_loss), ("lr", self.lr)) if v is not None}
+                                  ("distill_loss", self.distill_loss), ("lr", self.lr), ("bf16", self.bf16))
+                if v is not None}
 
 
 def _students() -> list[StudentConfig]:
@@ -562,7 +570,9 @@ class RerankDistillStudy:
                     why = f"not trained: {taken[name]} took embedded:{name}" if name in taken else student.skip
                     result["students"][student.key] = {**entry, "trained": False, "why": why}
                     continue
-                final = self.train(cfg, student, teacher, train, dev, work, console)
+                rows = self.teacher_lists(cfg, train, teacher, work, console, student.lists,
+                                          result.get("teacher_backends", {}).get("chosen")) if student.lists else train
+                final = self.train(cfg, student, teacher, rows, dev, work, console)
                 result["evaluation"] = self.evaluate(cfg, teacher, {student.key: final}, dev, work, console,
                                                      [student], result["evaluation"]["verdicts"])
                 verdict = result["evaluation"]["verdicts"][student.key]
@@ -681,6 +691,58 @@ class RerankDistillStudy:
             dev += [r for r in scored if r["split"] == "dev"]
             console.print(f"teacher scores: {name} {len(scored)} rows")
         return train, dev
+
+    def teacher_lists(self, cfg: RerankDistillConfig, train: list[dict], teacher: Path, work: Path, console: Console,
+                      per_dataset: int, backends: str | None = None) -> list[dict]:
+        """Training rows from candidate lists: for the first ``per_dataset`` train questions of each dataset, the
+        list the held-out evaluation would rerank for it (:func:`ranking_queries`), every candidate scored by the
+        teacher (its shipped mix on ``backends``, "<cross-encoder>+<cosine>"; default fp32), as mined rows whose
+        positive is the teacher's top candidate and whose negatives are the rest: the listwise KL then learns the
+        teacher's order on the lists it will be judged on, and InfoNCE its top pick. A dataset without such lists
+        (the HotpotQA 1,517 pool) keeps its ``train`` rows (the mined groups). Scores are recorded by
+        (question id, passage id) in ``<records>/teacher-lists`` (``work/teacher-lists`` without records), added
+        every 16 questions, so a killed run resumes."""
+        from ragsieve.benchmarks.mining import held_out_sources
+        from ragsieve.benchmarks.relevance import ranking_queries
+        from ragsieve.data import load_dataset
+        from ragsieve.data.score_records import PairScores
+        from ragsieve.rerank.shipped import load_shipped_reranker
+
+        cross_backend, cosine_backend = (backends or "torch+torch").split("+")
+        identity = {**self.teacher_scores_identity(cfg, teacher), "lists": "train questions' candidate lists",
+                    "backends": f"{cross_backend}+{cosine_backend}"}
+        folder = Path(cfg.records) / "teacher-lists" if cfg.records else work / "teacher-lists"
+        sources, ranker, rows = held_out_sources(), None, []
+        by_dataset: dict[str, list[dict]] = {}
+        for r in train:
+            by_dataset.setdefault(r.get("dataset", ""), []).append(r)
+        for name, mined in by_dataset.items():
+            if name not in sources:  # no lists for it (the HotpotQA 1,517 pool): its mined groups stay
+                rows += mined
+                console.print(f"teacher lists: {name} has none; its {len(mined)} mined groups stay")
+                continue
+            qids = list(dict.fromkeys(r["qid"] for r in mined))[:per_dataset]
+            ds = load_dataset(name, data_dir=cfg.data_dir)
+            by_id = {q.id: q for q in ds.questions}
+            queries = ranking_queries(ds, [by_id[i] for i in qids if i in by_id], sources[name])
+            recorded = PairScores(folder, name, identity)
+            todo = [q for q in queries if recorded.lookup(q.query_id, [p.id for p in q.candidates]) is None]
+            for lo in range(0, len(todo), 16):
+                chunk = todo[lo: lo + 16]
+                ranker = ranker or load_shipped_reranker(teacher, backend=cross_backend, cosine_backend=cosine_backend)
+                scores = ranker.score_pairs([q.query for q in chunk for _ in q.candidates],
+                                            [p for q in chunk for p in q.candidates])
+                recorded.add((q.query_id, p.id, s) for (q, p), s in
+                             zip([(q, p) for q in chunk for p in q.candidates], scores))
+            for q in queries:
+                scored = sorted(zip(recorded.lookup(q.query_id, [p.id for p in q.candidates]), q.candidates),
+                                key=lambda sp: -sp[0])
+                if len(scored) >= 2:
+                    docs = [(p.id, p.full_text, float(s)) for s, p in scored]
+                    rows.append({"dataset": name, "qid": q.query_id, "query": q.query, "split": "train",
+                                 "pos": docs[:1], "neg": docs[1:]})
+            console.print(f"teacher lists: {name} {len(queries)} questions ({len(todo)} scored now)")
+        return rows
 
     @staticmethod
     def train(cfg: RerankDistillConfig, student: StudentConfig, teacher: Path, train: list[dict], dev: list[dict],

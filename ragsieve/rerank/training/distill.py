@@ -63,6 +63,8 @@ class DistillConfig(StrictConfig):
     # LR after warmup lets the run stop at any step, and the best dev checkpoint is kept
     time_budget_minutes: float = 0.0  # 0 = no cap
     lr_scheduler: str = "constant_with_warmup"
+    # bf16 autocast for forward and backward (fp32 master weights): ≈ 2.5× the steps/s on a CPU with AMX
+    bf16: bool = False
     dev_docs: int = 12  # per dev query (its positives + the best-cosine negatives), to keep evaluation cheap
     seed: int = 0
 
@@ -295,6 +297,7 @@ def train_distilled(train: Sequence[dict], dev: Sequence[dict], config: DistillC
         report_to="none",
         logging_steps=10,
         use_cpu=True,
+        bf16=config.bf16,
         batch_sampler=BlockBatchSampler,
     )
     trainer = CrossEncoderTrainer(
