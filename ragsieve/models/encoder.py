@@ -51,8 +51,9 @@ def load_onnx_encoder(spec: str = DEFAULT_ENCODER, backend: str = "onnx-int8",
     """
     if backend not in ("onnx", "onnx-int8", "openvino-bf16"):
         raise ModelNotAvailable(f"unknown encoder backend '{backend}'; known: {', '.join(ENCODER_BACKENDS)}")
-    return OnnxEncoder(spec, int8=backend == "onnx-int8", threads=threads,
-                       engine="openvino-bf16" if backend == "openvino-bf16" else "onnxruntime")
+    from ragsieve.models.onnx import onnx_engine
+
+    return OnnxEncoder(spec, int8=backend == "onnx-int8", threads=threads, engine=onnx_engine(backend))
 
 
 @lru_cache(maxsize=4)

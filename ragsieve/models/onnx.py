@@ -16,6 +16,12 @@ log = logging.getLogger(__name__)
 #: (fp32 weights and accumulation; f32 on a CPU without bf16 matrix units, see ragsieve.models.cpu.fast_bf16)
 ENGINES = ("onnxruntime", "openvino-bf16")
 
+
+def onnx_engine(backend: str) -> str:
+    """The engine an ONNX backend name runs on: ``openvino-bf16`` on OpenVINO, ``onnx`` / ``onnx-int8`` on
+    onnxruntime."""
+    return "openvino-bf16" if backend == "openvino-bf16" else "onnxruntime"
+
 #: texts (or pairs) per ONNX forward. Small batches run fastest on this kind of CPU, and take less memory: one
 #: thread, ≤ 128-token NQ, int8 MiniLM 97 passages/s at 8 vs 58 at 64, int8 cross-encoder 98 pairs/s at 8 vs 72 at
 #: 32; 256-token MultiRC passages 26 vs 20; OpenVINO bf16 cross-encoder at ≤ 512 tokens 20.7 vs 17.1. int8 quantises
@@ -71,7 +77,7 @@ class OnnxModel:
                                     "use backend torch-bf16, or run without jemalloc")
 
         precision = "bf16" if fast_bf16() else "f32"
-        if not fast_bf16():
+        if precision == "f32":
             log.info("openvino-bf16 needs a CPU with AMX or AVX512-BF16; running OpenVINO in f32")
         # LATENCY: one stream on the given threads, as one ranker call runs; 0 threads = OpenVINO's default
         self._compiled = ov.Core().compile_model(str(path), "CPU", {

@@ -28,7 +28,7 @@ import numpy as np
 
 from ragsieve.atomic import atomic_file
 from ragsieve.errors import RagsieveError
-from ragsieve.models.onnx import OnnxModel
+from ragsieve.models.onnx import OnnxModel, onnx_engine
 from ragsieve.paths import cache_dir
 
 if TYPE_CHECKING:
@@ -38,26 +38,20 @@ if TYPE_CHECKING:
 Forward = Callable[[dict], np.ndarray]
 
 
-def _torch_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
-    import torch
+def _torch_forward(backend: str) -> Callable[["CrossEncoder", str], Forward]:
+    """``torch`` in fp32, ``torch-bf16`` the same under bf16 autocast (:func:`ragsieve.models.cpu.autocast`)."""
+    def factory(ce: "CrossEncoder", model_dir: str) -> Forward:
+        import torch
 
-    def forward(features: dict) -> np.ndarray:
-        with torch.inference_mode():
-            return ce.model(**features).logits.float().numpy()
+        from ragsieve.models.cpu import autocast
 
-    return forward
+        def forward(features: dict) -> np.ndarray:
+            with torch.inference_mode(), autocast(backend):
+                return ce.model(**features).logits.float().numpy()
 
+        return forward
 
-def _torch_bf16_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
-    import torch
-
-    from ragsieve.models.cpu import autocast
-
-    def forward(features: dict) -> np.ndarray:
-        with torch.inference_mode(), autocast("torch-bf16"):
-            return ce.model(**features).logits.float().numpy()
-
-    return forward
+    return factory
 
 
 def _torch_int8_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
@@ -75,11 +69,12 @@ def _torch_int8_forward(ce: "CrossEncoder", model_dir: str) -> Forward:
     return forward
 
 
-def _onnx_forward(int8: bool, engine: str = "onnxruntime") -> Callable[["CrossEncoder", str], Forward]:
+def _onnx_forward(backend: str) -> Callable[["CrossEncoder", str], Forward]:
     def factory(ce: "CrossEncoder", model_dir: str) -> Forward:
         import torch
 
-        model = OnnxModel(export_onnx(ce, model_dir, int8=int8), engine, torch.get_num_threads())
+        path = export_onnx(ce, model_dir, int8=backend == "onnx-int8")
+        model = OnnxModel(path, onnx_engine(backend), torch.get_num_threads())
 
         def forward(features: dict) -> np.ndarray:
             return model({k: v.numpy().astype(np.int64) for k, v in features.items() if k in model.inputs})
@@ -90,12 +85,12 @@ def _onnx_forward(int8: bool, engine: str = "onnxruntime") -> Callable[["CrossEn
 
 
 BACKENDS: dict[str, Callable[["CrossEncoder", str], Forward]] = {
-    "torch": _torch_forward,
-    "torch-bf16": _torch_bf16_forward,  # fp32 weights, bf16 matmuls: pays only on AMX / AVX512-BF16 CPUs
+    "torch": _torch_forward("torch"),
+    "torch-bf16": _torch_forward("torch-bf16"),  # fp32 weights, bf16 matmuls: pays only on AMX / AVX512-BF16 CPUs
     "torch-int8": _torch_int8_forward,
-    "onnx": _onnx_forward(int8=False),
-    "onnx-int8": _onnx_forward(int8=True),
-    "openvino-bf16": _onnx_forward(int8=False, engine="openvino-bf16"),  # pays on AMX / AVX512-BF16 CPUs
+    "onnx": _onnx_forward("onnx"),
+    "onnx-int8": _onnx_forward("onnx-int8"),
+    "openvino-bf16": _onnx_forward("openvino-bf16"),  # pays on AMX / AVX512-BF16 CPUs
 }
 
 

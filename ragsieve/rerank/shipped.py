@@ -135,11 +135,12 @@ def load_shipped_reranker(folder: str | Path = ASSET_DIR, backend: str | None = 
     max_length = int(max_length or card.get("max_length", 256))
     cal = card.get("calibration")
     if backend in ("onnx-int8", "openvino-bf16"):
+        from ragsieve.models.onnx import onnx_engine
         from ragsieve.rerank.fast import folder_onnx
 
         ranker: BaseRanker = OnnxCrossEncoderRanker(
             folder, ONNX_FILE if backend == "onnx-int8" else folder_onnx(folder), max_length=max_length,
-            threads=threads, batch_size=batch_size, engine="onnxruntime" if backend == "onnx-int8" else backend)
+            threads=threads, batch_size=batch_size, engine=onnx_engine(backend))
         from_probability = False
     else:
         from ragsieve.rerank.neural import CrossEncoderRanker
