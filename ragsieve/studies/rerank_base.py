@@ -324,8 +324,6 @@ class RerankBaseStudy:
         (asset / CARD).write_text(json.dumps(card, indent=2) + "\n")
 
 
-
-
 def _mean_model_mrr(asset: Path) -> float | None:
     """Mean held-out MRR@10 recorded in a shipped card (None if nothing is shipped)."""
     from ragsieve.rerank.shipped import CARD

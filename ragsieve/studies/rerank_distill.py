@@ -824,11 +824,13 @@ class RerankDistillStudy:
         from ragsieve.rerank.calibration import Calibration
         from ragsieve.rerank.shipped import read_card
 
-        if not cfg.records or "calibration" not in read_card(teacher):
+        card = read_card(teacher)
+        if not cfg.records or "calibration" not in card:
             return None
+        identity = self.teacher_scores_identity(cfg, teacher)  # hashes the weights: once, not per set
         sets = {}
         for name in cfg.datasets:
-            recorded = PairScores(Path(cfg.records) / "eval-teacher", name, self.teacher_scores_identity(cfg, teacher))
+            recorded = PairScores(Path(cfg.records) / "eval-teacher", name, identity)
             x, y, groups = [], [], []
             queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
             recorded_as = {q.query: q.query_id for q in queries}  # as references() records them: by query text
@@ -841,8 +843,7 @@ class RerankDistillStudy:
                 y += [int(p.id in q.relevant) for p in q.candidates]
                 groups += [q.query_id] * len(q.candidates)
             sets[name] = (np.array(x), np.array(y), np.array(groups))
-        shipped = Calibration(**{k: v for k, v in read_card(teacher)["calibration"].items()
-                                 if k in ("temperature", "bias")})
+        shipped = Calibration(**{k: v for k, v in card["calibration"].items() if k in ("temperature", "bias")})
         return calibration_transfer(sets, shipped, cfg.ece_bins, seed=cfg.seed)
 
     @staticmethod
