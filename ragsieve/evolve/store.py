@@ -56,6 +56,7 @@ from ragsieve.config import StrictConfig, build_config
 from ragsieve.errors import DataError, RagsieveError
 from ragsieve.evolve.judges import JudgeSpec
 from ragsieve.evolve.methods import MethodConfig, Pair
+from ragsieve.data.labelled import label_value, labelled_rows, numbered_rows
 from ragsieve.data.records import LabeledPair
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
@@ -373,34 +374,25 @@ def init_store_from_dataset(
 
 def read_labelled_examples(path: str | Path, template: "VerdictTemplate") -> list[LabeledPair]:
     """A user's rows ``{query, passage, label}`` (+ ``id``, ``query_id``, extra template slots);
-    a bad row is one error naming ``file:line``.
+    a bad row is one error naming ``file:line`` (:mod:`ragsieve.data.labelled`, the one reader).
 
     ``label`` is 0/1, true/false or one of the template's label words. Extra slots (a template
     with more than ``{query}`` and ``{passage}``) come from the row's keys of the same name.
     """
-    words = {template.true_word.lower(): 1, template.false_word.lower(): 0, "true": 1, "false": 0}
-    out, seen = [], set()
-    for where, row in _read_rows(path):
-        for key in ("query", "passage"):
-            if not isinstance(row.get(key), str) or not row[key].strip():
-                raise DataError(f"{where}: '{key}' must be a non-empty string")
-        if "label" not in row:
-            raise DataError(f"{where}: missing 'label' (0/1 or {template.true_word}/{template.false_word})")
-        fields = template.fields_for(row["query"], row["passage"])
+    out = []
+    for where, row, pair in labelled_rows(path, _template_words(template)):
+        fields = template.fields_for(pair.query, pair.passage)
         for slot in template.fields:
             if slot not in fields:
                 if not isinstance(row.get(slot), str):
                     raise DataError(f"{where}: template '{template.name}' needs field '{slot}' (a string)")
                 fields[slot] = row[slot]
-        example_id = str(row.get("id", f"row-{where.rsplit(':', 1)[1]}"))
-        if example_id in seen:
-            raise DataError(f"{where}: duplicate id {example_id!r}")
-        seen.add(example_id)
-        out.append(LabeledPair(
-            example_id, str(row.get("query_id", row["query"])), row["query"], row["passage"],
-            _label_value(row["label"], where, words), fields, dataset=template.name,
-        ))
+        out.append(replace(pair, fields=fields, dataset=template.name))
     return out
+
+
+def _template_words(template: "VerdictTemplate") -> dict[str, int]:
+    return {template.true_word.lower(): 1, template.false_word.lower(): 0}
 
 
 def init_store_from_examples(
@@ -419,36 +411,19 @@ def init_store_from_examples(
     return init_store(store_dir, config, examples, test=test), len(examples), len(test)
 
 
-def _read_rows(path: str | Path) -> list[tuple[str, dict]]:
-    from ragsieve.data import read_jsonl
-
-    rows = [(f"{path}:{n}", row) for n, row in read_jsonl(path).numbered()]
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    return rows
-
-
-def _label_value(value: Any, where: str, words: dict[str, int]) -> int:
-    if isinstance(value, bool) or value in (0, 1):
-        return int(value)
-    if isinstance(value, str) and value.strip().lower() in words:
-        return words[value.strip().lower()]
-    raise DataError(f"{where}: label {value!r} is not 0/1 or a label word ({', '.join(words)})")
-
-
 def ingest(store_dir: "str | Path | StoreLocation", path: str | Path) -> int:
     """Queue a new batch (one round) from jsonl rows ``{id, fields: {...}, label?}``; returns its round."""
     with _open(store_dir) as store:
         template = store.config.verdict_template()
-        words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
+        words = _template_words(template)
         batch = []
-        for where, row in _read_rows(path):
+        for where, row in numbered_rows(path):
             fields = row.get("fields")
             if not isinstance(fields, dict) or any(f not in fields for f in template.fields):
                 raise DataError(f"{where}: 'fields' must hold {list(template.fields)}")
             if "id" not in row:
                 raise DataError(f"{where}: missing 'id'")
-            label = _label_value(row["label"], where, words) if row.get("label") is not None else -1
+            label = label_value(row["label"], where, words) if row.get("label") is not None else -1
             batch.append(LabeledPair(
                 str(row["id"]), str(row.get("query_id", row["id"])),
                 str(fields[template.query_field]), str(fields[template.passage_field]), label,
@@ -468,17 +443,17 @@ def add_feedback(store_dir: "str | Path | StoreLocation", path: str | Path) -> d
     """
     with _open(store_dir) as store:
         template = store.config.verdict_template()
-        words = {template.true_word.lower(): 1, template.false_word.lower(): 0}
+        words = _template_words(template)
         round_of = store.example_round_of()
         first_open = store.next_round()
         labels: dict[str, int] = {}
-        for where, row in _read_rows(path):
+        for where, row in numbered_rows(path):
             example_id = str(row.get("id", ""))
             if example_id not in round_of:
                 raise DataError(f"{where}: unknown example id {example_id!r}")
             if round_of[example_id] < first_open:
                 raise DataError(f"{where}: example {example_id!r} belongs to finished round {round_of[example_id]}")
-            labels[example_id] = _label_value(row.get("label"), where, words)
+            labels[example_id] = label_value(row.get("label"), where, words)
         store.set_feedback(labels)
         counts: dict[str, int] = {}
         for example_id in labels:
