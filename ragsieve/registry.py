@@ -1,7 +1,8 @@
 """The one registry: spec strings → rerankers, graders, probes (real class references, no strings).
 
 Every loader the CLI, the pipeline, the studies and the judges use goes through here, so
-a spec means the same thing everywhere:
+a spec means the same thing everywhere (``load_reranker(spec, calibration=path)`` adds a calibration fitted
+on the user's own labelled pairs, ``ragsieve rerank calibrate``):
 
 ============================  ================================================================
 reranker spec                 what loads
@@ -56,6 +57,7 @@ from ragsieve.rerank.shipped import base_reranker_dir, load_cross_encoder, load_
 
 if TYPE_CHECKING:
     from ragsieve.models.llm import LocalLLM
+    from ragsieve.rerank.calibration import Calibration
     from ragsieve.probe.model import ConfidenceProbe
 
 #: reranker spec scheme → class or factory; a spec "scheme:arg" passes arg as the first argument
@@ -111,12 +113,43 @@ def load_reranker(spec: "str | BaseRanker", **kwargs: Any) -> BaseRanker:
     """
     if isinstance(spec, BaseRanker):
         return spec
+    calibration_file = kwargs.pop("calibration", None)
     name, arg = parse_reranker_spec(spec)
     try:
         factory = RERANKERS[name]
     except KeyError:
         raise RagsieveError(f"unknown reranker '{name}'; known: {', '.join(sorted(RERANKERS))}") from None
-    return factory(arg, **kwargs) if arg is not None else factory(**kwargs)
+    calibration = read_calibration(calibration_file, spec) if calibration_file else None  # refused before loading
+    ranker = factory(arg, **kwargs) if arg is not None else factory(**kwargs)
+    if calibration is not None:
+        ranker.calibration = calibration
+    return ranker
+
+
+def read_calibration(path: "str | Path", spec: str) -> "Calibration":
+    """The calibration a :class:`~ragsieve.rerank.calibration.CalibrationFile` holds, for the reranker ``spec``;
+    refused (one line) when the file was fitted on other weights, or on another reranker than ``spec``.
+
+    Example::
+
+        load_reranker("embedded:base").calibration = read_calibration("my-calibration.json", "embedded:base")
+    """
+    from ragsieve.config import load_config
+    from ragsieve.rerank.calibration import CalibrationFile
+
+    if not Path(path).is_file():
+        raise RagsieveError(f"calibration {path}: no such file (write one with `ragsieve rerank calibrate`)")
+    fitted = load_config(CalibrationFile, path)
+    weights = cross_encoder_key(spec)
+    if fitted.ranker_weights or weights:
+        if fitted.ranker_weights != weights:  # one model's score scale: on other weights it means nothing
+            raise RagsieveError(f"calibration {path} was fitted on {fitted.reranker} (weights "
+                                f"{fitted.ranker_weights}), not on {spec} (weights {weights}): fit it again "
+                                f"with `ragsieve rerank calibrate --reranker {spec}`")
+    elif fitted.reranker != spec:
+        raise RagsieveError(f"calibration {path} was fitted on {fitted.reranker}, not on {spec}: fit it again "
+                            f"with `ragsieve rerank calibrate --reranker {spec}`")
+    return fitted.calibration
 
 
 def reranker_folder(spec: str, what: str = "init") -> str:

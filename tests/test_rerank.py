@@ -345,6 +345,22 @@ def test_calibration_fits_temperature_and_threshold():
         Calibration.fit([1.0, 2.0], [1, 1])
 
 
+def test_fit_calibration_is_finite_on_separable_pairs_and_cross_fits_by_query():
+    from ragsieve.rerank.calibration import Calibration, fit_calibration
+
+    scores = np.array([3.0, -2.0, -3.0, 2.5, -1.0, -2.5, 4.0, -4.0, -1.5])
+    labels = np.array([1, 0, 0, 1, 0, 0, 1, 0, 0])
+    groups = np.repeat(["a", "b", "c"], 3)
+    cal, ece = fit_calibration(scores, labels, groups, as_loaded=np.full(9, 0.5), folds=3, n_boot=50)
+    # separable: plain log-loss drives the slope to infinity; Platt's targets keep the probabilities inside (0, 1)
+    assert 0.05 < cal.proba([3.0])[0] < 0.99 and 0.01 < cal.proba([-3.0])[0] < 0.5
+    assert Calibration.fit(scores, labels).proba([3.0])[0] > cal.proba([3.0])[0]
+    assert ece["as_loaded"]["queries"] == ece["calibrated_cross_fitted"]["queries"] == 3
+    assert ece["as_loaded"]["mean"] == pytest.approx(abs(0.5 - 3 / 9))
+    assert ece["calibrated_cross_fitted"]["low"] <= ece["calibrated_cross_fitted"]["mean"] <= \
+        ece["calibrated_cross_fitted"]["high"]
+
+
 def test_ranker_calibrate_and_predict_proba():
     ranker = load_reranker("bm25")
     with pytest.raises(RagsieveError, match="not calibrated"):

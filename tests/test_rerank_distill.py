@@ -444,14 +444,15 @@ def test_calibration_transfer_shows_what_one_map_cannot_do_and_own_labels_can():
     sets = {"lenient": one_set(+2.0), "strict": one_set(-2.0)}
     out = calibration_transfer(sets, Calibration(), draws=5)
     assert set(out) == {"shipped", "one_platt_oracle", "one_isotonic_oracle", "leave_one_set_out",
-                        "refit_on_own_queries"}
+                        "refit_on_own_queries", "refit_on_own_queries_platt_targets"}
     assert min(out["leave_one_set_out"].values()) > 0.1  # fitted on the other set: off the other way
     assert max(out["one_platt_oracle"]["by_set"].values()) > 0.1  # no single map fits both
     assert max(out["one_isotonic_oracle"].values()) > 0.1
-    for name, refit in out["refit_on_own_queries"].items():
-        assert refit["fit_queries"] == 40 and refit["draws"] == 5 and refit["median"] < 0.06, name
+    for key in ("refit_on_own_queries", "refit_on_own_queries_platt_targets"):  # plain, and as the CLI fits
+        for name, refit in out[key].items():
+            assert refit["fit_queries"] == 40 and refit["draws"] == 5 and refit["median"] < 0.06, (key, name)
     table = distill_tables({}, [], {}, out)
-    assert "| strict |" in table and "oracle" in table
+    assert "| strict |" in table and "oracle" in table and "ragsieve rerank calibrate" in table
 
 
 def test_teacher_lists_train_on_the_lists_the_verdict_reranks(tmp_path, teacher_dir):

@@ -425,3 +425,41 @@ def test_a_router_serves_alone_on_the_shared_state():
         assert r.json()["dropped"] == 2  # cut at the configured top_k
         assert httpx.post(f"{server.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).status_code == 404
     app.state.serve.models.close()
+
+
+def test_own_calibration_from_the_cli_is_served_to_the_cohere_client(cli, tmp_path):
+    """`ragsieve rerank calibrate` on a user's labelled pairs → `serve --calibration`'s scores are that map."""
+    import json
+
+    from ragsieve.registry import load_reranker
+
+    queries = [QUERY, "capital city of france", "lazy dog fox"]
+    relevant = {QUERY: {1, 3}, "capital city of france": {0}, "lazy dog fox": {2}}
+    pairs = tmp_path / "labels.jsonl"
+    pairs.write_text("".join(json.dumps({"query": q, "passage": d, "label": int(i in relevant[q])}) + "\n"
+                             for q in queries for i, d in enumerate(DOCS)))
+    out = tmp_path / "cal.json"
+    result = cli("rerank", "calibrate", pairs, "-r", "bm25", "-o", out, "--folds", "3")
+    assert result.code == 0, result.err
+    assert "calibrated (cross-fitted by query)" in result.out and "bm25 as loaded" in result.out
+    fitted = json.loads(out.read_text())
+    assert fitted["reranker"] == "bm25" and fitted["pairs"] == 12 and fitted["queries"] == 3
+    assert fitted["relevant"] == 4 and set(fitted["ece"]) == {"as_loaded", "calibrated_cross_fitted"}
+    assert cli("rerank", "calibrate", pairs, "-r", "bm25", "-o", out).code == 2  # no silent overwrite
+
+    ranker = load_reranker("bm25", calibration=str(out))
+    assert ranker.calibration.temperature == pytest.approx(fitted["calibration"]["temperature"])
+    with BackgroundServer(create_app(ServeConfig(reranker="bm25", calibration=str(out)))) as server:
+        cohere = pytest.importorskip("cohere")
+        response = cohere.ClientV2(base_url=server.url, api_key="unused").rerank(model="m", query=QUERY,
+                                                                                  documents=DOCS)
+    got = {r.index: r.relevance_score for r in response.results}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], ranker.predict_proba(QUERY, DOCS), atol=1e-9)
+    # a calibration is one model's score scale: another reranker refuses it, in one line, before loading
+    refused = cli("serve", "--reranker", "bi-encoder", "--calibration", out)
+    assert refused.code == 2 and "was fitted on bm25, not on bi-encoder" in refused.err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q", "passage": "p", "label": 1}\n{"query": "q", "passage": "", "label": 0}\n')
+    result = cli("rerank", "calibrate", bad, "-r", "bm25", "-o", tmp_path / "x.json")
+    assert result.code == 2 and f"{bad}:2: 'passage' must be a non-empty string" in result.err
+    assert not (tmp_path / "x.json").exists()

@@ -186,7 +186,8 @@ HAMLET = [
 
 
 def scratch_inputs(root: Path) -> None:
-    """The files README commands name: docs/, faq.jsonl, new_docs/, cands.jsonl and an index/nq (BM25)."""
+    """The files README commands name: docs/, faq.jsonl, new_docs/, cands.jsonl, my_labels.jsonl and an index/nq
+    (BM25)."""
     import json
 
     from ragsieve.data.records import Passage
@@ -200,6 +201,9 @@ def scratch_inputs(root: Path) -> None:
     rows = "".join(json.dumps({"id": i, "text": t, "title": title}) + "\n" for i, t, title in HAMLET)
     (root / "faq.jsonl").write_text(rows)
     (root / "cands.jsonl").write_text(rows)
+    labelled = [{"query": f"about {q}", "passage": t, "label": int(q == title)}
+                for q in ("Hamlet", "Paris") for _, t, title in HAMLET]
+    (root / "my_labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled))
     build_index([Passage(i, t, title) for i, t, title in HAMLET], root / "index" / "nq", kind="bm25")
 
 

@@ -26,6 +26,10 @@ def serve_cmd(
         None, "--sieve", help="A fitted sieve folder (`ragsieve fit`): its reranker, grader, LLM, probe and β."
     ),
     reranker: Optional[str] = typer.Option(None, "--reranker", "-r", help="Reranker spec (default embedded:base)."),
+    calibration: Optional[Path] = typer.Option(
+        None, "--calibration",
+        help="Calibration JSON for the reranker, fitted on your labelled pairs (`ragsieve rerank calibrate`).",
+    ),
     grader: Optional[str] = typer.Option(
         None, "--grader", help="Saved grader for /v1/filter (folder or embedded:<name>)."
     ),
@@ -76,6 +80,7 @@ def serve_cmd(
     options = {
         "sieve": str(sieve) if sieve else None,
         "reranker": reranker,
+        "calibration": str(calibration.resolve()) if calibration else None,  # Ray replicas run elsewhere
         "grader": grader,
         "api_key": api_key,
         "llm": llm,

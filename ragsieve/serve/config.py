@@ -19,6 +19,9 @@ class ServeConfig(StrictConfig):
 
     sieve: str | None = None  # a fitted sieve folder (`ragsieve fit`): brings reranker, grader, llm, probe, β
     reranker: str = "embedded:base"  # any reranker spec of ragsieve.registry, or evolve:<store> (its latest round)
+    # a CalibrationFile (`ragsieve rerank calibrate`) fitted on the user's labelled pairs for this reranker: the
+    # [0, 1] scores /v1/rerank answers become probabilities on their data (refused if fitted on other weights)
+    calibration: str | None = None
     grader: str | None = None  # saved grader folder or embedded:<name>; None = /v1/filter uses the ranker's threshold
     model_name: str | None = None  # the id clients see in responses and /v1/models (default: the reranker spec)
     # /v1/gate and /v1/ask: a local LLM (+ probe) only when configured, so a plain rerank server stays light

@@ -67,7 +67,8 @@ class ServedModels:
         from ragsieve.registry import load_grader, load_reranker
 
         refuse_pickled_weights(config.reranker)
-        ranker = load_reranker(config.reranker)
+        options = {"calibration": config.calibration} if config.calibration else {}
+        ranker = load_reranker(config.reranker, **options)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
         served = cls(ranker, batcher(ranker, name="ranker", **batch))
         if config.grader:
