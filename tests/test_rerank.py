@@ -592,6 +592,29 @@ def test_a_card_naming_openvino_runs_torch_bf16_beside_jemalloc(tmp_path, tiny_c
     assert lines[0].split()[2] == "2" and "jemalloc" in lines[1]
 
 
+def test_shipped_default_on_a_cpu_without_bf16_runs_its_fallback_backends(tmp_path):
+    """The shipped card's `without_bf16` pair (what a CPU without AMX / AVX512-BF16 loads), run for real by
+    telling ragsieve the CPU has none: the same ranking and nearly the same scores as the bf16 default."""
+    import json
+    import subprocess
+    import sys
+
+    query, docs = "who wrote hamlet", ["Hamlet is a tragedy by William Shakespeare.", "Paris is in France.",
+                                       "Shakespeare's plays include Hamlet and Macbeth.", "The fox jumps."]
+    script = ("import json\nfrom ragsieve.registry import load_reranker\nr = load_reranker('embedded:base')\n"
+              f"print(json.dumps([r.cross.backend, r.cosine.backend, r.score({query!r}, {docs!r}).tolist()]))\n")
+    env = {**os.environ, "RAGSIEVE_CPU_BF16": "0", "RAGSIEVE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cross, cosine, scores = json.loads(done.stdout.strip().splitlines()[-1])
+    card = json.loads((Path(__file__).resolve().parents[1] / "ragsieve/assets/base-reranker/ragsieve_reranker.json")
+                      .read_text())
+    assert [cross, cosine] == [card["without_bf16"]["default_backend"], card["without_bf16"]["cosine_backend"]]
+    default = load_reranker("embedded:base").score(query, docs)
+    assert np.argsort(-np.array(scores)).tolist() == np.argsort(-default).tolist()
+    np.testing.assert_allclose(scores, default, atol=0.15)  # fp32 + int8 cosine vs bf16: ≈ 0.01-0.05 apart
+
+
 def test_openvino_bf16_runs_both_models_from_their_onnx_exports(monkeypatch, tmp_path, tiny_cross_encoder_dir):
     """A card naming openvino-bf16 runs the cross-encoder's and the cosine's fp32 ONNX exports (made once, into
     the cache) on OpenVINO, scoring as fp32 torch does within bf16's rounding; a CPU without bf16 units runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,7 +15,14 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=1)
 def fast_bf16() -> bool:
     """True when the CPU has native bf16 matrix instructions (Intel AMX or AVX512-BF16), where torch's bf16
-    autocast runs a MiniLM-size model ≈ 2.5-3× faster than fp32; elsewhere bf16 is emulated and slower."""
+    autocast runs a MiniLM-size model ≈ 2.5-3× faster than fp32; elsewhere bf16 is emulated and slower.
+
+    ``RAGSIEVE_CPU_BF16=0`` answers False on any CPU (the fp32 / int8 backends a CPU without bf16 units loads:
+    bit-for-bit runs across machines, or a virtual CPU whose flags promise more than it runs); ``=1`` answers True.
+    """
+    forced = os.environ.get("RAGSIEVE_CPU_BF16", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
