@@ -177,6 +177,29 @@ def test_scores_equal_offline_scoring_and_long_documents_are_chunked(ce_server, 
     assert all(len(tok(QUERY, t)["input_ids"]) <= 64 for t in plan.texts)
 
 
+def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
+    """`embedded:base` (two models behind one score) and its ONNX fallback state their window, so serve chunks a
+    document longer than it: a passage whose answer sits past the window still ranks first."""
+    from ragsieve.registry import load_reranker
+    from ragsieve.serve.chunks import plan_chunks
+
+    filler = " ".join(["The committee met again to discuss the budget for the coming year."] * 40)  # ≈ 560 tokens
+    long_doc = f"{filler} Hamlet was written by William Shakespeare."
+    docs = ["Paris is the capital of France.", long_doc, "The quick brown fox jumps over the lazy dog."]
+    for options in ({}, {"backend": "onnx-int8", "cosine_backend": "onnx-int8"}):
+        ranker = load_reranker("embedded:base", **options)
+        tokenizer, limit = ranker.window()
+        assert limit == 256, options
+        plan = plan_chunks(ranker, QUERY, docs, 8)
+        assert plan.chunked[1] >= 3 and not plan.truncated
+        assert all(len(tokenizer(QUERY, t)["input_ids"]) <= limit for t in plan.texts)
+    truncated = load_reranker("embedded:base").score(QUERY, as_passages(docs))
+    assert truncated.argmax() != 1  # read to its window only, the long document's answer is never seen
+    with BackgroundServer(create_app(ServeConfig())) as server:
+        data = httpx.post(f"{server.url}/v1/rerank", json={"query": QUERY, "documents": docs}).json()
+    assert data["results"][0]["index"] == 1 and data["meta"]["chunked_documents"]["1"] >= 3
+
+
 def test_tei_raw_scores_are_logits_of_a_sigmoid_cross_encoder(ce_server, tiny_ce):
     from scipy.special import logit
 

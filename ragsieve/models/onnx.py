@@ -6,9 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +122,12 @@ def padded_batches(encodings: Sequence, batch_size: int, pad_id: int = 0) -> Ite
             feeds["attention_mask"][row, :n] = 1
             feeds["token_type_ids"][row, :n] = encodings[i].type_ids
         yield idx, feeds
+
+
+def fast_tokenizer(tokenizer: "Tokenizer") -> "PreTrainedTokenizerFast":
+    """A Hugging Face fast tokenizer over a copy of a ``tokenizers.Tokenizer`` (the copy: transformers resets
+    truncation and padding on the tokenizer it wraps, which would undo the ranker's own truncation)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer.to_str()))

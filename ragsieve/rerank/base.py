@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -108,6 +108,12 @@ class BaseRanker(ABC):
         for query, idx in by_query.items():
             scores[idx] = np.asarray(self.score(query, [items[i] for i in idx]), dtype=float)
         return scores
+
+    def window(self) -> "tuple[Any, int] | None":
+        """``(tokenizer, limit)`` when this ranker reads at most ``limit`` tokens of a (query, passage) pair and
+        silently truncates the rest (``tokenizer`` a Hugging Face fast tokenizer, so a caller can cut a longer
+        passage into pieces that fit: ``serve`` does), None when it reads passages of any length."""
+        return None
 
     def rank(self, query: str, passages: Sequence[Passage | str]) -> RankedResults:
         if not isinstance(query, str) or not query.strip():

@@ -46,6 +46,15 @@ class CosineMixRanker(BaseRanker):
             self._cosine = BiEncoderRanker(self.encoder, backend=self.cosine_backend, threads=self.threads)
         return self._cosine
 
+    def window(self):
+        """The cross-encoder's pair window, narrowed to the cosine's passage window when that is shorter: a
+        passage that fits both is read whole by both models."""
+        cross = self.cross.window()
+        if cross is None or not self.weight:
+            return cross
+        cosine = self.cosine.window()
+        return (cross[0], min(cross[1], cosine[1])) if cosine else cross
+
     def cross_logits(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
         return self.cross.logit_scores(self.cross.score(query, passages))
 

@@ -36,6 +36,15 @@ class BiEncoderRanker(BaseRanker):
         self.batch_size = batch_size or encoder_batch_size(backend)
         self.backend = backend
 
+    def window(self):
+        """The encoder's passage window (a query is encoded apart, so the whole window is the passage's)."""
+        from ragsieve.models.onnx import fast_tokenizer
+
+        tokenizer = self.encoder.tokenizer
+        if not hasattr(tokenizer, "convert_ids_to_tokens"):  # an ONNX encoder's tokenizers.Tokenizer
+            tokenizer = self._fast_tokenizer = getattr(self, "_fast_tokenizer", None) or fast_tokenizer(tokenizer)
+        return tokenizer, int(self.encoder.max_seq_length)
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """L2-normalised embeddings of ``texts`` on this ranker's backend (and its autocast), in input order."""
         from ragsieve.models.cpu import autocast
@@ -94,6 +103,9 @@ class CrossEncoderRanker(BaseRanker):
         if len(queries) != len(passages):
             raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
         return self.predict_pairs([(q, p.full_text) for q, p in zip(queries, as_passages(passages))])
+
+    def window(self):
+        return self.model.tokenizer, int(self.model.max_length)
 
     def predict_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Activated logits for (query, passage text) tuples, batched on the configured backend."""

@@ -96,6 +96,12 @@ class OnnxCrossEncoderRanker(BaseRanker):
             raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
         return self.predict_pairs([(q, p.full_text) for q, p in zip(queries, as_passages(passages))])
 
+    def window(self):
+        from ragsieve.models.onnx import fast_tokenizer
+
+        self._fast_tokenizer = getattr(self, "_fast_tokenizer", None) or fast_tokenizer(self.tokenizer)
+        return self._fast_tokenizer, int(self.max_length)
+
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
         return self.tokenizer.encode_batch([tuple(p) for p in pairs])
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -25,16 +24,6 @@ from ragsieve.rerank.base import BaseRanker
 # [CLS] q [SEP] d [SEP] and a margin: a chunk must never be cut again by the model
 _SPECIAL_TOKENS = 4
 _MIN_CHUNK_TOKENS = 32
-
-
-def model_window(ranker: BaseRanker) -> tuple[Any, int] | None:
-    """(tokenizer, max tokens per pair) of a transformer ranker, or None when it has no window."""
-    model = getattr(ranker, "model", None) or getattr(ranker, "encoder", None)
-    tokenizer = getattr(model, "tokenizer", None)
-    limit = getattr(model, "max_length", None) or getattr(model, "max_seq_length", None)
-    if tokenizer is None or not isinstance(limit, int) or limit <= 0:
-        return None
-    return tokenizer, limit
 
 
 @dataclass
@@ -56,7 +45,7 @@ class ChunkPlan:
 
 def plan_chunks(ranker: BaseRanker, query: str, docs: Sequence[str], max_chunks_per_doc: int) -> ChunkPlan:
     """Chunk the documents of one request for ``ranker`` (see the module doc)."""
-    window = model_window(ranker)
+    window = ranker.window()
     plan = ChunkPlan([], [], len(docs))
     if window is None:
         plan.texts, plan.owner = list(docs), list(range(len(docs)))
