@@ -168,20 +168,25 @@ def test_scores_equal_offline_scoring_and_long_documents_are_chunked(ce_server, 
     meta = data["meta"]
     assert meta["chunked_documents"]["1"] >= 2 and meta["chunked_documents"]["3"] == 3
     assert meta["truncated_documents"] == [3] and len(meta["warnings"]) == 2
-    from ragsieve.serve.chunks import plan_chunks
+    from ragsieve.rerank.chunks import plan_chunks
 
     plan = plan_chunks(tiny_ce, QUERY, [long_doc], 3)
     assert scores[1] == pytest.approx(tiny_ce.score(QUERY, plan.texts).max(), abs=1e-5)
     # every chunk fits the window beside the query: the model never cuts one again
     tok = tiny_ce.model.tokenizer
     assert all(len(tok(QUERY, t)["input_ids"]) <= 64 for t in plan.texts)
+    # the same reading in Python: BestChunkRanker scores as serve does (the truncated tail of a huge doc aside)
+    from ragsieve.rerank.chunks import BestChunkRanker
+
+    best = BestChunkRanker(tiny_ce, max_chunks_per_doc=3).score(QUERY, as_passages(docs))
+    np.testing.assert_allclose(best, [scores[i] for i in range(len(docs))], atol=1e-5)
 
 
 def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
     """`embedded:base` (two models behind one score) and its ONNX fallback state their window, so serve chunks a
     document longer than it: a passage whose answer sits past the window still ranks first."""
     from ragsieve.registry import load_reranker
-    from ragsieve.serve.chunks import plan_chunks
+    from ragsieve.rerank.chunks import plan_chunks
 
     filler = " ".join(["The committee met again to discuss the budget for the coming year."] * 40)  # ≈ 560 tokens
     long_doc = f"{filler} Hamlet was written by William Shakespeare."
@@ -198,6 +203,14 @@ def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
     with BackgroundServer(create_app(ServeConfig())) as server:
         data = httpx.post(f"{server.url}/v1/rerank", json={"query": QUERY, "documents": docs}).json()
     assert data["results"][0]["index"] == 1 and data["meta"]["chunked_documents"]["1"] >= 3
+    # the one sieve (Python's Sieve.filter, the adapters, the pipeline) reads it the same way
+    from ragsieve.pipeline.stages import SieveStages
+
+    ranker = load_reranker("embedded:base")
+    kept = SieveStages(ranker, None, top_k=1).select(QUERY, docs)
+    assert kept.selected_results[0].index == 1
+    served_score = data["results"][0]["relevance_score"]
+    assert ranker.unit_scores([kept.selected_results[0].score])[0] == pytest.approx(served_score, abs=1e-3)
 
 
 def test_tei_raw_scores_are_logits_of_a_sigmoid_cross_encoder(ce_server, tiny_ce):

@@ -111,8 +111,8 @@ class Sieve:
         return self.gate.decide_many([question])[0]
 
     def rerank(self, question: str, passages: Sequence[Passage | str]) -> "RankedResults":
-        """Passages ordered by what this LLM can use (the sieve's reranker)."""
-        return self.reranker.rank(question, passages)
+        """Passages ordered by what this LLM can use (the sieve's reranker; a long one by its best chunk)."""
+        return self.stages.rank(question, passages)
 
     def filter(self, question: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank, keep the top_k, grade them: what to put in the prompt, with scores and verdicts.

@@ -137,7 +137,12 @@ class SieveStages:
 
     # -- the steps -------------------------------------------------------------------------------
     def rank(self, query: str, passages: Sequence[Passage | str]) -> RankedResults:
-        return (self.reranker or RetrievalOrder()).rank(query, passages)
+        """The passages by the reranker's score; one longer than the reranker's window scores as its best
+        window-sized chunk (as ``serve``'s /v1/rerank scores documents), so its end is read too."""
+        from ragsieve.rerank.chunks import BestChunkRanker
+
+        ranker = self.reranker or RetrievalOrder()
+        return (BestChunkRanker(ranker) if ranker.window() is not None else ranker).rank(query, passages)
 
     def cut(self, ranked: RankedResults) -> FilterResult:
         """The top_k of a ranking, not graded yet."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from fastapi import Request
 
-from ragsieve.serve.chunks import plan_chunks
+from ragsieve.rerank.chunks import plan_chunks
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError
 from ragsieve.serve.batcher import PairBatcher

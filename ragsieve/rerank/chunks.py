@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ragsieve.rerank.base import BaseRanker
+from ragsieve.data.records import Passage
+from ragsieve.rerank.base import BaseRanker, as_passages
 
 # [CLS] q [SEP] d [SEP] and a margin: a chunk must never be cut again by the model
 _SPECIAL_TOKENS = 4
@@ -78,3 +79,24 @@ def plan_chunks(ranker: BaseRanker, query: str, docs: Sequence[str], max_chunks_
             plan.texts.append(doc)
             plan.owner.append(i)
     return plan
+
+
+class BestChunkRanker(BaseRanker):
+    """``ranker`` reading a passage longer than its window as its best chunk, as ``serve`` scores documents.
+
+    Example::
+
+        BestChunkRanker(load_reranker("embedded:base")).score("who wrote hamlet", [long_passage])
+    """
+
+    name = "best-chunk"
+
+    def __init__(self, ranker: BaseRanker, max_chunks_per_doc: int = 8):
+        self.ranker = ranker
+        self.max_chunks_per_doc = max_chunks_per_doc
+        self.calibration = ranker.calibration  # the same score scale: a chunk's score is the ranker's own
+        self.score_is_probability = ranker.score_is_probability
+
+    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
+        plan = plan_chunks(self.ranker, query, [p.full_text for p in as_passages(passages)], self.max_chunks_per_doc)
+        return plan.reduce(self.ranker.score_pairs([query] * len(plan.texts), plan.texts))
