@@ -355,6 +355,32 @@ def test_the_teachers_cross_encoder_alone_is_its_mix_minus_the_cosine_term(teach
                                    cross.predict_logits([(q.query, p.full_text) for p in passages]), atol=1e-4)
 
 
+def test_the_teachers_window_and_best_chunk_rows_read_more_of_a_long_candidate(teacher_dir):
+    """teacher@window<N> is the teacher with its cross-encoder reading N tokens per pair; teacher@best-chunk reads a
+    longer candidate as serve does, by its best window-sized chunk; on candidates within the window both are the
+    teacher's scores."""
+    from ragsieve.benchmarks.forgetting import heldout_queries
+    from ragsieve.studies.rerank_distill import BEST_CHUNK, RerankDistillStudy, window_key
+
+    queries = heldout_queries("fever", max_queries=2)
+    cfg = RerankDistillStudy.Config(teacher=str(teacher_dir), teacher_windows=[128], teacher_best_chunk=True)
+    refs = RerankDistillStudy.references(cfg, teacher_dir, queries)
+    assert refs[window_key(128)].inner.cross.window()[1] == 128 and refs[BEST_CHUNK].inner.ranker.window()[1] == 64
+    q = queries[0]
+    short = [p for p in q.candidates if len(p.full_text) < 100]  # within the 64-token window: nothing to chunk
+    assert short
+    long_text = " ".join(p.full_text for p in q.candidates)  # well past it
+    for key in (window_key(128), BEST_CHUNK):
+        np.testing.assert_allclose(refs[key].score(q.query, short), refs["teacher"].score(q.query, short), atol=0.3)
+    from ragsieve.data.records import Passage
+
+    from ragsieve.rerank.shipped import load_shipped_reranker
+
+    chunked = refs[BEST_CHUNK].score(q.query, [Passage("long", long_text)])
+    truncated = load_shipped_reranker(teacher_dir).score(q.query, [Passage("long", long_text)])
+    assert chunked[0] >= truncated[0] - 1e-4  # the best chunk scores at least as the first window alone
+
+
 def test_a_student_with_its_own_alpha_or_loss_trains_under_its_own_key():
     from ragsieve.studies.rerank_distill import RerankDistillConfig, StudentConfig
 

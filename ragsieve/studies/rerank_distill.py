@@ -262,6 +262,13 @@ class RerankDistillConfig(StrictConfig):
                                    "onnx-int8+onnx-int8", "torch+onnx-int8", "torch-bf16+onnx-int8",
                                    "onnx-int8+torch"]] = []
     backend_tolerance: float = 0.005
+    # the teacher reading more of each pair: rows ``teacher@window<N>``, its shipped backends (card) with the
+    # cross-encoder's window at N tokens instead of the card's max_length (the cosine's MiniLM reads 256 passage
+    # tokens either way); reported beside the teacher, never shipped by the study
+    teacher_windows: list[int] = []
+    # the row ``teacher@best-chunk``: the shipped backends at the card's window, a longer candidate scored by its best
+    # window-sized chunk, as `serve` scores documents (ragsieve.rerank.chunks)
+    teacher_best_chunk: bool = False
     # text-free records to commit (mined ids, teacher logits, the teacher's and cosine's held-out scores, by
     # query and passage id): read at start, extended as phases run, so a run resumes on another machine
     # without mining or scoring again ("" = none; experiments/rerank_distill.yaml sets results/.../records)
@@ -381,6 +388,14 @@ class _WithoutCosine(BaseRanker):
         return np.asarray(mixed, dtype=float) - self.factor * np.asarray(cosine, dtype=float)
 
 
+BEST_CHUNK = "teacher@best-chunk"
+
+
+def window_key(window: int) -> str:
+    """The evaluation row of the teacher (its shipped backends) with a ``window``-token cross-encoder."""
+    return f"teacher@window{window}"
+
+
 def variant_key(backends: str) -> str:
     """The evaluation row of the teacher on ``"<cross-encoder backend>+<cosine backend>"``."""
     return f"teacher@{backends}"
@@ -466,11 +481,14 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
         lines.append("")
     variants = [k for k in dict.fromkeys(k for rows in by_dataset.values() for k in rows) if k.startswith("teacher@")]
     if variants:
-        lines += ["## The teacher itself on faster forwards (`teacher_backends`)", "",
+        lines += ["## The teacher itself on faster forwards (`teacher_backends`) and longer windows", "",
                   "`teacher@<cross-encoder backend>+<cosine backend>`: the same weights and mix; \"torch\" is fp32 "
                   "(the cross-encoder's fp32 logit read from the records), \"torch-bf16\" fp32 under bf16 autocast, "
                   "\"onnx-int8\" the int8 per-channel ONNX forward, \"openvino-bf16\" the fp32 ONNX export on "
-                  "OpenVINO with bf16 products.", "",
+                  "OpenVINO with bf16 products. `teacher@window<N>`: the shipped backends with the cross-encoder "
+                  "reading N tokens per pair instead of the card's max_length (`teacher_windows`). "
+                  "`teacher@best-chunk`: the shipped backends at the card's window, a longer candidate scored by "
+                  "its best window-sized chunk, as `serve` scores documents.", "",
                   "| set | n | variant | teacher | variant nDCG@10 | − teacher [95 %] | − cosine [95 %] | ECE |",
                   "|---|---|---|---|---|---|---|---|"]
         for key in variants:
@@ -813,6 +831,19 @@ class RerankDistillStudy:
                 variant = CosineMixRanker(cross, mix.weight, mix.scale, cosine=cos)  # the shipped mix, its parts
                 variant.calibration = shipped.calibration
                 out[key] = _Remembered(variant, key)
+            for window in cfg.teacher_windows:
+                shipped_backends = load_shipped_reranker(teacher, max_length=window)
+                cos = cosines.setdefault(shipped_backends.cosine_backend, CosineOverCandidates(
+                    cfg.encoder, queries, shipped_backends.cosine_backend))
+                key = window_key(window)
+                variant = CosineMixRanker(shipped_backends.cross, mix.weight, mix.scale, cosine=cos)
+                variant.calibration = shipped.calibration
+                out[key] = _Remembered(variant, key)
+            if cfg.teacher_best_chunk:
+                from ragsieve.rerank.chunks import BestChunkRanker
+
+                # as loaded, with its own cosine: chunks are new texts, which the candidates' cosines do not cover
+                out[BEST_CHUNK] = _Remembered(BestChunkRanker(load_shipped_reranker(teacher)), BEST_CHUNK)
         return out
 
     @staticmethod
@@ -892,7 +923,9 @@ class RerankDistillStudy:
         out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
         students_by_key: dict[str, _Remembered] | None = None
         mixed = float(read_card(teacher).get("cosine_weight", 0.0)) > 0  # then references() adds CROSS_ALONE
-        wanted = ["teacher", "cosine", *([CROSS_ALONE, *map(variant_key, cfg.teacher_backends)] if mixed else []),
+        wanted = ["teacher", "cosine", *([CROSS_ALONE, *map(variant_key, cfg.teacher_backends),
+                                          *map(window_key, cfg.teacher_windows),
+                                          *([BEST_CHUNK] if cfg.teacher_best_chunk else [])] if mixed else []),
                   *(k for key in finals for k in (key, f"{key}-onnx-int8"))]
         for name in cfg.datasets:
             cache = work / "eval" / f"{name}.json"
