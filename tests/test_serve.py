@@ -211,6 +211,11 @@ def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
     assert kept.selected_results[0].index == 1
     served_score = data["results"][0]["relevance_score"]
     assert ranker.unit_scores([kept.selected_results[0].score])[0] == pytest.approx(served_score, abs=1e-3)
+    # and the shipped grader (a threshold on the same score) grades it on that chunk, not on its first window
+    from ragsieve.registry import load_grader
+
+    grader = load_grader("embedded:default")
+    np.testing.assert_allclose(grader.score_pairs([QUERY], [long_doc]), [kept.selected_results[0].score], atol=1e-3)
 
 
 def test_tei_raw_scores_are_logits_of_a_sigmoid_cross_encoder(ce_server, tiny_ce):

@@ -67,7 +67,12 @@ class RankerGrader(Grader):
         raise RagsieveError(f"a '{config.kind}' grader wraps a ranker: build it with ragsieve.registry.new_grader")
 
     def _score(self, queries: list[str], passages: list[str]) -> np.ndarray:
-        return np.asarray(self.ranker.score_pairs(queries, passages), dtype=np.float64)
+        """The ranker's score; a passage longer than its window by its best chunk, as the sieve ranks it (a long
+        passage ranked first for its last paragraph is graded on that paragraph too)."""
+        from ragsieve.rerank.chunks import BestChunkRanker
+
+        ranker = BestChunkRanker(self.ranker) if self.ranker.window() is not None else self.ranker
+        return np.asarray(ranker.score_pairs(queries, passages), dtype=np.float64)
 
     def fit_threshold(self, scores: Sequence[float], labels: Sequence[int], metric: str = "f1") -> float:
         """Set (and return) the threshold that maximises ``metric`` on these training scores."""

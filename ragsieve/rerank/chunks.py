@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
 from ragsieve.rerank.base import BaseRanker, as_passages
 
 # [CLS] q [SEP] d [SEP] and a margin: a chunk must never be cut again by the model
@@ -97,6 +98,24 @@ class BestChunkRanker(BaseRanker):
         self.calibration = ranker.calibration  # the same score scale: a chunk's score is the ranker's own
         self.score_is_probability = ranker.score_is_probability
 
-    def score(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        plan = plan_chunks(self.ranker, query, [p.full_text for p in as_passages(passages)], self.max_chunks_per_doc)
-        return plan.reduce(self.ranker.score_pairs([query] * len(plan.texts), plan.texts))
+    def window(self):
+        return None  # reads passages of any length (up to max_chunks_per_doc windows)
+
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
+        """Every pair's best chunk, all chunks scored in one call (the ranker keeps its length-sorted batches)."""
+        if len(queries) != len(passages):
+            raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
+        texts = [p.full_text for p in as_passages(passages)]
+        by_query: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_query.setdefault(q, []).append(i)
+        plans = [(idx, plan_chunks(self.ranker, q, [texts[i] for i in idx], self.max_chunks_per_doc))
+                 for q, idx in by_query.items()]
+        chunk_queries = [q for (q, _), (_, plan) in zip(by_query.items(), plans) for _ in plan.texts]
+        scores = np.asarray(self.ranker.score_pairs(chunk_queries, [t for _, plan in plans for t in plan.texts]),
+                            dtype=float)
+        out, start = np.zeros(len(texts)), 0
+        for idx, plan in plans:
+            out[idx] = plan.reduce(scores[start:start + len(plan.texts)])
+            start += len(plan.texts)
+        return out
