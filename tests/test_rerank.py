@@ -351,7 +351,9 @@ def test_fit_calibration_is_finite_on_separable_pairs_and_cross_fits_by_query():
     scores = np.array([3.0, -2.0, -3.0, 2.5, -1.0, -2.5, 4.0, -4.0, -1.5])
     labels = np.array([1, 0, 0, 1, 0, 0, 1, 0, 0])
     groups = np.repeat(["a", "b", "c"], 3)
-    cal, ece = fit_calibration(scores, labels, groups, as_loaded=np.full(9, 0.5), folds=3, n_boot=50)
+    cal, ece, cuts = fit_calibration(scores, labels, groups, as_loaded=np.full(9, 0.5), folds=3, n_boot=50,
+                                     precisions=[1.0])
+    assert cuts["1"]["recall"] == 1.0 and cuts["1"]["kept"] == pytest.approx(3 / 9)  # separable: all 3, nothing else
     # separable: plain log-loss drives the slope to infinity; Platt's targets keep the probabilities inside (0, 1)
     assert 0.05 < cal.proba([3.0])[0] < 0.99 and 0.01 < cal.proba([-3.0])[0] < 0.5
     assert Calibration.fit(scores, labels).proba([3.0])[0] > cal.proba([3.0])[0]

@@ -480,12 +480,14 @@ def test_own_calibration_from_the_cli_is_served_to_the_cohere_client(cli, tmp_pa
     pairs.write_text("".join(json.dumps({"query": q, "passage": d, "label": int(i in relevant[q])}) + "\n"
                              for q in queries for i, d in enumerate(DOCS)))
     out = tmp_path / "cal.json"
-    result = cli("rerank", "calibrate", pairs, "-r", "bm25", "-o", out, "--folds", "3")
+    result = cli("rerank", "calibrate", pairs, "-r", "bm25", "-o", out, "--folds", "3", "--precision", "0.5")
     assert result.code == 0, result.err
+    assert "precision ≥ 0.5: keep relevance_score ≥" in result.out
     assert "calibrated (cross-fitted by query)" in result.out and "bm25 as loaded" in result.out
     fitted = json.loads(out.read_text())
     assert fitted["reranker"] == "bm25" and fitted["pairs"] == 12 and fitted["queries"] == 3
     assert fitted["relevant"] == 4 and set(fitted["ece"]) == {"as_loaded", "calibrated_cross_fitted"}
+    assert 0.0 <= fitted["thresholds"]["0.5"]["threshold"] <= 1.0
     assert cli("rerank", "calibrate", pairs, "-r", "bm25", "-o", out).code == 2  # no silent overwrite
 
     ranker = load_reranker("bm25", calibration=str(out))

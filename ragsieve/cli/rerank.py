@@ -227,6 +227,9 @@ def rerank_calibrate_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Calibration JSON to write, for `ragsieve serve --calibration` "
                              "and load_reranker(spec, calibration=...)."),
     folds: int = typer.Option(5, "--folds", help="Folds of whole queries for the cross-fitted ECE."),
+    precision: list[float] = typer.Option([], "--precision", help="Also print the [0, 1] relevance_score cut reaching "
+                                          "this precision on your labels (cross-fitted), for a client's threshold. "
+                                          "Repeatable."),
     overwrite: bool = OverwriteOption,
 ) -> None:
     """Fit the reranker's [0, 1] scores to your own labelled pairs, and report ECE before and after.
@@ -244,6 +247,9 @@ def rerank_calibrate_cmd(
     from ragsieve.rerank.calibration import CalibrationFile, fit_calibration
 
     positive_int(folds, "--folds")
+    for target in precision:
+        if not 0.0 < target <= 1.0:
+            raise RagsieveError(f"--precision {target}: a precision is in (0, 1]")
     if out.exists() and not overwrite:
         raise RagsieveError(f"--out {out} exists: pass --overwrite to replace it")
     rows = read_labelled_pairs(pairs)
@@ -257,11 +263,11 @@ def rerank_calibrate_cmd(
             bar.advance(task, len(part))
     raw = np.concatenate(scores)
     labels, groups = [r.label for r in rows], [r.query_id for r in rows]
-    calibration, ece = fit_calibration(raw, labels, groups, from_probability=ranker.score_is_probability,
-                                       as_loaded=ranker.unit_scores(raw), folds=folds)
+    calibration, ece, cuts = fit_calibration(raw, labels, groups, from_probability=ranker.score_is_probability,
+                                             as_loaded=ranker.unit_scores(raw), folds=folds, precisions=precision)
     fitted = CalibrationFile(reranker=reranker, ranker_weights=cross_encoder_key(reranker), calibration=calibration,
                              pairs=len(rows), queries=len(set(groups)), relevant=int(sum(labels)), folds=folds,
-                             ece=ece)
+                             ece=ece, thresholds=cuts)
     fitted.save(out)
     table = Table(title=f"ECE on {fitted.pairs} pairs of {fitted.queries} queries (95 % interval by query)")
     for column in ("scores", "ECE", "95 % interval", "pairs"):
@@ -272,4 +278,8 @@ def rerank_calibrate_cmd(
             e = ece[key]
             table.add_row(name, f"{e['mean']:.3f}", f"[{e['low']:.3f}, {e['high']:.3f}]", str(int(e["pairs"])))
     console.print(table)
+    for target, cut in cuts.items():
+        console.print(f"precision ≥ {target}: " + ("no cut reaches it on these labels" if cut["threshold"] is None else
+                      f"keep relevance_score ≥ {cut['threshold']:.3f} (recall {cut['recall']:.2f}, "
+                      f"{cut['kept']:.0%} of pairs kept; cross-fitted)"))
     err_console.print(f"wrote {out}: temperature {calibration.temperature:.3f}, bias {calibration.bias:+.3f}")

@@ -112,6 +112,8 @@ class CalibrationFile(StrictConfig):
     folds: int
     n_bins: int = 10
     ece: dict[str, dict[str, float]] = {}
+    # target precision → the [0, 1] cut reaching it on the cross-fitted probabilities (None: none does), its recall
+    thresholds: dict[str, dict[str, float | None]] = {}
 
     def save(self, path: str | Path) -> Path:
         from ragsieve.atomic import atomic_file
@@ -123,18 +125,24 @@ class CalibrationFile(StrictConfig):
 
 def fit_calibration(scores: Sequence[float], labels: Sequence[int], groups: Sequence[str], *,
                     from_probability: bool = False, as_loaded: Sequence[float] | None = None, folds: int = 5,
-                    n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> tuple[Calibration, dict]:
+                    n_bins: int = 10, n_boot: int = 1000, seed: int = 0,
+                    precisions: Sequence[float] = ()) -> tuple[Calibration, dict, dict]:
     """A calibration fitted on all (score, label) pairs (Platt's targets), and its ECE measured honestly:
     cross-fitted over ``folds`` folds of whole queries (``groups``: the query of each pair), with 95 % intervals
     resampling queries. ``as_loaded`` (the [0, 1] scores the ranker answered before) gets the same ECE for comparison.
 
-    Returns ``(calibration, {"calibrated_cross_fitted": {...}, "as_loaded": {...}})``; a fold whose
-    training part holds one class only leaves its pairs out of the cross-fitted ECE (``pairs`` says how many
-    were scored).
+    For each of ``precisions``, the lowest [0, 1] threshold whose precision on the cross-fitted probabilities
+    reaches it (:func:`threshold_for_precision`), with the recall and the share of pairs kept there: the
+    ``relevance_score`` cut to set in a client (Open WebUI's, Dify's) for that precision on data like these labels.
+
+    Returns ``(calibration, {"calibrated_cross_fitted": {...}, "as_loaded": {...}}, {"0.8": {"threshold", "recall",
+    "kept"}, ...})``; a fold whose training part holds one class only leaves its pairs out of the cross-fitted
+    values (``pairs`` says how many were scored).
 
     Example::
 
-        cal, ece = fit_calibration([2., -1., 1., -2.], [1, 0, 1, 0], ["a", "a", "b", "b"], folds=2, n_boot=10)
+        cal, ece, cuts = fit_calibration([2., -1., 1., -2.], [1, 0, 1, 0], ["a", "a", "b", "b"], folds=2,
+                                         n_boot=10, precisions=[0.9])
     """
     from sklearn.model_selection import GroupKFold
 
@@ -152,6 +160,7 @@ def fit_calibration(scores: Sequence[float], labels: Sequence[int], groups: Sequ
         return {"mean": est, "low": low, "high": high, "pairs": int(keep.sum()), "queries": len(set(g[keep]))}
 
     out: dict[str, dict[str, float]] = {}
+    cuts: dict[str, dict[str, float | None]] = {}
     splits = min(folds, len(set(g.tolist())))
     if splits >= 2:
         crossed = np.full(len(x), np.nan)
@@ -161,11 +170,18 @@ def fit_calibration(scores: Sequence[float], labels: Sequence[int], groups: Sequ
                                                 platt_targets=True).proba(x[test])
             except RagsieveError:  # this fold's training queries hold one class only
                 continue
-        if np.isfinite(crossed).any():
-            out["calibrated_cross_fitted"] = interval(crossed, np.isfinite(crossed))
+        scored = np.isfinite(crossed)
+        if scored.any():
+            out["calibrated_cross_fitted"] = interval(crossed, scored)
+            p, truth = crossed[scored], y[scored]
+            for target in precisions:
+                t = threshold_for_precision(p, truth, target)
+                kept = p >= t if t is not None else np.zeros(len(p), dtype=bool)
+                cuts[f"{target:g}"] = {"threshold": t, "recall": float(truth[kept].sum() / max(truth.sum(), 1)),
+                                       "kept": float(kept.mean())}
     if as_loaded is not None:
         out["as_loaded"] = interval(np.asarray(as_loaded, dtype=float), np.ones(len(x), dtype=bool))
-    return calibration, out
+    return calibration, out, cuts
 
 
 def as_logits(x: np.ndarray, from_probability: bool) -> np.ndarray:
