@@ -69,10 +69,9 @@ class RankerGrader(Grader):
     def _score(self, queries: list[str], passages: list[str]) -> np.ndarray:
         """The ranker's score; a passage longer than its window by its best chunk, as the sieve ranks it (a long
         passage ranked first for its last paragraph is graded on that paragraph too)."""
-        from ragsieve.rerank.chunks import BestChunkRanker
+        from ragsieve.rerank.chunks import reading_whole
 
-        ranker = BestChunkRanker(self.ranker) if self.ranker.window() is not None else self.ranker
-        return np.asarray(ranker.score_pairs(queries, passages), dtype=np.float64)
+        return np.asarray(reading_whole(self.ranker).score_pairs(queries, passages), dtype=np.float64)
 
     def fit_threshold(self, scores: Sequence[float], labels: Sequence[int], metric: str = "f1") -> float:
         """Set (and return) the threshold that maximises ``metric`` on these training scores."""

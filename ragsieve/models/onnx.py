@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -124,9 +125,10 @@ def padded_batches(encodings: Sequence, batch_size: int, pad_id: int = 0) -> Ite
         yield idx, feeds
 
 
+@lru_cache(maxsize=8)
 def fast_tokenizer(tokenizer: "Tokenizer") -> "PreTrainedTokenizerFast":
-    """A Hugging Face fast tokenizer over a copy of a ``tokenizers.Tokenizer`` (the copy: transformers resets
-    truncation and padding on the tokenizer it wraps, which would undo the ranker's own truncation)."""
+    """A Hugging Face fast tokenizer over a copy of a ``tokenizers.Tokenizer``, made once per tokenizer (the copy:
+    transformers resets truncation and padding on the tokenizer it wraps, which would undo the ranker's own)."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 

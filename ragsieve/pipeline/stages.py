@@ -139,10 +139,9 @@ class SieveStages:
     def rank(self, query: str, passages: Sequence[Passage | str]) -> RankedResults:
         """The passages by the reranker's score; one longer than the reranker's window scores as its best
         window-sized chunk (as ``serve``'s /v1/rerank scores documents), so its end is read too."""
-        from ragsieve.rerank.chunks import BestChunkRanker
+        from ragsieve.rerank.chunks import reading_whole
 
-        ranker = self.reranker or RetrievalOrder()
-        return (BestChunkRanker(ranker) if ranker.window() is not None else ranker).rank(query, passages)
+        return reading_whole(self.reranker or RetrievalOrder()).rank(query, passages)
 
     def cut(self, ranked: RankedResults) -> FilterResult:
         """The top_k of a ranking, not graded yet."""

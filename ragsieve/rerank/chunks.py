@@ -98,9 +98,6 @@ class BestChunkRanker(BaseRanker):
         self.calibration = ranker.calibration  # the same score scale: a chunk's score is the ranker's own
         self.score_is_probability = ranker.score_is_probability
 
-    def window(self):
-        return None  # reads passages of any length (up to max_chunks_per_doc windows)
-
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         """Every pair's best chunk, all chunks scored in one call (the ranker keeps its length-sorted batches)."""
         if len(queries) != len(passages):
@@ -109,13 +106,17 @@ class BestChunkRanker(BaseRanker):
         by_query: dict[str, list[int]] = {}
         for i, q in enumerate(queries):
             by_query.setdefault(q, []).append(i)
-        plans = [(idx, plan_chunks(self.ranker, q, [texts[i] for i in idx], self.max_chunks_per_doc))
+        plans = [(q, idx, plan_chunks(self.ranker, q, [texts[i] for i in idx], self.max_chunks_per_doc))
                  for q, idx in by_query.items()]
-        chunk_queries = [q for (q, _), (_, plan) in zip(by_query.items(), plans) for _ in plan.texts]
-        scores = np.asarray(self.ranker.score_pairs(chunk_queries, [t for _, plan in plans for t in plan.texts]),
-                            dtype=float)
+        scores = np.asarray(self.ranker.score_pairs([q for q, _, plan in plans for _ in plan.texts],
+                                                    [t for _, _, plan in plans for t in plan.texts]), dtype=float)
         out, start = np.zeros(len(texts)), 0
-        for idx, plan in plans:
+        for _, idx, plan in plans:
             out[idx] = plan.reduce(scores[start:start + len(plan.texts)])
             start += len(plan.texts)
         return out
+
+
+def reading_whole(ranker: BaseRanker, max_chunks_per_doc: int = 8) -> BaseRanker:
+    """``ranker`` as a :class:`BestChunkRanker` when it has a window, else itself (it reads any length already)."""
+    return BestChunkRanker(ranker, max_chunks_per_doc) if ranker.window() is not None else ranker

@@ -42,7 +42,7 @@ class BiEncoderRanker(BaseRanker):
 
         tokenizer = self.encoder.tokenizer
         if not hasattr(tokenizer, "convert_ids_to_tokens"):  # an ONNX encoder's tokenizers.Tokenizer
-            tokenizer = self._fast_tokenizer = getattr(self, "_fast_tokenizer", None) or fast_tokenizer(tokenizer)
+            tokenizer = fast_tokenizer(tokenizer)
         return tokenizer, int(self.encoder.max_seq_length)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

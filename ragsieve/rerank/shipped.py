@@ -99,8 +99,7 @@ class OnnxCrossEncoderRanker(BaseRanker):
     def window(self):
         from ragsieve.models.onnx import fast_tokenizer
 
-        self._fast_tokenizer = getattr(self, "_fast_tokenizer", None) or fast_tokenizer(self.tokenizer)
-        return self._fast_tokenizer, int(self.max_length)
+        return fast_tokenizer(self.tokenizer), int(self.max_length)
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
         return self.tokenizer.encode_batch([tuple(p) for p in pairs])
