@@ -48,6 +48,7 @@ from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, Lo
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
 from ragsieve.paths import resolve_artifact
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
+from ragsieve.rerank.chunks import reading_whole
 from ragsieve.rerank.evolving import load_evolving_reranker
 from ragsieve.rerank.lexical import BM25Ranker
 from ragsieve.rerank.neural import BiEncoderRanker
@@ -102,8 +103,13 @@ def parse_reranker_spec(spec: str) -> tuple[str, str | None]:
     return name, arg if sep else None
 
 
-def load_reranker(spec: "str | BaseRanker", **kwargs: Any) -> BaseRanker:
+def load_reranker(spec: "str | BaseRanker", *, whole_passages: bool = True, **kwargs: Any) -> BaseRanker:
     """A reranker from its spec (table above); an already built ranker is returned as it is.
+
+    A model that reads at most a window of tokens per pair (the cross-encoders, MiniLM) scores a longer
+    passage by its best window-sized chunk (:class:`~ragsieve.rerank.chunks.BestChunkRanker`), as ``serve``
+    and the sieve do, so ``score`` and ``predict_proba`` are what ``/v1/rerank`` answers for any passage;
+    ``whole_passages=False`` gives the model reading the first window only (what the studies' records hold).
 
     Example::
 
@@ -121,6 +127,8 @@ def load_reranker(spec: "str | BaseRanker", **kwargs: Any) -> BaseRanker:
         raise RagsieveError(f"unknown reranker '{name}'; known: {', '.join(sorted(RERANKERS))}") from None
     calibration = read_calibration(calibration_file, spec) if calibration_file else None  # refused before loading
     ranker = factory(arg, **kwargs) if arg is not None else factory(**kwargs)
+    if whole_passages:
+        ranker = reading_whole(ranker)
     if calibration is not None:
         ranker.calibration = calibration
     return ranker

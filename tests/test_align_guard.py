@@ -143,14 +143,14 @@ def test_cosine_mix_folder_scores_as_its_start(tmp_path):
                                   cosine_mix=True)
     out = train_cross_encoder(GROUPS, cfg, tmp_path / "mixed")
     plain = train_cross_encoder(GROUPS, cfg.model_copy(update={"cosine_mix": False}), tmp_path / "plain")
-    assert not (plain / CARD).exists() and isinstance(load_reranker(str(plain)), CrossEncoderRanker)
+    assert not (plain / CARD).exists() and isinstance(load_reranker(str(plain)).ranker, CrossEncoderRanker)
     if not weight:  # a shipped base without a cosine term has nothing to inherit
         assert not (out / CARD).exists()
         return
     card = json.loads((out / CARD).read_text())
     assert card["cosine_weight"] == weight and card["default_backend"] == "torch" and "calibration" not in card
     ranker = load_reranker(f"cross-encoder:{out}", max_length=64)
-    assert isinstance(ranker, CosineMixRanker) and ranker.weight == weight
+    assert isinstance(ranker.ranker, CosineMixRanker) and ranker.weight == weight
     mixed = ranker.score("who wrote hamlet", [HAMLET, FOXES])
     assert mixed.shape == (2,) and np.all(np.isfinite(mixed)) and mixed[0] > mixed[1]
 

@@ -192,14 +192,14 @@ def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
     long_doc = f"{filler} Hamlet was written by William Shakespeare."
     docs = ["Paris is the capital of France.", long_doc, "The quick brown fox jumps over the lazy dog."]
     for options in ({}, {"backend": "onnx-int8", "cosine_backend": "onnx-int8"}):
-        ranker = load_reranker("embedded:base", **options)
+        ranker = load_reranker("embedded:base", whole_passages=False, **options)
         tokenizer, limit = ranker.window()
         assert limit == 256, options
         plan = plan_chunks(ranker, QUERY, docs, 8)
         assert plan.chunked[1] >= 3 and not plan.truncated
         assert all(len(tokenizer(QUERY, t)["input_ids"]) <= limit for t in plan.texts)
-    truncated = load_reranker("embedded:base").score(QUERY, as_passages(docs))
-    assert truncated.argmax() != 1  # read to its window only, the long document's answer is never seen
+    first_window = load_reranker("embedded:base", whole_passages=False)
+    assert first_window.score(QUERY, as_passages(docs)).argmax() != 1  # the answer past the window is never seen
     with BackgroundServer(create_app(ServeConfig())) as server:
         data = httpx.post(f"{server.url}/v1/rerank", json={"query": QUERY, "documents": docs}).json()
     assert data["results"][0]["index"] == 1 and data["meta"]["chunked_documents"]["1"] >= 3
@@ -211,6 +211,10 @@ def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
     assert kept.selected_results[0].index == 1
     served_score = data["results"][0]["relevance_score"]
     assert ranker.unit_scores([kept.selected_results[0].score])[0] == pytest.approx(served_score, abs=1e-3)
+    # in Python too: score() ranks it first and predict_proba() is the relevance_score the API answered
+    served = {r["index"]: r["relevance_score"] for r in data["results"]}
+    assert ranker.score(QUERY, as_passages(docs)).argmax() == 1
+    np.testing.assert_allclose(ranker.predict_proba(QUERY, docs), [served[i] for i in range(len(docs))], atol=1e-3)
     # and the shipped grader (a threshold on the same score) grades it on that chunk, not on its first window
     from ragsieve.registry import load_grader
 

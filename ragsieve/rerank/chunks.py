@@ -85,18 +85,44 @@ def plan_chunks(ranker: BaseRanker, query: str, docs: Sequence[str], max_chunks_
 class BestChunkRanker(BaseRanker):
     """``ranker`` reading a passage longer than its window as its best chunk, as ``serve`` scores documents.
 
+    What :func:`~ragsieve.registry.load_reranker` returns for a ranker with a window, so ``score``,
+    ``predict_proba``, the sieve and ``/v1/rerank`` read a long passage the same way. Everything but the
+    chunking is the wrapped ranker's: attributes read and set go through to it (its calibration included),
+    and ``.ranker`` is the model reading one window (what the studies' records score).
+
     Example::
 
-        BestChunkRanker(load_reranker("embedded:base")).score("who wrote hamlet", [long_passage])
+        BestChunkRanker(load_reranker("embedded:base", whole_passages=False)).score("who wrote hamlet", [long])
     """
 
-    name = "best-chunk"
+    _OWN = ("ranker", "max_chunks_per_doc")
 
     def __init__(self, ranker: BaseRanker, max_chunks_per_doc: int = 8):
-        self.ranker = ranker
-        self.max_chunks_per_doc = max_chunks_per_doc
-        self.calibration = ranker.calibration  # the same score scale: a chunk's score is the ranker's own
-        self.score_is_probability = ranker.score_is_probability
+        object.__setattr__(self, "ranker", ranker)
+        object.__setattr__(self, "max_chunks_per_doc", max_chunks_per_doc)
+
+    # One scorer, one scale: a chunk's score is the wrapped ranker's own, so its calibration applies as is.
+    def __getattr__(self, name: str):
+        if name in BestChunkRanker._OWN:  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.ranker, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in BestChunkRanker._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.ranker, name, value)
+
+    # BaseRanker's class defaults would shadow __getattr__ for these
+    name = property(lambda self: self.ranker.name)
+    calibration = property(lambda self: self.ranker.calibration, lambda self, value: setattr(self.ranker,
+                                                                                            "calibration", value))
+    score_is_probability = property(lambda self: self.ranker.score_is_probability)
+    pointwise = property(lambda self: self.ranker.pointwise)
+
+    def plan(self, query: str, docs: Sequence[str]) -> ChunkPlan:
+        """The chunks of one query's documents, for a caller that scores them itself (``serve``'s batcher)."""
+        return plan_chunks(self.ranker, query, docs, self.max_chunks_per_doc)
 
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         """Every pair's best chunk, all chunks scored in one call (the ranker keeps its length-sorted batches)."""
@@ -106,8 +132,7 @@ class BestChunkRanker(BaseRanker):
         by_query: dict[str, list[int]] = {}
         for i, q in enumerate(queries):
             by_query.setdefault(q, []).append(i)
-        plans = [(q, idx, plan_chunks(self.ranker, q, [texts[i] for i in idx], self.max_chunks_per_doc))
-                 for q, idx in by_query.items()]
+        plans = [(q, idx, self.plan(q, [texts[i] for i in idx])) for q, idx in by_query.items()]
         scores = np.asarray(self.ranker.score_pairs([q for q, _, plan in plans for _ in plan.texts],
                                                     [t for _, _, plan in plans for t in plan.texts]), dtype=float)
         out, start = np.zeros(len(texts)), 0
@@ -116,7 +141,18 @@ class BestChunkRanker(BaseRanker):
             start += len(plan.texts)
         return out
 
+    def window(self) -> None:
+        return None  # reads passages of any length (up to max_chunks_per_doc windows each)
+
 
 def reading_whole(ranker: BaseRanker, max_chunks_per_doc: int = 8) -> BaseRanker:
-    """``ranker`` as a :class:`BestChunkRanker` when it has a window, else itself (it reads any length already)."""
-    return BestChunkRanker(ranker, max_chunks_per_doc) if ranker.window() is not None else ranker
+    """``ranker`` as a :class:`BestChunkRanker` when its class states a window, else itself (it reads any length
+    already). Decided from the class, not by calling ``window()``, which may load a model (the cosine's MiniLM)."""
+    if isinstance(ranker, BestChunkRanker) or type(ranker).window is BaseRanker.window:
+        return ranker
+    return BestChunkRanker(ranker, max_chunks_per_doc)
+
+
+def window_reader(ranker: BaseRanker) -> BaseRanker:
+    """The ranker that reads one window: the one a :class:`BestChunkRanker` wraps, else ``ranker`` itself."""
+    return ranker.ranker if isinstance(ranker, BestChunkRanker) else ranker

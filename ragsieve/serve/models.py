@@ -65,12 +65,14 @@ class ServedModels:
     @classmethod
     def load(cls, config: ServeConfig, batcher: BatcherFactory = PairBatcher) -> ServedModels:
         from ragsieve.registry import load_grader, load_reranker
+        from ragsieve.rerank.chunks import window_reader
 
         refuse_pickled_weights(config.reranker)
         options = {"calibration": config.calibration} if config.calibration else {}
         ranker = load_reranker(config.reranker, **options)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
-        served = cls(ranker, batcher(ranker, name="ranker", **batch))
+        # the batcher scores the chunks ServeState.scores plans (one window each), so it holds the window reader
+        served = cls(ranker, batcher(window_reader(ranker), name="ranker", **batch))
         if config.grader:
             served.grader = load_grader(config.grader)
             served.grade_batcher = batcher(served.grader, name="grader", **batch)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from fastapi import Request
 
-from ragsieve.rerank.chunks import plan_chunks
+from ragsieve.rerank.chunks import plan_chunks, window_reader
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError
 from ragsieve.serve.batcher import PairBatcher
@@ -167,7 +167,7 @@ class ServeState:
         for long documents); ``meta`` records the chunking."""
         if self.traffic is not None:
             self.traffic.record(query, docs)  # a queue put: the write happens off the request path
-        args = (models.ranker, query, docs, self.config.max_chunks_per_doc)
+        args = (window_reader(models.ranker), query, docs, self.config.max_chunks_per_doc)
         # tokenising megabytes would stall every other request on the event loop; small requests stay inline
         big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS
         plan = await asyncio.to_thread(plan_chunks, *args) if big else plan_chunks(*args)

@@ -132,7 +132,7 @@ class RerankAlignExperiment:
 
         def load(folder: Path) -> BaseRanker:
             # with `init`, every cross-encoder scores as a user gets it (a card's cosine mix included)
-            return load_reranker(str(folder)) if cfg.init else CrossEncoderRanker(str(folder))
+            return load_reranker(str(folder), whole_passages=False) if cfg.init else CrossEncoderRanker(str(folder))
 
         rankers: dict[str, BaseRanker] = {
             **baseline_rankers(cfg.encoder),
