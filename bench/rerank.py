@@ -16,8 +16,10 @@ Rows (each measured in its own process, so thread settings and peak RSS belong t
 * **--backends CROSS+COSINE** (repeatable) — the default's weights and mix on other backends, as the row
   ``default@CROSS+COSINE`` (``--backends torch-bf16+torch-bf16`` is the default of session 55).
 
-Pair sets: held-out questions with BM25 top-20 candidates, **short** = NQ-oracle truncated at 128
-tokens, **long** = MultiRC (passages ≈ 330 tokens) truncated at 512. What a student loses against the
+Pair sets: held-out questions with BM25 top-20 candidates, **short** = NQ-oracle cut to pairs of ≤ 128
+tokens, **long** = MultiRC (passages ≈ 330 tokens) cut to ≤ 512; every row reads the same cut text
+(``predict`` at max_length 128 / 512; the default at its shipped 256-token window, a longer passage by its
+best chunk, as ``load_reranker``, the sieve and ``serve`` read it). What a student loses against the
 teacher it was distilled from is the study's to say (``results/rerank_distill``); this bench measures
 speed, and what inference engineering costs in nDCG@10. Targets (issue 40): the default ≥ 3×
 predict-fp32-6l at both lengths, ``embedded:fast`` ≥ 10×. Writes ``bench/results/rerank.json``.
@@ -49,6 +51,24 @@ sys.path.insert(0, str(REPO))  # tools.baselines
 
 SETTINGS = (("short", "nq-oracle", 128), ("long", "multirc", 512))
 BASELINE, SHIPPED, DEFAULT = "predict-fp32-6l", "predict-fp32-shipped", "default"
+
+
+def fit_pairs(pairs: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
+    """Each passage cut, at a token boundary of the shipped tokenizer, so that its pair is at most ``max_length``
+    tokens ([CLS] q [SEP] p [SEP]): every row reads the same text, and a row that reads a longer text than
+    its window (the default, 256 tokens) pays for it as it ships, by its best chunk."""
+    from transformers import AutoTokenizer
+
+    from ragsieve.rerank.shipped import ASSET_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR))
+    out = []
+    for query, passage in pairs:
+        budget = max(max_length - len(tokenizer(query, add_special_tokens=False, verbose=False)["input_ids"]) - 3, 1)
+        offsets = tokenizer(passage, add_special_tokens=False, return_offsets_mapping=True,
+                            verbose=False)["offset_mapping"]
+        out.append((query, passage if len(offsets) <= budget else passage[: offsets[budget - 1][1]]))
+    return out
 
 
 def pair_set(name: str, n: int):
@@ -99,8 +119,9 @@ def build(row: str, threads: int, max_length: int, batch_size: int):
 
     spec = "embedded:base" if row == DEFAULT or row.startswith(DEFAULT + "@") else row
     scheme, _ = parse_reranker_spec(spec)
-    # batches as shipped (torch 32, ONNX ragsieve.models.onnx.ONNX_BATCH): --batch-size is predict's
-    options = {"threads": threads, "max_length": max_length} if scheme in ("embedded", "cross-encoder", "hf") else {}
+    # as shipped: its own window (longer passages read by their best chunk) and batches (torch 32, ONNX
+    # ragsieve.models.onnx.ONNX_BATCH); --batch-size and max_length are predict's
+    options = {"threads": threads} if scheme in ("embedded", "cross-encoder", "hf") else {}
     if row.startswith(DEFAULT + "@"):
         options["backend"], options["cosine_backend"] = row.split("@", 1)[1].split("+")
     ranker = load_reranker(spec, **options)
@@ -160,6 +181,7 @@ def main() -> None:
         pairs, owners, qrels = pair_set(dataset, n)
         if args.pairs:
             pairs, owners = pairs[: args.pairs], owners[: args.pairs]
+        pairs = fit_pairs(pairs, max_length)
         pair_file = tmp / f"{setting}.json"
         pair_file.write_text(json.dumps({"pairs": pairs, "max_length": max_length}))
         by_threads: dict = {}
