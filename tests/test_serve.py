@@ -182,6 +182,32 @@ def test_scores_equal_offline_scoring_and_long_documents_are_chunked(ce_server, 
     np.testing.assert_allclose(best, [scores[i] for i in range(len(docs))], atol=1e-5)
 
 
+def test_a_loaded_reranker_reads_whole_passages_and_stays_the_model_it_wraps(tiny_cross_encoder_dir, tiny_ce):
+    """load_reranker wraps a model with a window once, passes attributes and calibration through, pickles (Ray
+    ships rankers to workers), and leaves a ranker without a window (BM25) as it is."""
+    import pickle
+
+    from ragsieve.registry import load_reranker
+    from ragsieve.rerank.calibration import Calibration
+    from ragsieve.rerank.chunks import BestChunkRanker, reading_whole, window_reader
+    from ragsieve.rerank.neural import CrossEncoderRanker
+
+    long_doc = " ".join(["Hamlet was written by William Shakespeare in Denmark."] * 12)  # > 64 tokens
+    ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64)
+    assert isinstance(ranker, BestChunkRanker) and isinstance(window_reader(ranker), CrossEncoderRanker)
+    assert reading_whole(ranker) is ranker and ranker.window() is None and ranker.name == ranker.ranker.name
+    assert ranker.model is ranker.ranker.model and ranker.score_is_probability
+    expected = BestChunkRanker(tiny_ce).score(QUERY, as_passages([DOCS[0], long_doc]))
+    np.testing.assert_allclose(ranker.score(QUERY, [DOCS[0], long_doc]), expected, atol=1e-5)
+    first_window = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64, whole_passages=False)
+    assert isinstance(first_window, CrossEncoderRanker)
+    ranker.calibration = Calibration(temperature=2.0, bias=0.0)  # set through: the model's own scale
+    assert ranker.ranker.calibration.temperature == 2.0 and ranker.predict_proba(QUERY, [DOCS[0]]).shape == (1,)
+    copy = pickle.loads(pickle.dumps(ranker))
+    np.testing.assert_allclose(copy.score(QUERY, [long_doc]), ranker.score(QUERY, [long_doc]), atol=1e-5)
+    assert type(load_reranker("bm25")).__name__ == "BM25Ranker"
+
+
 def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):
     """`embedded:base` (two models behind one score) and its ONNX fallback state their window, so serve chunks a
     document longer than it: a passage whose answer sits past the window still ranks first."""
