@@ -3,8 +3,10 @@
 The folder ``ragsieve/assets/base-reranker/`` holds a standard sentence-transformers
 CrossEncoder (fp16 safetensors + tokenizer; ``CrossEncoder(path)`` loads it outside
 ragsieve), its int8 per-channel ONNX export, and ``ragsieve_reranker.json``: the recipe
-that trained it, the default backend (chosen by measurement: the fastest whose held-out
-nDCG@10 stays within 0.005 of fp32), the max length and the calibration fitted on dev.
+that trained it, the MiniLM-cosine term mixed into its logit, the default backends of both
+models (chosen by measurement: the fastest whose held-out nDCG@10 stays within 0.005 of fp32;
+bf16 where the CPU has bf16 units, ``without_bf16`` otherwise), the max length and the
+calibration fitted on dev.
 
 Loading never trains. Retraining is explicit: ``ragsieve run experiments/rerank_base.yaml``.
 
@@ -15,7 +17,7 @@ back to input order.
 
 Example::
 
-    ranker = load_reranker("embedded:base")           # ONNX int8, < 1 s
+    ranker = load_reranker("embedded:base")           # the card's backends; a long passage by its best chunk
     ranker.rank("who wrote hamlet", ["Hamlet is by Shakespeare.", "Paris"]).top_k(1)
     ranker.predict_proba("who wrote hamlet", ["Hamlet is by Shakespeare."])
 """
