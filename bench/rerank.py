@@ -19,7 +19,9 @@ Rows (each measured in its own process, so thread settings and peak RSS belong t
 Pair sets: held-out questions with BM25 top-20 candidates, **short** = NQ-oracle cut to pairs of ≤ 128
 tokens, **long** = MultiRC (passages ≈ 330 tokens) cut to ≤ 512; every row reads the same cut text
 (``predict`` at max_length 128 / 512; the default at its shipped 256-token window, a longer passage by its
-best chunk, as ``load_reranker``, the sieve and ``serve`` read it). What a student loses against the
+best chunk, as ``load_reranker``, the sieve and ``serve`` read it). Each row scores the set in about 8 calls of
+whole queries (slices); pairs/s and the speedup over predict-fp32-6l get a 95 % interval resampling the slices
+(paired: the same slices for both rows). What a student loses against the
 teacher it was distilled from is the study's to say (``results/rerank_distill``); this bench measures
 speed, and what inference engineering costs in nDCG@10. Targets (issue 40): the default ≥ 3×
 predict-fp32-6l at both lengths, ``embedded:fast`` ≥ 10×. Writes ``bench/results/rerank.json``.
@@ -136,12 +138,33 @@ def worker(args) -> None:
     pairs = [tuple(p) for p in data["pairs"]]
     fn = build(args.row, args.worker_threads, data["max_length"], args.batch_size)
     fn(pairs[:8])  # warm-up: session start, first allocations, the cosine encoder's load
-    t = time.perf_counter()
-    scores = np.asarray(fn(pairs), dtype=float)
-    seconds = time.perf_counter() - t
+    scores, slice_seconds = [], []
+    for lo, hi in data["slices"]:  # whole queries per call: each slice's time is one sample of the rate
+        t = time.perf_counter()
+        scores += np.asarray(fn(pairs[lo:hi]), dtype=float).tolist()
+        slice_seconds.append(time.perf_counter() - t)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"scores": scores.tolist(), "seconds": seconds, "pairs_per_s": len(pairs) / seconds,
-                      "peak_rss_mb": peak_kb / 1024}))
+    print(json.dumps({"scores": scores, "seconds": sum(slice_seconds), "slice_seconds": slice_seconds,
+                      "pairs_per_s": len(pairs) / sum(slice_seconds), "peak_rss_mb": peak_kb / 1024}))
+
+
+def slices_of(owners: list[tuple[str, str]], n_slices: int = 8) -> list[tuple[int, int]]:
+    """Consecutive runs of whole queries, about ``n_slices`` of them: what one scoring call times."""
+    starts = [i for i, (qid, _) in enumerate(owners) if i == 0 or owners[i - 1][0] != qid]
+    per = max(1, len(starts) // n_slices)
+    bounds = starts[::per] + [len(owners)]
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def rate_intervals(row: dict, base: dict, sizes: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
+    """95 % intervals of pairs/s and of the speedup over ``base``, resampling slices (whole queries) in pairs."""
+    rng = np.random.default_rng(seed)
+    t, t_base = np.asarray(row["slice_seconds"]), np.asarray(base["slice_seconds"])
+    draws = rng.integers(0, len(sizes), size=(n_boot, len(sizes)))
+    rate = sizes[draws].sum(1) / t[draws].sum(1)
+    speedup = t_base[draws].sum(1) / t[draws].sum(1)
+    return {"pairs_per_s_ci95": np.percentile(rate, [2.5, 97.5]).tolist(),
+            "speedup_vs_predict_ci95": np.percentile(speedup, [2.5, 97.5]).tolist(), "slices": len(sizes)}
 
 
 def measure(row: str, threads: int, pair_file: Path, batch_size: int) -> dict:
@@ -183,7 +206,9 @@ def main() -> None:
             pairs, owners = pairs[: args.pairs], owners[: args.pairs]
         pairs = fit_pairs(pairs, max_length)
         pair_file = tmp / f"{setting}.json"
-        pair_file.write_text(json.dumps({"pairs": pairs, "max_length": max_length}))
+        slices = slices_of(owners)
+        sizes = np.array([hi - lo for lo, hi in slices])
+        pair_file.write_text(json.dumps({"pairs": pairs, "max_length": max_length, "slices": slices}))
         by_threads: dict = {}
         for threads in args.threads:
             measured = {row: measure(row, threads, pair_file, args.batch_size) for row in rows}
@@ -194,15 +219,17 @@ def main() -> None:
                 nd = ndcg10(m["scores"], owners, qrels)
                 out[row] = {"pairs_per_s": m["pairs_per_s"], "peak_rss_mb": m["peak_rss_mb"],
                             "speedup_vs_predict": m["pairs_per_s"] / base["pairs_per_s"],
-                            "speedup_vs_predict_shipped": m["pairs_per_s"] / shipped["pairs_per_s"]}
+                            "speedup_vs_predict_shipped": m["pairs_per_s"] / shipped["pairs_per_s"],
+                            **rate_intervals(m, base, sizes)}
                 if row == BASELINE:
                     out[row]["ndcg@10"] = None  # an untrained head: speed only
                 else:
                     out[row].update({"ndcg@10": nd, "ndcg_delta_vs_predict_shipped": nd - shipped_ndcg,
                                      "speedup_counts": abs(nd - shipped_ndcg) <= args.max_ndcg_drop})
                 quality = "speed only" if row == BASELINE else f"nDCG@10 {nd:.3f}"
+                low, high = out[row]["speedup_vs_predict_ci95"]
                 print(f"{setting} ≤{max_length} tokens, {threads} thread(s), {row}: {m['pairs_per_s']:.1f} pairs/s "
-                      f"({out[row]['speedup_vs_predict']:.2f}× 6-layer predict), {quality}, "
+                      f"({out[row]['speedup_vs_predict']:.2f}× [{low:.2f}, {high:.2f}] 6-layer predict), {quality}, "
                       f"peak RSS {m['peak_rss_mb']:.0f} MB", flush=True)
             by_threads[str(threads)] = out
         result["settings"][setting] = {"dataset": dataset, "pairs": len(pairs), "max_length": max_length,
