@@ -157,14 +157,15 @@ def slices_of(owners: list[tuple[str, str]], n_slices: int = 8) -> list[tuple[in
 
 
 def rate_intervals(row: dict, base: dict, sizes: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
-    """95 % intervals of pairs/s and of the speedup over ``base``, resampling slices (whole queries) in pairs."""
-    rng = np.random.default_rng(seed)
+    """95 % intervals of pairs/s and of the speedup over ``base``, resampling slices (whole queries), the same
+    slices for both rows (``ragsieve.eval.stats.bootstrap_metric``, the project's one bootstrap)."""
+    from ragsieve.eval.stats import bootstrap_metric
+
     t, t_base = np.asarray(row["slice_seconds"]), np.asarray(base["slice_seconds"])
-    draws = rng.integers(0, len(sizes), size=(n_boot, len(sizes)))
-    rate = sizes[draws].sum(1) / t[draws].sum(1)
-    speedup = t_base[draws].sum(1) / t[draws].sum(1)
-    return {"pairs_per_s_ci95": np.percentile(rate, [2.5, 97.5]).tolist(),
-            "speedup_vs_predict_ci95": np.percentile(speedup, [2.5, 97.5]).tolist(), "slices": len(sizes)}
+    _, rate_low, rate_high = bootstrap_metric(lambda n, s: n.sum() / s.sum(), sizes, t, n_boot=n_boot, seed=seed)
+    _, up_low, up_high = bootstrap_metric(lambda b, s: b.sum() / s.sum(), t_base, t, n_boot=n_boot, seed=seed)
+    return {"pairs_per_s_ci95": [rate_low, rate_high], "speedup_vs_predict_ci95": [up_low, up_high],
+            "slices": len(sizes), "slice_seconds": t.tolist()}
 
 
 def measure(row: str, threads: int, pair_file: Path, batch_size: int) -> dict:
