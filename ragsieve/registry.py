@@ -48,7 +48,7 @@ from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, Lo
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
 from ragsieve.paths import resolve_artifact
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
-from ragsieve.rerank.chunks import reading_whole
+from ragsieve.rerank.chunks import reading_key, reading_whole
 from ragsieve.rerank.evolving import load_evolving_reranker
 from ragsieve.rerank.lexical import BM25Ranker
 from ragsieve.rerank.neural import BiEncoderRanker
@@ -211,6 +211,19 @@ def cross_encoder_key(spec: str) -> str | None:
     except RagsieveError:
         return None
     return scoring_key(folder) if (folder / "model.safetensors").is_file() else None
+
+
+def reranker_scores_key(spec: str, whole_passages: bool = True) -> str | None:
+    """Key of the scores ``load_reranker(spec, whole_passages=...)`` gives (for stores of them): its weights
+    (:func:`cross_encoder_key`) and how it reads a passage past its window; None when ``spec`` is not a local
+    cross-encoder.
+
+    Example::
+
+        reranker_scores_key("embedded:base")   # '<weights>-mix0.25-best-chunk8'
+    """
+    weights = cross_encoder_key(spec)
+    return None if weights is None else f"{weights}-{reading_key(whole_passages)}"
 
 
 def new_grader(kind: str, base: str | None = None, **options: Any) -> Grader:

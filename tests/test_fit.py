@@ -139,9 +139,10 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert shifts and all(set(r) == {"question_id", "conf_q", "inc", "candidate_ids"} for r in shifts)
     assert not any("know about" in line for line in (records / "answers.jsonl").read_text().splitlines())
     # the candidates' scores by id, per reranker weights: the selection on a new machine ranks nothing again
-    from ragsieve.registry import cross_encoder_key
+    from ragsieve.registry import reranker_scores_key
 
-    start_key = {"scoring_key": cross_encoder_key(str(tiny_cross_encoder_dir))}
+    start_key = {"scoring_key": reranker_scores_key(str(tiny_cross_encoder_dir))}
+    assert start_key["scoring_key"].endswith("-best-chunk8")  # scores of one reading never stand in for another
     start_scores = next(m.parent for m in (records / "scores").glob("*/meta.json")
                         if json.loads(m.read_text()) == start_key)
 

@@ -555,13 +555,14 @@ class Fit:
 
     def _score_store(self, spec: str):
         """Where ``spec``'s candidate scores are kept across runs (the records when given, else the work
-        folder), keyed by its weights: a resumed selection re-ranks nothing (≈ 40 min for 845 questions
-        and two rerankers on 2 cores). None for a scorer without local weights (its scores are not kept)."""
+        folder), keyed by its weights and reading (a passage past the window by its best chunk, as
+        ``load_reranker`` scores it): a resumed selection re-ranks nothing (≈ 40 min for 845 questions and two
+        rerankers on 2 cores). None for a scorer without local weights (its scores are not kept)."""
         from ragsieve.data.score_records import PairScores
-        from ragsieve.registry import cross_encoder_key
+        from ragsieve.registry import reranker_scores_key
 
         if spec not in self._score_stores:
-            key = cross_encoder_key(self._ranker_base(spec))
+            key = reranker_scores_key(self._ranker_base(spec))
             root = (self.records or self.work) / "scores"
             self._score_stores[spec] = None if key is None else PairScores(
                 root / hashlib.sha1(key.encode()).hexdigest()[:16], "candidates", {"scoring_key": key})

@@ -26,6 +26,7 @@ from ragsieve.rerank.base import BaseRanker, as_passages
 # [CLS] q [SEP] d [SEP] and a margin: a chunk must never be cut again by the model
 _SPECIAL_TOKENS = 4
 _MIN_CHUNK_TOKENS = 32
+MAX_CHUNKS_PER_DOC = 8  # a document past 8 windows is read to its 8th (and reported truncated by serve)
 
 
 @dataclass
@@ -97,7 +98,7 @@ class BestChunkRanker(BaseRanker):
 
     _OWN = ("ranker", "max_chunks_per_doc")
 
-    def __init__(self, ranker: BaseRanker, max_chunks_per_doc: int = 8):
+    def __init__(self, ranker: BaseRanker, max_chunks_per_doc: int = MAX_CHUNKS_PER_DOC):
         object.__setattr__(self, "ranker", ranker)
         object.__setattr__(self, "max_chunks_per_doc", max_chunks_per_doc)
 
@@ -145,12 +146,19 @@ class BestChunkRanker(BaseRanker):
         return None  # reads passages of any length (up to max_chunks_per_doc windows each)
 
 
-def reading_whole(ranker: BaseRanker, max_chunks_per_doc: int = 8) -> BaseRanker:
+def reading_whole(ranker: BaseRanker, max_chunks_per_doc: int = MAX_CHUNKS_PER_DOC) -> BaseRanker:
     """``ranker`` as a :class:`BestChunkRanker` when its class states a window, else itself (it reads any length
     already). Decided from the class, not by calling ``window()``, which may load a model (the cosine's MiniLM)."""
     if isinstance(ranker, BestChunkRanker) or type(ranker).window is BaseRanker.window:
         return ranker
     return BestChunkRanker(ranker, max_chunks_per_doc)
+
+
+def reading_key(whole_passages: bool = True, max_chunks_per_doc: int = MAX_CHUNKS_PER_DOC) -> str:
+    """How a windowed ranker reads a passage past its window, for the keys of stored scores: a score read by
+    the best of ``max_chunks_per_doc`` chunks is not the score read to the first window, so records of one
+    reading must never stand in for the other."""
+    return f"best-chunk{max_chunks_per_doc}" if whole_passages else "first-window"
 
 
 def window_reader(ranker: BaseRanker) -> BaseRanker:
