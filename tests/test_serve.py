@@ -206,6 +206,11 @@ def test_a_loaded_reranker_reads_whole_passages_and_stays_the_model_it_wraps(tin
     copy = pickle.loads(pickle.dumps(ranker))
     np.testing.assert_allclose(copy.score(QUERY, [long_doc]), ranker.score(QUERY, [long_doc]), atol=1e-5)
     assert type(load_reranker("bm25")).__name__ == "BM25Ranker"
+    # serve's own cap on chunks holds for the ranker it loads too, so /v1/filter reads a passage as /v1/rerank does
+    from ragsieve.serve.models import ServedModels
+
+    served = ServedModels.load(ServeConfig(reranker=f"cross-encoder:{tiny_cross_encoder_dir}", max_chunks_per_doc=3))
+    assert isinstance(served.ranker, BestChunkRanker) and served.ranker.max_chunks_per_doc == 3
 
 
 def test_the_default_reranker_reads_a_long_document_to_its_end(monkeypatch):

@@ -122,7 +122,7 @@ class BestChunkRanker(BaseRanker):
     pointwise = property(lambda self: self.ranker.pointwise)
 
     def plan(self, query: str, docs: Sequence[str]) -> ChunkPlan:
-        """The chunks of one query's documents, for a caller that scores them itself (``serve``'s batcher)."""
+        """The chunks of one query's documents, as :meth:`score_pairs` scores them."""
         return plan_chunks(self.ranker, query, docs, self.max_chunks_per_doc)
 
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:

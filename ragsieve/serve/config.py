@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, model_validator
 
 from ragsieve.config import StrictConfig
+from ragsieve.rerank.chunks import MAX_CHUNKS_PER_DOC
 
 
 class ServeConfig(StrictConfig):
@@ -41,7 +42,7 @@ class ServeConfig(StrictConfig):
     max_query_chars: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     max_chunks_per_doc: int = Field(
-        8, ge=1, description="a document longer than the model window is split into at most this many chunks"
+        MAX_CHUNKS_PER_DOC, ge=1, description="a document longer than the model window is split into at most this many chunks"
     )
 
     # dynamic batching: concurrent requests are scored together in one score_pairs call

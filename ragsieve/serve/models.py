@@ -65,11 +65,13 @@ class ServedModels:
     @classmethod
     def load(cls, config: ServeConfig, batcher: BatcherFactory = PairBatcher) -> ServedModels:
         from ragsieve.registry import load_grader, load_reranker
-        from ragsieve.rerank.chunks import window_reader
+        from ragsieve.rerank.chunks import reading_whole, window_reader
 
         refuse_pickled_weights(config.reranker)
         options = {"calibration": config.calibration} if config.calibration else {}
-        ranker = load_reranker(config.reranker, **options)
+        # read to the served chunk cap, so the sieve (/v1/filter, /v1/rag) reads a long passage as /v1/rerank does
+        ranker = reading_whole(load_reranker(config.reranker, whole_passages=False, **options),
+                               config.max_chunks_per_doc)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
         # the batcher scores the chunks ServeState.scores plans (one window each), so it holds the window reader
         served = cls(ranker, batcher(window_reader(ranker), name="ranker", **batch))
