@@ -341,6 +341,8 @@ def test_calibration_fits_temperature_and_threshold():
     assert np.isclose(cal_p.temperature, cal.temperature, rtol=1e-3)
     assert threshold_for_precision([0.9, 0.8, 0.3], [1, 1, 0], 0.9) == 0.8
     assert threshold_for_precision([0.9], [0], 0.5) is None
+    # a cut keeps all ties of its score: the first of two tied 0.8s alone is not a cut (it would claim 1.0)
+    assert threshold_for_precision([0.9, 0.8, 0.8], [1, 1, 0], 0.9) == 0.9
     with pytest.raises(RagsieveError, match="both classes"):
         Calibration.fit([1.0, 2.0], [1, 1])
 

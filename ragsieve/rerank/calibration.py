@@ -202,7 +202,9 @@ def threshold_for_precision(probs: Sequence[float], labels: Sequence[int], preci
     p = np.asarray(probs, dtype=float)
     y = np.asarray(labels, dtype=int)
     order = np.argsort(-p, kind="stable")
-    hits = np.cumsum(y[order])
-    prec = hits / np.arange(1, len(p) + 1)
-    ok = np.flatnonzero(prec >= precision)
-    return float(p[order][ok[-1]]) if len(ok) else None
+    ranked = p[order]
+    prec = np.cumsum(y[order]) / np.arange(1, len(p) + 1)
+    # `p >= t` keeps every tie of t: only the last of a run of equal probabilities is a cut one can make
+    cut = np.r_[ranked[1:] != ranked[:-1], True]
+    ok = np.flatnonzero((prec >= precision) & cut)
+    return float(ranked[ok[-1]]) if len(ok) else None
