@@ -34,6 +34,10 @@ class PipelineConfig(StrictConfig):
     candidates: int = Field(20, ge=1, description="passages retrieved for the reranker to choose from")
     reranker: Optional[str] = None  # reranker spec, e.g. embedded:base
     grader: Optional[str] = None  # grader folder or embedded:<name>
+    prune_threshold: Optional[float] = Field(
+        None, allow_inf_nan=False, description="keep each kept passage's sentences scoring >= this (raw)")
+    pruner: Optional[str] = None  # sentence scorer spec for pruning; None: the reranker
+    prune_max_sentences: Optional[int] = Field(None, ge=1)  # at most this many sentences per kept passage
     cbdr_beta: Optional[float] = Field(None, ge=0.0, le=1.0, description="answer closed-book when Conf(Q) > β")
     probe: str = DEFAULT_PROBE  # probe folder or embedded:<name>, used when cbdr_beta is set
     max_prompt_tokens: int = Field(1024, ge=64)
@@ -44,8 +48,8 @@ class PipelineConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _sieve_or_stages(self) -> "PipelineConfig":
-        if self.sieve and (self.reranker or self.grader or self.cbdr_beta is not None):
-            raise ValueError("a sieve brings its own gate, reranker and grader: give either sieve or those")
+        if self.sieve and (self.reranker or self.grader or self.cbdr_beta is not None or self.pruner):
+            raise ValueError("a sieve brings its own gate, reranker, grader and pruner: give either sieve or those")
         return self
 
     def expanded(self) -> "PipelineConfig":
@@ -66,9 +70,22 @@ class PipelineConfig(StrictConfig):
             "sieve": None, "llm": sc.llm, "probe": part(sc.probe) if gated else self.probe,
             "cbdr_beta": sc.beta if gated else None, "reranker": part(sc.reranker), "grader": part(sc.grader),
             "top_k": sc.top_k, "passage_order": sc.passage_order, "candidates": max(sc.candidates, sc.top_k),
+            # a request's own prune threshold wins over the sieve's
+            "prune_threshold": self.prune_threshold if self.prune_threshold is not None else sc.prune_threshold,
+            "pruner": part(sc.pruner),
+            "prune_max_sentences": (self.prune_max_sentences if self.prune_max_sentences is not None
+                                    else sc.prune_max_sentences),
             "max_prompt_tokens": sc.max_prompt_tokens,
             "max_new_tokens": sc.max_new_tokens,
         })
+
+    @model_validator(mode="after")
+    def _pruner_has_a_scorer(self) -> "PipelineConfig":
+        prunes = self.prune_threshold is not None or self.prune_max_sentences is not None
+        if prunes and not (self.sieve or self.reranker or self.pruner):
+            raise ValueError("pruning (prune_threshold, prune_max_sentences) needs a sentence scorer: give a reranker, "
+                             "a pruner or a sieve")
+        return self
 
     @model_validator(mode="after")
     def _candidates_cover_top_k(self) -> "PipelineConfig":

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ragsieve.gate.cbdr import CBDRGate
     from ragsieve.grade.base import Grader
     from ragsieve.models.llm import Generator
+    from ragsieve.prune import SentencePruner
     from ragsieve.rerank.base import BaseRanker
     from ragsieve.retrieve.base import Retriever
 
@@ -78,9 +79,11 @@ class RAGPipeline:
         from ragsieve.registry import load_grader, load_reranker
 
         config = config.expanded()  # a sieve's stages become this config's
+        reranker = load_reranker(config.reranker) if config.reranker else None
+        prunes = config.prune_threshold is not None or config.prune_max_sentences is not None
+        pruner = load_reranker(config.pruner) if config.pruner and prunes else None
         return SieveStages.from_config(
-            config, load_reranker(config.reranker) if config.reranker else None,
-            load_grader(config.grader) if config.grader else None,
+            config, reranker, load_grader(config.grader) if config.grader else None, pruner_scorer=pruner,
         )
 
     @classmethod
@@ -113,7 +116,7 @@ class RAGPipeline:
             llm, retriever, top_k=config.top_k, max_prompt_tokens=config.max_prompt_tokens,
             max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, gate=gate,
             reranker=stages.reranker, candidates=config.candidates, grader=stages.grader,
-            passage_order=config.passage_order,
+            passage_order=config.passage_order, pruner=stages.pruner,
         )
 
     def __init__(
@@ -131,6 +134,7 @@ class RAGPipeline:
         candidates: int = 20,
         grader: "Grader | None" = None,
         passage_order: str = "best_first",
+        pruner: "SentencePruner | None" = None,
     ):
         if top_k < 0:
             raise RagsieveError(f"top_k must be >= 0 (0: closed book), got {top_k}")
@@ -146,6 +150,7 @@ class RAGPipeline:
         self.candidates = candidates
         self.grader = grader
         self.passage_order = passage_order
+        self.pruner = pruner
         self.builder = PromptBuilder(llm, prompts, max_prompt_tokens)
 
     def with_retriever(self, retriever: "Retriever | None") -> "RAGPipeline":
@@ -159,7 +164,7 @@ class RAGPipeline:
     @property
     def stages(self) -> SieveStages:
         """The post-retrieval stages (rerank → top_k → grade), the one sieve every caller applies."""
-        return SieveStages(self.reranker, self.grader, top_k=self.top_k)
+        return SieveStages(self.reranker, self.grader, top_k=self.top_k, pruner=self.pruner)
 
     def retrieve(self, questions: Sequence[str]) -> list[list[Passage]]:
         """The top_k passages per question after retrieval and reranking (before grading)."""
@@ -190,7 +195,7 @@ class RAGPipeline:
         if to_retrieve:
             stages = self.stages
             for i, selected in zip(to_retrieve, self._retrieve_selected([questions[i] for i in to_retrieve])):
-                result = stages.grade(selected)
+                result = stages.finish(selected)
                 contexts[i], traces[i], graded_out[i] = result.kept, result.trace(), result.graded_out
         # the kept passages stay best first everywhere else; only the prompt may put the best last
         built = [self.builder.with_context(q, in_prompt_order(c, self.passage_order))

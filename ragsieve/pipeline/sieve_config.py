@@ -12,7 +12,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_LLM
 
 SIEVE_FILE = "sieve.json"
-FORMAT_VERSION = 2  # 2: top_k may be 0 (closed book) and passage_order (issue #39)
+FORMAT_VERSION = 3  # 2: top_k may be 0 (closed book) and passage_order (issue #39); 3: sentence pruning (#61)
 
 
 class SieveConfig(StrictConfig):
@@ -28,6 +28,11 @@ class SieveConfig(StrictConfig):
     grader: Optional[str] = None
     top_k: int = Field(3, ge=0)  # 0: closed book (the LLM answered best without passages)
     passage_order: Literal["best_first", "best_last"] = "best_first"  # where the best passage goes in the prompt
+    # sentence pruning of every kept passage: keep the sentences whose score (raw, on the pruning scorer's scale)
+    # is >= prune_threshold, always the best one; None: kept passages stay whole
+    prune_threshold: Optional[float] = Field(None, allow_inf_nan=False)
+    pruner: Optional[str] = None  # the sentence scorer (folder or spec); None: the sieve's reranker
+    prune_max_sentences: Optional[int] = Field(None, ge=1)  # at most this many sentences per kept passage
     candidates: int = Field(20, ge=1)
     max_prompt_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(16, ge=1)

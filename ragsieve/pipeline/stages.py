@@ -13,17 +13,24 @@ Semantics, in order:
    overrides it); without a grader, an explicit ``threshold`` makes the reranker its own
    grader (its scores against the threshold); with neither, nothing is graded and every
    selected passage is kept;
-4. **keep** the selected passages graded relevant, best first (an empty passage never is).
+4. **keep** the selected passages graded relevant, best first (an empty passage never is);
+5. **prune** (with a :class:`~ragsieve.prune.SentencePruner`): each kept passage is cut to its sentences
+   scoring at least the prune threshold (always its best one), in their original order, under its title.
 
 The steps are separate methods so a caller that scores elsewhere (the server batches and
 chunks its model calls) still applies the same cut and the same verdicts:
-``decide(cut(ranked_from_scores(...)), grade scores of grade_pairs(...))``.
+``decide(cut(ranked_from_scores(...)), grade scores of grade_pairs(...))``, then
+``decide_prune(result, sentence scores of prune_layout(result).pairs)``.
 
 Example::
 
     stages = SieveStages(load_reranker("bm25"), load_grader("graders/mine"), top_k=3)
     result = stages.apply("who wrote hamlet?", passages)
     result.kept, result.verdicts, result.trace()
+
+    pruned = SieveStages(load_reranker("embedded:base"), top_k=1,
+                         pruner=SentencePruner(load_reranker("embedded:base"), threshold=0.0))
+    pruned.apply("who wrote hamlet?", passages).kept    # the best passage, cut to its useful sentences
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from ragsieve.rerank.base import BaseRanker, RankedResult, RankedResults, Retrie
 
 if TYPE_CHECKING:
     from ragsieve.grade.base import Grader
+    from ragsieve.prune import PrunedPassage, PruneLayout, SentencePruner
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class CandidateTrace:
     selected: bool = False  # among the top_k that went on to the grader / the prompt
     relevant: bool | None = None  # the grader's verdict (None: not graded)
     grade_score: float | None = None
+    # (sentence, score, kept) of a kept passage the sieve pruned; empty: not pruned
+    sentences: tuple[tuple[str, float, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,8 @@ class FilterResult:
     verdicts: tuple[GradeResult, ...] = ()  # one per selected passage (empty: nothing graded)
     reranked: bool = True  # False: ``ranked`` is the input order, its scores mean nothing
     threshold: float | None = None  # the cut the verdicts used
+    pruned: tuple["PrunedPassage", ...] = ()  # one per kept passage when pruned (empty: kept whole)
+    prune_threshold: float | None = None  # the sentence cut the pruning used (raw)
 
     @property
     def selected_results(self) -> list[RankedResult]:
@@ -80,9 +92,27 @@ class FilterResult:
         return [(r, v) for r, v in zip(self.selected_results, self.verdicts) if v.relevant]
 
     @property
-    def kept(self) -> list[Passage]:
-        """The selected passages graded relevant (all of them when nothing was graded)."""
+    def kept_whole(self) -> list[Passage]:
+        """The selected passages graded relevant (all of them when nothing was graded), unpruned."""
         return [r.passage for r, _ in self.kept_results]
+
+    @property
+    def kept(self) -> list[Passage]:
+        """What goes into the prompt: the kept passages, each cut to its kept sentences when pruned
+        (``meta["kept_spans"]`` then says which character spans of the original text remain)."""
+        if self.pruned:
+            return [p.as_passage() for p in self.pruned]
+        return self.kept_whole
+
+    @property
+    def tokens_before(self) -> int | None:
+        """Tokens of the kept passages whole (the pruning scorer's tokenizer); None when not pruned."""
+        return sum(p.tokens_before for p in self.pruned) if self.pruned else None
+
+    @property
+    def tokens_after(self) -> int | None:
+        """Tokens of the kept passages after pruning; None when not pruned."""
+        return sum(p.tokens_after for p in self.pruned) if self.pruned else None
 
     @property
     def graded_out(self) -> int:
@@ -97,43 +127,65 @@ class FilterResult:
     def trace(self) -> list[CandidateTrace]:
         """Every passage in input order, with its rank, score, cut and verdict (what ``ask --explain`` prints)."""
         verdicts = dict(zip((r.index for r in self.selected_results), self.verdicts))
+        pruned = {r.index: p for (r, _), p in zip(self.kept_results, self.pruned)}
         traces = []
         for r in self.ranked.results:
             selected = r.rank < self.n_selected
             verdict = verdicts.get(r.index)
+            cut = pruned.get(r.index)
+            sentences = tuple(zip(cut.sentences, cut.scores, cut.keep)) if cut is not None else ()
             traces.append(CandidateTrace(
                 r.passage.id, r.index, r.rank if self.reranked else None, r.score if self.reranked else None,
-                selected, verdict.relevant if verdict else None, verdict.score if verdict else None,
+                selected, verdict.relevant if verdict else None, verdict.score if verdict else None, sentences,
             ))
         return sorted(traces, key=lambda t: t.retriever_rank)
 
 
 @dataclass(frozen=True)
 class SieveStages:
-    """A sieve's post-retrieval stages: reranker, top_k cut, grader (see the module doc for the order)."""
+    """A sieve's post-retrieval stages: reranker, top_k cut, grader, pruner (see the module doc for the order)."""
 
     reranker: BaseRanker | None = None  # None: keep the input order
     grader: "Grader | None" = None
     top_k: int | None = None  # None: no cut
     threshold: float | None = None  # overrides the grader's; without a grader, thresholds the reranker's scores
+    pruner: "SentencePruner | None" = None  # None: kept passages stay whole
 
     def __post_init__(self):
         if self.top_k is not None and self.top_k < 0:  # 0: a sieve fitted to answer closed-book keeps nothing
             raise RagsieveError(f"top_k must be >= 0, got {self.top_k}")
 
     @classmethod
-    def from_config(cls, config: Any, reranker: BaseRanker | None, grader: "Grader | None") -> "SieveStages":
-        """The stages a sieve / pipeline config describes, on already loaded models.
+    def from_config(cls, config: Any, reranker: BaseRanker | None, grader: "Grader | None",
+                    pruner_scorer: BaseRanker | None = None) -> "SieveStages":
+        """The stages a sieve / pipeline config describes, on already loaded models (``pruner_scorer``: the
+        sentence scorer when the config prunes with another model than its reranker).
 
         The one place a config's post-retrieval settings become stage settings: a new
         ``SieveConfig`` field that changes what is kept belongs here.
         """
-        return cls(reranker, grader, top_k=config.top_k)
+        pruner = None
+        threshold, cap = getattr(config, "prune_threshold", None), getattr(config, "prune_max_sentences", None)
+        if threshold is not None or cap is not None:
+            from ragsieve.prune import SentencePruner
 
-    def override(self, *, top_k: int | None = None, threshold: float | None = None) -> "SieveStages":
-        """The same stages with a request's own cut and/or threshold (``None`` keeps the sieve's)."""
-        update = {k: v for k, v in (("top_k", top_k), ("threshold", threshold)) if v is not None}
-        return replace(self, **update) if update else self
+            scorer = pruner_scorer if pruner_scorer is not None else reranker
+            if scorer is None:
+                raise RagsieveError("pruning needs a sentence scorer: name a reranker or a pruner")
+            pruner = SentencePruner(scorer, threshold=threshold, max_sentences=cap)
+        return cls(reranker, grader, top_k=config.top_k, pruner=pruner)
+
+    def override(self, *, top_k: int | None = None, threshold: float | None = None,
+                 prune_threshold: float | None = None, pruner: "SentencePruner | None" = None) -> "SieveStages":
+        """The same stages with a request's own cut, threshold, pruner and/or prune threshold (``None`` keeps
+        the sieve's)."""
+        update = {k: v for k, v in (("top_k", top_k), ("threshold", threshold), ("pruner", pruner)) if v is not None}
+        stages = replace(self, **update) if update else self
+        if prune_threshold is not None:
+            if stages.pruner is None:
+                raise RagsieveError("no pruner configured: give the stages a SentencePruner to prune with")
+            stages = replace(stages, pruner=stages.pruner.at(prune_threshold))
+        return stages
 
     # -- the steps -------------------------------------------------------------------------------
     def rank(self, query: str, passages: Sequence[Passage | str]) -> RankedResults:
@@ -176,10 +228,38 @@ class SieveStages:
         verdicts = tuple(GradeResult.at(threshold, p.text, s) for p, s in zip(result.selected, scores))
         return replace(result, verdicts=verdicts, threshold=float(threshold))
 
+    @property
+    def prunes(self) -> bool:
+        return self.pruner is not None
+
+    def prune_layout(self, result: FilterResult) -> "PruneLayout":
+        """The (query, title: sentence) pairs of ``result``'s kept passages that the pruner scores."""
+        if self.pruner is None:
+            raise RagsieveError("no pruner configured")
+        return self.pruner.layout(result.ranked.query, result.kept_whole)
+
+    def decide_prune(self, result: FilterResult, scores: Sequence[float]) -> FilterResult:
+        """``result`` with its kept passages pruned by sentence ``scores`` scored elsewhere (one per
+        :meth:`prune_layout` pair)."""
+        layout = self.prune_layout(result)
+        pruned = tuple(self.pruner.decide(layout, scores))
+        return replace(result, pruned=pruned, prune_threshold=self.pruner.threshold)  # None: a sentence cap alone
+
+    def prune(self, result: FilterResult) -> FilterResult:
+        """``result`` with each kept passage cut to its sentences at or above the prune threshold (unchanged
+        without a pruner)."""
+        if self.pruner is None or not result.kept_results:
+            return result
+        return self.decide_prune(result, self.pruner.score(self.prune_layout(result)))
+
+    def finish(self, selected: FilterResult) -> FilterResult:
+        """Grade → keep → prune a selection (what :meth:`select` returned)."""
+        return self.prune(self.grade(selected))
+
     def select(self, query: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank and cut (no grading): what reaches the grader."""
         return self.cut(self.rank(query, passages))
 
     def apply(self, query: str, passages: Sequence[Passage | str]) -> FilterResult:
-        """Rerank → cut to top_k → grade → keep."""
-        return self.grade(self.select(query, passages))
+        """Rerank → cut to top_k → grade → keep → prune."""
+        return self.finish(self.select(query, passages))

@@ -1,0 +1,191 @@
+"""Sentence pruning: keep only the sentences of a passage that the query needs.
+
+A sieve keeps or drops whole passages; the answer to a question usually sits in one of their
+sentences. :class:`SentencePruner` splits each kept passage into sentences
+(:func:`~ragsieve.prune.sentences.split_sentences`), scores every ``(query, title: sentence)`` pair with a
+:class:`~ragsieve.rerank.base.BaseRanker` (zero-shot: the sieve's reranker), and keeps the sentences
+scoring at or above ``threshold`` (raw, on the scorer's scale, as a sieve's ``sieve.json`` stores it),
+always at least the best one of each passage, in their original order under the passage's title.
+
+The steps are split like :class:`~ragsieve.pipeline.stages.SieveStages`' grading so a caller that
+batches its model calls elsewhere (the server) prunes the same way:
+``decide(layout, scores of layout.pairs)``.
+
+Example::
+
+    pruner = SentencePruner(load_reranker("embedded:base"), threshold=0.0)
+    [p.text for p in pruner.prune("who wrote hamlet?", passages)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.prune.sentences import DEFAULT_LANGUAGE, split_sentences
+from ragsieve.rerank.base import BaseRanker
+
+TokenCounter = Callable[[str], int]
+
+
+def whitespace_tokens(text: str) -> int:
+    """Words between white space: the count used when the scorer has no tokenizer."""
+    return len(text.split())
+
+
+def scorer_token_counter(scorer: BaseRanker) -> TokenCounter:
+    """Token counts in the scorer's own tokenizer (the shipped reranker's WordPiece), words if it has none."""
+    window = scorer.window()
+    if window is None:
+        return whitespace_tokens
+    tokenizer = window[0]
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@dataclass(frozen=True)
+class PrunedPassage:
+    """One passage after pruning: every sentence's span and score, which were kept, and the text that remains.
+
+    ``spans`` index ``passage.text``; ``text`` joins the kept sentences with the original separator where they
+    were adjacent and a space across a dropped one.
+    """
+
+    passage: Passage  # as it came in, whole
+    spans: tuple[tuple[int, int], ...]
+    scores: tuple[float, ...]
+    keep: tuple[bool, ...]
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+    @property
+    def kept_spans(self) -> list[tuple[int, int]]:
+        return [s for s, k in zip(self.spans, self.keep) if k]
+
+    @property
+    def sentences(self) -> list[str]:
+        return [self.passage.text[a:b] for a, b in self.spans]
+
+    @property
+    def text(self) -> str:
+        if not self.spans:
+            return self.passage.text
+        source, parts, last = self.passage.text, [], None
+        for i, ((a, b), k) in enumerate(zip(self.spans, self.keep)):
+            if not k:
+                continue
+            if parts:
+                parts.append(source[self.spans[i - 1][1]:a] if last == i - 1 else " ")
+            parts.append(source[a:b])
+            last = i
+        return "".join(parts)
+
+    @property
+    def n_kept(self) -> int:
+        return int(sum(self.keep))
+
+    def as_passage(self) -> Passage:
+        """The pruned passage: same id and title, the kept text; ``meta["kept_spans"]`` says where it came from."""
+        if self.n_kept == len(self.spans):
+            return self.passage
+        meta = {**self.passage.meta, "kept_spans": [list(s) for s in self.kept_spans]}
+        return Passage(self.passage.id, self.text, self.passage.title, meta)
+
+
+@dataclass(frozen=True)
+class PruneLayout:
+    """The sentence pairs of a list of passages, and which passage each came from (see :meth:`SentencePruner.layout`)."""
+
+    query: str
+    passages: tuple[Passage, ...]
+    spans: tuple[tuple[tuple[int, int], ...], ...]  # per passage
+    pairs: tuple[Passage, ...] = field(default=())  # one per sentence of every passage, in order
+
+    @property
+    def texts(self) -> list[str]:
+        """The scored text of each pair (``title: sentence``), for a caller that scores strings."""
+        return [p.full_text for p in self.pairs]
+
+
+@dataclass(frozen=True)
+class SentencePruner:
+    """Keeps the sentences of each passage scoring at least ``threshold`` with ``scorer`` (see the module doc).
+
+    ``min_keep`` sentences (the best ones) of each passage always stay, so a kept passage never empties;
+    ``max_sentences`` keeps at most that many (the best ones) of those at or above the threshold, so a long
+    passage of on-topic sentences still shrinks (with no threshold: simply the best ``max_sentences``).
+    Tokens before and after are counted with ``count_tokens`` (default: the scorer's tokenizer).
+    """
+
+    scorer: BaseRanker
+    threshold: float | None = None  # raw, on the scorer's scale; None: a caller must give one (or max_sentences)
+    min_keep: int = 1
+    max_sentences: int | None = None
+    language: str = DEFAULT_LANGUAGE
+    count_tokens: TokenCounter | None = None
+
+    def __post_init__(self):
+        if self.min_keep < 1:
+            raise RagsieveError(f"min_keep must be >= 1, got {self.min_keep}")
+        if self.max_sentences is not None and self.max_sentences < self.min_keep:
+            raise RagsieveError(f"max_sentences must be >= min_keep ({self.min_keep}), got {self.max_sentences}")
+        if self.threshold is not None and np.isnan(self.threshold):  # +inf is fine: the best sentence only
+            raise RagsieveError("prune threshold must be a number, got NaN")
+
+    def at(self, threshold: float | None, max_sentences: int | None = None) -> "SentencePruner":
+        """The same pruner at another threshold and/or sentence cap (``None`` keeps this one's)."""
+        update = {k: v for k, v in (("threshold", threshold), ("max_sentences", max_sentences)) if v is not None}
+        return replace(self, **update) if update else self
+
+    def layout(self, query: str, passages: Sequence[Passage]) -> PruneLayout:
+        """Every sentence of every passage as a ``(title, sentence)`` passage to score against ``query``."""
+        spans = tuple(split_sentences(p.text, self.language) for p in passages)
+        pairs = tuple(Passage(f"{p.id}#{a}-{b}", p.text[a:b], p.title)
+                      for p, ss in zip(passages, spans) for a, b in ss)
+        return PruneLayout(query, tuple(passages), spans, pairs)
+
+    def score(self, layout: PruneLayout) -> np.ndarray:
+        """The scorer's score of each sentence pair of ``layout``."""
+        if not layout.pairs:
+            return np.zeros(0)
+        return np.asarray(self.scorer.score_pairs([layout.query] * len(layout.pairs), list(layout.pairs)), float)
+
+    def decide(self, layout: PruneLayout, scores: Sequence[float], threshold: float | None = None
+               ) -> list[PrunedPassage]:
+        """Each passage pruned by sentence ``scores`` (one per ``layout.pairs``) against ``threshold``
+        (default: this pruner's)."""
+        threshold = self._threshold(threshold)
+        scores = np.asarray(scores, dtype=float)
+        if len(scores) != len(layout.pairs):
+            raise RagsieveError(f"{len(scores)} sentence scores for {len(layout.pairs)} sentences")
+        count = self.count_tokens or scorer_token_counter(self.scorer)
+        out, lo = [], 0
+        for passage, spans in zip(layout.passages, layout.spans):
+            own = scores[lo : lo + len(spans)]
+            lo += len(spans)
+            keep = own >= threshold
+            best_first = np.argsort(-own, kind="stable")
+            if self.max_sentences is not None:
+                keep[best_first[self.max_sentences:]] = False
+            if len(own):  # the best min_keep always stay: a kept passage never empties
+                keep[best_first[: self.min_keep]] = True
+            pruned = PrunedPassage(passage, spans, tuple(float(s) for s in own), tuple(bool(k) for k in keep))
+            out.append(replace(pruned, tokens_before=count(passage.text), tokens_after=count(pruned.text)))
+        return out
+
+    def prune(self, query: str, passages: Sequence[Passage], threshold: float | None = None) -> list[PrunedPassage]:
+        """Split, score and cut ``passages`` for ``query`` in one call."""
+        threshold = self._threshold(threshold)  # before any model call
+        layout = self.layout(query, passages)
+        return self.decide(layout, self.score(layout), threshold)
+
+    def _threshold(self, threshold: float | None) -> float:
+        threshold = self.threshold if threshold is None else threshold
+        if threshold is None:
+            if self.max_sentences is not None:  # a cap alone: the best max_sentences, whatever they score
+                return float("-inf")
+            raise RagsieveError("no prune threshold: give one (raw, on the pruning scorer's scale) or max_sentences")
+        return float(threshold)
