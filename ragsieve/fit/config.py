@@ -73,7 +73,9 @@ class SelectConfig(StrictConfig):
 
     Every configuration is k passages (0 = closed book) in an order (the retriever's, the reranker
     alignment started from, the aligned one if kept), optionally graded (a passage is dropped when its
-    reranker score is below a threshold: the F1-calibrated one, or a quantile of the dev scores), put in
+    reranker score is below a threshold: the F1-calibrated one, or a quantile of the dev scores), optionally
+    pruned to its sentences scoring at least a quantile of the dev sentence scores (the reranker alignment
+    started from scores each ``title: sentence``; pruned configurations are not gated), put in
     the prompt best first or best last, optionally behind the CBDR gate (β: the gate policy's, or the
     quantiles of dev Conf(Q), when a probe exists; ``gate: none`` tries no gate, ``gate: budget=x`` keeps
     every retrieving configuration behind the budget's β). The most accurate on dev wins; ties go to fewer
@@ -89,6 +91,11 @@ class SelectConfig(StrictConfig):
     plain_ks: list[int] = [1, 2, 3, 5]  # the best plain configuration (retriever order, no grade, no gate)
     grade_quantiles: list[float] = [0.25, 0.5, 0.75]
     gate_quantiles: list[float] = [0.25, 0.5, 0.75]
+    # sentence pruning (issue #61): each kept passage cut to the sentences the base reranker scores at or above a
+    # quantile of the dev sentence scores (always its best one); [] tries no threshold
+    prune_quantiles: list[float] = [0.5, 0.75, 0.9]
+    # and the best n sentences of each kept passage, whatever they score (RECOMP-style top-n); [] tries none
+    prune_max_sentences: list[int] = [1, 2]
     placements: list[Literal["best_first", "best_last"]] = ["best_first", "best_last"]
     # refine: the grid is answered with the first placement, then the other placements only for the
     # ``refine_top`` best configurations of two or more passages (each placement of a k >= 2 row is a new,
@@ -112,6 +119,13 @@ class SelectConfig(StrictConfig):
     race_batch: int = Field(40, ge=1)
     race_alpha: float = Field(0.01, gt=0, lt=1)
 
+    @field_validator("prune_max_sentences")
+    @classmethod
+    def _caps(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value):
+            raise ValueError("sentence caps must be >= 1")
+        return sorted(set(value))
+
     @field_validator("ks", "plain_ks")
     @classmethod
     def _sizes(cls, value: list[int]) -> list[int]:
@@ -119,7 +133,7 @@ class SelectConfig(StrictConfig):
             raise ValueError("passage counts must be a non-empty list of k >= 0")
         return sorted(set(value))
 
-    @field_validator("grade_quantiles", "gate_quantiles")
+    @field_validator("grade_quantiles", "gate_quantiles", "prune_quantiles")
     @classmethod
     def _shares(cls, value: list[float]) -> list[float]:
         if any(not 0 < q < 1 for q in value):

@@ -625,7 +625,8 @@ class Fit:
         c = self.config.select
         dev, test = self.splits["dev"], self.splits["test"]
         selection = Selection(self.builder, self.answers, self.candidates, c,
-                              progress=lambda done, total: self.progress("select", done, total))
+                              progress=lambda done, total: self.progress("select", done, total),
+                              pruner=self._sentence_pruner(), sentence_store=self._sentence_store())
         sources = [RETRIEVER, self.config.align.init] + (["reranker"] if self.reranker_spec == "reranker" else [])
         selection.add_ranking(RETRIEVER, dev + test)
         self._rank_all(sources[1:], dev + test, "select")
@@ -675,6 +676,31 @@ class Fit:
         }
         self.progress("select", 1, 1)
 
+    def _sentence_pruner(self):
+        """The pruner the grid's prune configurations score sentences with: the reranker alignment started from
+        (zero-shot, ``title: sentence``); None when the grid prunes nothing."""
+        if not (self.config.select.prune_quantiles or self.config.select.prune_max_sentences):
+            return None
+        from ragsieve.prune import SentencePruner
+        from ragsieve.registry import load_reranker
+
+        spec = self.config.align.init
+        if spec not in self._rankers:
+            self._rankers[spec] = load_reranker(self._ranker_base(spec))
+        return SentencePruner(self._rankers[spec])
+
+    def _sentence_store(self):
+        """Sentence scores kept across runs beside the candidate scores, keyed by the pruning scorer's weights."""
+        from ragsieve.data.score_records import PairScores
+        from ragsieve.registry import reranker_scores_key
+
+        key = reranker_scores_key(self._ranker_base(self.config.align.init))
+        if key is None or self._sentence_pruner() is None:
+            return None
+        root = (self.records or self.work) / "scores"
+        return PairScores(root / ("sentences-" + hashlib.sha1(key.encode()).hexdigest()[:16]), "sentences",
+                          {"scoring_key": key, "unit": "title: sentence"})
+
     # -- 10. evaluate -----------------------------------------------------------------------------
     def phase_evaluate(self) -> None:
         from ragsieve.eval.classification import accuracy_interval
@@ -691,6 +717,11 @@ class Fit:
             policy=policy,
             reranker=None if shipped.order == RETRIEVER or shipped.k == 0 else shipped.order,
             grader=self._save_grader(shipped), top_k=shipped.k, passage_order=shipped.placement,
+            prune_threshold=shipped.prune_threshold if shipped.k > 0 else None,
+            prune_max_sentences=shipped.prune_max if shipped.k > 0 else None,
+            # the sentence scorer the grid pruned with, unless it is the sieve's reranker already
+            pruner=(self.config.align.init if shipped.prune != "off" and shipped.k > 0
+                    and shipped.order != self.config.align.init else None),
             candidates=self.config.candidates, max_prompt_tokens=self.config.max_prompt_tokens,
             max_new_tokens=self.config.max_new_tokens,
         )

@@ -39,7 +39,9 @@ from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
 
 if TYPE_CHECKING:
     from ragsieve.models.llm import Generator
+    from ragsieve.pipeline.stages import FilterResult
     from ragsieve.probe.cache import StateCache
+    from ragsieve.prune import SentencePruner
     from ragsieve.rerank.base import BaseRanker
 
 log = logging.getLogger(__name__)
@@ -72,12 +74,21 @@ class AnswerCache:
         # records: the same rows as JSONL (digest, answer, seconds: no prompt text), appended per batch and
         # read back here, so the answers outlive the machine that asked for them
         self.records = Path(records) if records is not None else None
-        if self.records is not None and self.records.is_file():
-            from ragsieve.data.jsonl import read_jsonl
+        if self.records is not None:
+            self.import_records(self.records)
 
-            rows = [(r["key"], r["generation"], r["seconds"]) for r in read_jsonl(self.records, skip_bad=True)]
-            self._db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?)", rows)
-            self._db.commit()
+    def import_records(self, path: str | Path) -> int:
+        """Answers another run recorded (a records ``answers.jsonl``; read only), so this cache asks the LLM
+        only for prompts nobody answered yet; returns the rows read (0 for a missing file)."""
+        path = Path(path)
+        if not path.is_file():
+            return 0
+        from ragsieve.data.jsonl import read_jsonl
+
+        rows = [(r["key"], r["generation"], r["seconds"]) for r in read_jsonl(path, skip_bad=True)]
+        self._db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?)", rows)
+        self._db.commit()
+        return len(rows)
 
     def _key(self, text: str) -> str:
         ident = [self.llm.spec, self.max_new_tokens, self.builder.prompts.system, text]
@@ -177,6 +188,9 @@ class Choice:
     placement: str = "best_first"
     beta: Optional[float] = None  # gate: answer closed-book when Conf(Q) > β
     gate: str = "off"  # policy | q0.50 ... | off
+    prune_threshold: Optional[float] = None  # prune: keep each kept passage's sentences scoring >= this
+    prune_max: Optional[int] = None  # prune: and at most this many sentences per passage (the best ones)
+    prune: str = "off"  # the prune level: off | q0.50 ... (a threshold) | best1 ... (a cap)
 
     @property
     def name(self) -> str:
@@ -185,6 +199,8 @@ class Choice:
         parts = [f"top{self.k}", self.order]
         if self.grade != "off":
             parts.append(f"grade {self.grade}")
+        if self.prune != "off":
+            parts.append(f"prune {self.prune}")
         if self.placement != "best_first":
             parts.append(self.placement.replace("_", " "))
         if self.gate != "off":
@@ -195,26 +211,33 @@ class Choice:
     def plain(self) -> bool:
         """Plain retrieval: the retriever's top k, best first, no grade, no gate."""
         return self.k > 0 and self.order == RETRIEVER and self.grade == "off" and self.gate == "off" \
-            and self.placement == "best_first"
+            and self.placement == "best_first" and self.prune == "off"
 
     @property
     def simplicity(self) -> tuple:
         """Smaller is simpler: the last tie-break (fewer parts, then fewer passages)."""
-        return (self.gate != "off", self.grade != "off", self.order != RETRIEVER, self.placement != "best_first",
-                self.k)
+        return (self.gate != "off", self.grade != "off", self.prune != "off", self.order != RETRIEVER,
+                self.placement != "best_first", self.k)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "k": self.k, "order": self.order, "grade": self.grade,
-                "threshold": self.threshold, "placement": self.placement, "gate": self.gate, "beta": self.beta}
+                "threshold": self.threshold, "placement": self.placement, "gate": self.gate, "beta": self.beta,
+                "prune": self.prune, "prune_threshold": self.prune_threshold, "prune_max": self.prune_max}
 
 
 class Selection:
     """The grid over one set of candidates: rankings per order source, prompts, answers, accuracy."""
 
     def __init__(self, builder: PromptBuilder, cache: AnswerCache, candidates: dict[str, list[Passage]],
-                 config: SelectConfig, progress: Optional[Callable[[int, int], None]] = None):
+                 config: SelectConfig, progress: Optional[Callable[[int, int], None]] = None,
+                 pruner: "SentencePruner | None" = None, sentence_store: Any = None):
         self.builder, self.cache, self.candidates, self.config = builder, cache, candidates, config
         self.progress = progress
+        # the sentence scorer of the prune configurations (None: the grid prunes nothing)
+        self.pruner = pruner
+        self._sentence_scores: dict[tuple[str, int], np.ndarray] = {}  # (question id, candidate) → per sentence
+        # where sentence scores outlive the run (a PairScores: question id, "passage id#start-end" → score)
+        self.sentence_store = sentence_store
         # source → question id → [(candidate index, score)] in rank order
         self.rankings: dict[str, dict[str, list[tuple[int, float]]]] = {}
         self.confidence: dict[str, float] = {}  # question id → Conf(Q), when a probe exists
@@ -255,6 +278,7 @@ class Selection:
                 betas = policy or betas
             else:
                 betas += policy + [(float(np.quantile(conf, share)), f"q{share:.2f}") for share in c.gate_quantiles]
+        prunes = self.prune_levels(sources, dev)
         choices = [Choice(0)] if 0 in c.ks else []
         for source in sources:
             grades: list[tuple[Optional[float], str]] = [(None, "off")]
@@ -269,7 +293,55 @@ class Selection:
                     for placement in (placements if k > 1 else ["best_first"]):
                         for beta, gate in betas:
                             choices.append(Choice(k, source, threshold, grade, placement, beta, gate))
+                        # pruned, ungated: the gate and pruning answer different questions (whether to read,
+                        # how much of each passage), and crossing them would multiply the grid for a rare win
+                        for prune_threshold, prune_max, prune in prunes:
+                            choices.append(Choice(k, source, threshold, grade, placement, prune_threshold=prune_threshold,
+                                                  prune_max=prune_max, prune=prune))
         return choices
+
+    def prune_levels(self, sources: Sequence[str], dev: Sequence[Question]
+                     ) -> list[tuple[Optional[float], Optional[int], str]]:
+        """The prune levels of the grid as (threshold, sentence cap, name): the best ``prune_max_sentences``
+        sentences of each passage, and the ``prune_quantiles`` of the sentence scores of every passage the grid
+        can put in a dev prompt (the top ``max(ks)`` of each order); none without a pruner."""
+        if self.pruner is None or not dev:
+            return []
+        caps = [(None, n, f"best{n}") for n in self.config.prune_max_sentences]
+        if not self.config.prune_quantiles:
+            return caps
+        top = max(self.config.ks)
+        needed = [(q, i) for q in dev for source in sources for i, _ in self.rankings[source][q.id][:top]]
+        self.score_sentences(needed)
+        scores = np.concatenate([self._sentence_scores[q.id, i] for q, i in dict.fromkeys(needed)] or [np.zeros(0)])
+        if not len(scores):
+            return caps
+        return caps + [(float(np.quantile(scores, share)), None, f"q{share:.2f}")
+                       for share in self.config.prune_quantiles]
+
+    def score_sentences(self, needed: Sequence[tuple[Question, int]]) -> None:
+        """Score the sentences of each (question, candidate index) not scored yet, in one batch."""
+        todo = [(q, i) for q, i in dict.fromkeys((q, i) for q, i in needed)
+                if (q.id, i) not in self._sentence_scores]
+        if not todo or self.pruner is None:
+            return
+        layouts = [self.pruner.layout(q.text, [self.candidates[q.id][i]]) for q, i in todo]
+        stored = [self.sentence_store.lookup(q.id, [p.id for p in lay.pairs]) if self.sentence_store else None
+                  for (q, _), lay in zip(todo, layouts)]
+        missing = [j for j, got in enumerate(stored) if got is None]
+        queries = [layouts[j].query for j in missing for _ in layouts[j].pairs]
+        pairs = [p for j in missing for p in layouts[j].pairs]
+        fresh = np.asarray(self.pruner.scorer.score_pairs(queries, pairs), float) if pairs else np.zeros(0)
+        if self.sentence_store is not None and pairs:
+            owners = [todo[j][0].id for j in missing for _ in layouts[j].pairs]
+            self.sentence_store.add([(qid, p.id, float(x)) for qid, p, x in zip(owners, pairs, fresh)])
+        lo = 0
+        for j, ((q, i), lay) in enumerate(zip(todo, layouts)):
+            if stored[j] is not None:
+                self._sentence_scores[q.id, i] = np.asarray(stored[j], float)
+            else:
+                self._sentence_scores[q.id, i] = fresh[lo : lo + len(lay.pairs)]
+                lo += len(lay.pairs)
 
     def placement_variants(self, rows: Sequence[dict[str, Any]]) -> list[Choice]:
         """The other placements of the ``refine_top`` most accurate answered configurations with k >= 2 that
@@ -294,25 +366,44 @@ class Selection:
         return [Choice(k) for k in ks if k > 0]
 
     # -- prompts and answers ------------------------------------------------------------------------
-    def passages(self, choice: Choice, q: Question) -> list[Passage]:
-        """What ``choice`` puts in ``q``'s prompt, best first."""
+    def _graded(self, choice: Choice, q: Question) -> "FilterResult | None":
+        """The sieve's own stages on the stored ranking (cut to k, the order's scores against the threshold),
+        before pruning; None when ``choice`` answers ``q`` closed-book."""
         if choice.k == 0 or (choice.beta is not None and self.confidence[q.id] > choice.beta):
-            return []
+            return None
         from ragsieve.pipeline.stages import SieveStages
         from ragsieve.rerank.base import RankedResult, RankedResults
 
-        # the sieve's own stages on the stored ranking (cut to k, the order's scores against the threshold),
-        # so the grid answers exactly what the shipped sieve would put in the prompt
         cands = self.candidates[q.id]
         ranked = RankedResults(q.text, tuple(RankedResult(cands[i], s, rank, i)
                                              for rank, (i, s) in enumerate(self.rankings[choice.order][q.id])))
         stages = SieveStages(None, None, top_k=choice.k, threshold=choice.threshold)
-        return stages.grade(stages.cut(ranked)).kept
+        return stages.grade(stages.cut(ranked))
+
+    def _kept_indices(self, choice: Choice, q: Question) -> list[int]:
+        """The candidate indices ``choice`` keeps for ``q`` before pruning."""
+        result = self._graded(choice, q)
+        return [r.index for r, _ in result.kept_results] if result is not None else []
+
+    def passages(self, choice: Choice, q: Question) -> list[Passage]:
+        """What ``choice`` puts in ``q``'s prompt, best first: exactly what the shipped sieve would."""
+        result = self._graded(choice, q)
+        if result is None:
+            return []
+        if choice.prune == "off" or not result.kept_results:
+            return result.kept
+        from ragsieve.pipeline.stages import SieveStages
+
+        # the sieve's pruning on the stored sentence scores of the kept candidates
+        kept = [r.index for r, _ in result.kept_results]
+        self.score_sentences([(q, i) for i in kept])
+        stages = SieveStages(pruner=self.pruner.at(choice.prune_threshold, choice.prune_max))
+        return stages.decide_prune(result, np.concatenate([self._sentence_scores[q.id, i] for i in kept])).kept
 
     def prompt(self, choice: Choice, q: Question) -> str:
         passages = self.passages(choice, q)
         placement = choice.placement if len(passages) > 1 else "best_first"
-        key = (q.id, tuple(p.id for p in passages), placement)
+        key = (q.id, tuple((p.id, p.text) for p in passages), placement)
         if key not in self._prompts:
             self._prompts[key] = self.builder.with_context(q.text, in_prompt_order(passages, placement)).text
         return self._prompts[key]
@@ -331,6 +422,10 @@ class Selection:
         from ragsieve.eval.qa import contains_answer
         from ragsieve.prompts import first_line
 
+        pruned = [c for c in choices if c.prune != "off"]
+        if pruned:  # every sentence the pruned prompts need, scored in one batch
+            unpruned = {replace(c, prune_threshold=None, prune_max=None, prune="off") for c in pruned}
+            self.score_sentences([(q, i) for c in unpruned for q in questions for i in self._kept_indices(c, q)])
         prompts = [[self.prompt(c, q) for q in questions] for c in choices]
         flat = [t for row in prompts for t in row]
         self.asked.update(flat)
