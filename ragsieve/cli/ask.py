@@ -35,6 +35,10 @@ def ask_cmd(
     grader: Optional[str] = typer.Option(
         None, "--grader", help="A saved grader folder or embedded:<name>: drop passages it grades irrelevant."
     ),
+    prune: Optional[float] = typer.Option(
+        None, "--prune", help="Cut each kept passage to its sentences the reranker scores >= this (raw; always its "
+        "best one). With --sieve: overrides the sieve's prune threshold."
+    ),
     sieve: Optional[Path] = typer.Option(
         None, "--sieve", help="A fitted sieve folder (`ragsieve fit`) or default: its LLM, gate (probe, β), "
         "reranker, grader, top-k, candidates and answer length, so it cannot be combined with --llm, --top-k, "
@@ -60,7 +64,7 @@ def ask_cmd(
         "llm": llm, "index": None if no_retrieval else str(index), "top_k": top_k, "candidates": candidates,
         "reranker": None if no_retrieval else reranker, "grader": None if no_retrieval else grader,
         "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens, "timeout": timeout, "retries": retries,
-        "sieve": str(sieve) if sieve else None,
+        "sieve": str(sieve) if sieve else None, "prune_threshold": prune,
     }, source="options")
     answer = RAGPipeline.from_config(config).answer(question, retrieve=not no_retrieval)
     if as_json:

@@ -43,10 +43,12 @@ class RagsieveRanker:
         threshold: Optional[float] = None,
         api_key: Optional[str] = None,
         sieve: Any = None,
+        prune_threshold: Optional[float] = None,
     ):
         self.ranker_source, self.sieve = ranker, sieve
         self.top_k, self.threshold = top_k, threshold  # top_k: a bare ranker's cut (a sieve brings its own)
         self.api_key = api_key
+        self.prune_threshold = prune_threshold  # cut kept documents to their sentences scoring >= this
         self._stages = None
 
     def warm_up(self) -> None:
@@ -55,10 +57,16 @@ class RagsieveRanker:
             self._stages = adapter_stages(
                 self.ranker_source, sieve=self.sieve, api_key=self.api_key,
                 top_n=None if self.sieve is not None else self.top_k, threshold=self.threshold,
+                prune_threshold=self.prune_threshold,
             )
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, documents: list[Document], top_k: Optional[int] = None) -> dict[str, list[Document]]:
         self.warm_up()
         kept = keep(self._stages.override(top_k=top_k), query, [d.content or "" for d in documents])
-        return {"documents": [replace(documents[i], score=s) for i, s in kept]}
+        return {"documents": [
+            replace(documents[k.index], score=k.score) if k.text is None else
+            replace(documents[k.index], score=k.score, content=k.text,
+                    meta={**documents[k.index].meta, "kept_spans": k.kept_spans})
+            for k in kept
+        ]}

@@ -38,6 +38,8 @@ class RagsieveCompressor(BaseDocumentCompressor):
     # drop documents scoring below it: [0, 1] for a URL, raw in-process (with a sieve: overrides its grader's)
     threshold: Optional[float] = None
     api_key: Optional[str] = None
+    # cut each kept document to its sentences the ranker scores >= this (the threshold's scale); a sieve's own
+    prune_threshold: Optional[float] = None
     _stages: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
@@ -49,9 +51,10 @@ class RagsieveCompressor(BaseDocumentCompressor):
         kept = keep(self._stages, query, [d.page_content for d in documents])
         return [
             Document(
-                page_content=documents[i].page_content,
-                metadata={**documents[i].metadata, "relevance_score": s},
-                id=documents[i].id,
+                page_content=documents[k.index].page_content if k.text is None else k.text,
+                metadata={**documents[k.index].metadata, "relevance_score": k.score,
+                          **({"kept_spans": k.kept_spans} if k.kept_spans is not None else {})},
+                id=documents[k.index].id,
             )
-            for i, s in kept
+            for k in kept
         ]

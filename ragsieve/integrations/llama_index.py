@@ -30,6 +30,8 @@ class RagsieveRerank(BaseNodePostprocessor):
     top_n: Optional[int] = 3  # with a sieve: its top_k unless given
     threshold: Optional[float] = None  # [0, 1] for a URL, raw in-process; with a sieve: overrides its grader's
     api_key: Optional[str] = None
+    # cut each kept node to its sentences the ranker scores >= this (the threshold's scale); a sieve's own
+    prune_threshold: Optional[float] = None
     _stages: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
@@ -46,4 +48,15 @@ class RagsieveRerank(BaseNodePostprocessor):
             raise RagsieveError("RagsieveRerank needs the query (query_bundle or query_str)")
         texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
         kept = keep(self._stages, query_bundle.query_str, texts)
-        return [NodeWithScore(node=nodes[i].node, score=s) for i, s in kept]
+        return [NodeWithScore(node=nodes[k.index].node if k.text is None else _with_text(nodes[k.index].node, k),
+                              score=k.score) for k in kept]
+
+
+def _with_text(node: Any, kept: Any) -> Any:
+    """A copy of ``node`` holding only the sentences pruning kept (``metadata["kept_spans"]`` says which)."""
+    copy = node.model_copy(deep=True)
+    copy.set_content(kept.text)
+    copy.metadata = {**copy.metadata, "kept_spans": kept.kept_spans}
+    copy.excluded_embed_metadata_keys = [*copy.excluded_embed_metadata_keys, "kept_spans"]
+    copy.excluded_llm_metadata_keys = [*copy.excluded_llm_metadata_keys, "kept_spans"]
+    return copy

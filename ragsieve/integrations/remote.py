@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from ragsieve.errors import RagsieveError
 from ragsieve.rerank.base import BaseRanker
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def adapter_stages(
     ranker: Any = None, *, sieve: Any = None, top_n: int | None = None, threshold: float | None = None,
-    api_key: str | None = None,
+    api_key: str | None = None, prune_threshold: float | None = None,
 ) -> "SieveStages":
     """The one sieve an adapter applies.
 
@@ -37,7 +37,8 @@ def adapter_stages(
     reranker, top_k and grader; ``top_n`` / ``threshold``, when given, override its cut and (raw) threshold.
     Otherwise ``ranker`` (a ranker, a reranker spec, or a service URL whose key is ``api_key``) cut to
     ``top_n`` (None: no cut), thresholded on its own scores when ``threshold`` is given (raw in-process,
-    [0, 1] for a URL: see the module doc).
+    [0, 1] for a URL: see the module doc). ``prune_threshold`` (the same scale) cuts each kept document to its
+    sentences scoring at least that with the ranker (a sieve that prunes brings its own).
     """
     from ragsieve.pipeline.stages import SieveStages
     from ragsieve.registry import is_url, load_reranker
@@ -46,11 +47,22 @@ def adapter_stages(
         from ragsieve.pipeline.sieve import Sieve
 
         loaded = sieve if isinstance(sieve, Sieve) else Sieve.load(sieve)
-        return loaded.stages.override(top_k=top_n, threshold=threshold)
+        stages = loaded.stages.override(top_k=top_n, threshold=threshold)
+        if prune_threshold is not None and stages.pruner is None:
+            from ragsieve.prune import SentencePruner
+
+            stages = stages.override(pruner=SentencePruner(loaded.reranker))
+        return stages.override(prune_threshold=prune_threshold)
     if not isinstance(ranker, (BaseRanker, str)):
         raise RagsieveError(f"expected a ranker, a reranker spec or a service URL, got {type(ranker).__name__}")
     options = {"api_key": api_key} if is_url(ranker) else {}
-    return SieveStages(load_reranker(ranker, **options), top_k=top_n, threshold=threshold)
+    loaded = load_reranker(ranker, **options)
+    pruner = None
+    if prune_threshold is not None:
+        from ragsieve.prune import SentencePruner
+
+        pruner = SentencePruner(loaded, threshold=prune_threshold)
+    return SieveStages(loaded, top_k=top_n, threshold=threshold, pruner=pruner)
 
 
 def pydantic_adapter_stages(adapter: Any) -> "SieveStages":
@@ -61,11 +73,25 @@ def pydantic_adapter_stages(adapter: Any) -> "SieveStages":
         adapter.ranker, sieve=adapter.sieve, api_key=adapter.api_key,
         top_n=adapter.top_n if "top_n" in given else None,
         threshold=adapter.threshold if "threshold" in given else None,
+        prune_threshold=adapter.prune_threshold,
     )
 
 
-def keep(stages: "SieveStages", query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
-    """(index, reranker score) of the documents the sieve keeps, best first (the ranker's own scale)."""
+class Kept(NamedTuple):
+    """A document the sieve keeps: its input index, the reranker's score (its own scale) and, when the sieve
+    pruned it, the kept text and its character spans in the input (None: kept whole)."""
+
+    index: int
+    score: float
+    text: str | None = None
+    kept_spans: list[tuple[int, int]] | None = None
+
+
+def keep(stages: "SieveStages", query: str, texts: Sequence[str]) -> list[Kept]:
+    """The documents the sieve keeps, best first."""
     if not texts:
         return []
-    return [(r.index, r.score) for r, _ in stages.apply(query, list(texts)).kept_results]
+    result = stages.apply(query, list(texts))
+    pruned = list(result.pruned) or [None] * len(result.kept_results)
+    return [Kept(r.index, r.score, p.text if p is not None else None, p.kept_spans if p is not None else None)
+            for (r, _), p in zip(result.kept_results, pruned)]

@@ -33,5 +33,20 @@ def print_explain(answer: "RAGAnswer", console: "Console") -> None:
                 "-" if c.grade_score is None else f"{c.grade_score:.3f}",
             )
         console.print(table)
+        _print_sentences(answer, console)
     console.print(f"[bold]prompt[/]  {answer.prompt_tokens} tokens, {len(answer.contexts)} passage(s)")
     console.print("[bold]answer[/]", end="  ")
+
+
+def _print_sentences(answer: "RAGAnswer", console: "Console") -> None:
+    """Each pruned passage's sentences: kept (+) or dropped (-), with the score that decided."""
+    from rich.markup import escape
+
+    for c in answer.candidates:
+        if not c.sentences:
+            continue
+        kept = sum(k for _, _, k in c.sentences)
+        console.print(f"[bold]prune[/]  {c.id}: {kept} of {len(c.sentences)} sentence(s) kept")
+        for text, score, k in c.sentences:
+            mark = "[green]+[/]" if k else "[red]-[/]"
+            console.print(f"  {mark} {score:7.3f}  {escape(text)}")

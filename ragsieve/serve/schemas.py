@@ -73,6 +73,23 @@ class FilterRequest(RerankRequest):
         "the grader's raw scale with raw_scores: true. Default: the configured grader's",
     )
 
+    prune: bool | float | None = Field(
+        None, allow_inf_nan=False,
+        description="cut each kept document to its sentences the reranker scores >= a threshold (always its best "
+        "one): true uses the served sieve's prune threshold, a number is the threshold (in [0, 1], raw with "
+        "raw_scores: true), false keeps documents whole. Default: as the served sieve does",
+    )
+
+    @field_validator("prune")
+    @classmethod
+    def _unit_prune(cls, value: bool | float | None, info: ValidationInfo) -> bool | float | None:
+        if isinstance(value, bool) or value is None:
+            return value
+        if not info.data.get("raw_scores") and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{value} is not in [0, 1] (the relevance_score scale; send raw_scores: true for the "
+                             "reranker's raw scale, or true / false)")
+        return value
+
     @field_validator("threshold")
     @classmethod
     def _unit_threshold(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -124,6 +141,17 @@ class RerankResult(BaseModel):
     document: DocumentOut | None = None
 
 
+class PrunedOut(BaseModel):
+    """What pruning kept of one document: the text that goes to the LLM and where it came from."""
+
+    text: str
+    kept_spans: list[tuple[int, int]] = Field(..., description="[start, end) character offsets into the document")
+    sentences: int
+    kept_sentences: int
+    tokens_before: int = Field(..., description="the document's tokens (the reranker's tokenizer)")
+    tokens_after: int
+
+
 class FilteredDocument(RerankResult):
     """One kept document of ``/v1/filter`` (the HTTP shape of a :class:`~ragsieve.pipeline.stages.FilterResult`)."""
 
@@ -136,6 +164,7 @@ class FilteredDocument(RerankResult):
         ..., description="the grader's score (the reranker's without a grader), on the scale of threshold: "
         "in [0, 1] (BaseRanker.unit_scores), raw with raw_scores: true",
     )
+    pruned: PrunedOut | None = Field(None, description="present when the document was pruned to its sentences")
 
 
 class Meta(BaseModel):
@@ -167,12 +196,15 @@ class FilterResponse(BaseModel):
     id: str
     model: str
     grader: str
-    threshold: float = Field(
-        ..., description="the cut applied: grade_score >= threshold; in [0, 1], or raw with raw_scores: true"
+    threshold: float | None = Field(
+        None, description="the cut applied: grade_score >= threshold; in [0, 1], or raw with raw_scores: true; "
+        "absent when nothing was graded (a served sieve without a grader keeps its top_k)"
     )
     raw_scores: bool = Field(False, description="true: scores and threshold are on the models' raw scale")
     results: list[FilteredDocument]  # kept documents, best first
     dropped: int  # documents not kept: cut by top_n / top_k or graded irrelevant
+    prune_threshold: float | None = Field(
+        None, description="the sentence cut pruning used (the scale of threshold); absent when nothing was pruned")
     meta: Meta
 
 

@@ -1,4 +1,4 @@
-"""``/v1/filter``: the sieve over the request's documents (rerank → top_n → grade → keep).
+"""``/v1/filter``: the sieve over the request's documents (rerank → top_n → grade → keep → prune).
 
 The same :class:`~ragsieve.pipeline.stages.SieveStages` the pipeline, ``Sieve.filter`` and the
 adapters apply; only the model calls differ (chunked and batched with other requests).
@@ -19,10 +19,11 @@ import numpy as np
 from fastapi import APIRouter, Body, Depends, Request
 
 from ragsieve.pipeline.stages import SieveStages
+from ragsieve.prune import PrunedPassage, SentencePruner
 from ragsieve.rerank.base import as_passages, ranked_from_scores
 from ragsieve.serve.errors import ServeError, request_id
 from ragsieve.serve.models import ServedModels
-from ragsieve.serve.schemas import FilteredDocument, FilterRequest, FilterResponse, Meta
+from ragsieve.serve.schemas import FilteredDocument, FilterRequest, FilterResponse, Meta, PrunedOut
 from ragsieve.serve.state import ERRORS, ServeState, finite, serve_state, texts
 
 router = APIRouter(tags=["filter"])
@@ -48,9 +49,9 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
     grader = served.grader if served.grader is not None else served.ranker
     if body.threshold is None:
         threshold = served.threshold  # the sieve's / grader's, raw
-        if threshold is None:
+        if threshold is None and not state.config.keep_ungraded:
             raise ServeError(400, "no grader configured (start with --grader, or pass 'threshold')")
-        shown = threshold if body.raw_scores else float(grader.unit_scores([threshold])[0])
+        shown = threshold if body.raw_scores or threshold is None else float(grader.unit_scores([threshold])[0])
     else:
         threshold = body.threshold if body.raw_scores else grader.raw_threshold(body.threshold)
         shown = body.threshold  # as the client sent it, not a round trip through the inverse
@@ -61,13 +62,24 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
     )
     scores = await state.scores(served, query, docs, meta)
     result = stages.cut(ranked_from_scores(query, as_passages(docs), scores))
-    if served.grade_batcher is not None:  # the grader's scores, batched with other requests'
+    if threshold is None:  # a sieve fitted without a grader: its top_k, ungraded
+        pass
+    elif served.grade_batcher is not None:  # the grader's scores, batched with other requests'
         result = stages.decide(result, finite(await served.grade_batcher.score(stages.grade_pairs(result))))
     else:  # the ranker is its own grader: its scores against the threshold
         result = stages.grade(result)
+    pruner = _request_pruner(body, served, stages)
+    if pruner is not None and result.kept_results:  # the kept documents cut to their sentences
+        stages = stages.override(pruner=pruner)
+        layout = stages.prune_layout(result)
+        # sentences are short: no chunking, and they are not traffic of their own
+        raw = await served.rank_batcher.score([(query, t) for t in layout.texts]) if layout.pairs else []
+        result = stages.decide_prune(result, finite(np.asarray(raw, dtype=float)))
+    pruned = {r.index: p for (r, _), p in zip(result.kept_results, result.pruned)}
     kept = result.kept_results
     rank_raw = np.array([r.score for r, _ in kept], dtype=float)
-    grade_raw = np.array([verdict.score for _, verdict in kept], dtype=float)
+    # ungraded (a sieve without a grader): the ranker's score is the grade score, as for a self-grading ranker
+    grade_raw = np.array([verdict.score if verdict is not None else r.score for r, verdict in kept], dtype=float)
     if body.raw_scores:
         rank_shown, grade_shown = rank_raw, grade_raw
     else:  # the [0, 1] scores /v1/rerank answers, and the threshold's scale
@@ -79,6 +91,7 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
             relevant=True,
             grade_score=float(grade_score),
             document={"text": docs[r.index]} if body.return_documents else None,
+            pruned=_pruned_out(pruned[r.index]) if r.index in pruned else None,
         )
         for (r, _), rank_score, grade_score in zip(kept, rank_shown, grade_shown)
     ]
@@ -86,9 +99,32 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
         id=str(uuid.uuid4()),
         model=state.name,
         grader=served.grader_name or state.name,
-        threshold=float(shown),
+        threshold=None if shown is None else float(shown),
         raw_scores=body.raw_scores,
         results=results,
         dropped=len(docs) - len(results),
+        prune_threshold=None if result.prune_threshold is None or not np.isfinite(result.prune_threshold) else float(
+            result.prune_threshold if body.raw_scores else served.ranker.unit_scores([result.prune_threshold])[0]),
         meta=meta,
     )
+
+
+def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStages) -> SentencePruner | None:
+    """The pruning the request asks for: at its own threshold, the served sieve's (``true``, or by default when
+    the sieve prunes), or none (``false``, or nothing configured and nothing asked)."""
+    if body.prune is False:
+        return None
+    if body.prune is None:
+        return stages.pruner
+    if body.prune is True:
+        if stages.pruner is None:
+            raise ServeError(400, "prune: no pruning configured (serve a sieve that prunes, or send prune as a "
+                             "number in [0, 1])")
+        return stages.pruner
+    threshold = float(body.prune) if body.raw_scores else served.ranker.raw_threshold(body.prune)
+    return (stages.pruner or SentencePruner(served.ranker)).at(threshold)
+
+
+def _pruned_out(cut: PrunedPassage) -> PrunedOut:
+    return PrunedOut(text=cut.text, kept_spans=cut.kept_spans, sentences=len(cut.spans), kept_sentences=cut.n_kept,
+                     tokens_before=cut.tokens_before, tokens_after=cut.tokens_after)
