@@ -1,0 +1,202 @@
+"""Sentence pruning (issue #61): the splitter's spans, the pruner's cut, the one sieve's prune step, and the
+same pruned text from Python, HTTP and the three framework adapters."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import httpx
+import numpy as np
+import pytest
+
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+
+from ragsieve.data.records import Passage
+from ragsieve.errors import RagsieveError
+from ragsieve.prune import SentencePruner, split_sentences
+
+QUERY = "who wrote hamlet shakespeare"
+DOCS = [
+    "Paris is the capital of France. It lies on the Seine.",
+    "Hamlet is a tragedy. It was written by William Shakespeare around 1600. The play is set in Denmark.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Denmark is a Nordic country. Shakespeare's Hamlet is set at Elsinore castle. Its capital is Copenhagen.",
+]
+
+
+@pytest.fixture(scope="module")
+def bm25():
+    from ragsieve.registry import load_reranker
+
+    return load_reranker("bm25")
+
+
+def test_sentence_spans_index_the_text_stripped_and_in_order():
+    text = "  Café Müller is a ballet.  Pina Bausch made it in 1978.\nDr. Smith saw it. "
+    spans = split_sentences(text)
+    assert [text[a:b] for a, b in spans] == ["Café Müller is a ballet.", "Pina Bausch made it in 1978.",
+                                            "Dr. Smith saw it."]
+    assert split_sentences("   ") == () and split_sentences("no stop") == ((0, 7),)
+
+
+def test_pruner_keeps_sentences_at_the_threshold_and_always_the_best(bm25):
+    passage = Passage("h", DOCS[1], "Hamlet")
+    pruner = SentencePruner(bm25)
+    everything = pruner.prune(QUERY, [passage], threshold=-np.inf)[0]
+    assert everything.text == DOCS[1] and everything.as_passage() is passage  # nothing cut: the same passage
+    best_only = pruner.prune(QUERY, [passage], threshold=np.inf)[0]
+    assert best_only.n_kept == 1 and best_only.text == "It was written by William Shakespeare around 1600."
+    assert best_only.kept_spans == [(21, 71)] and DOCS[1][21:71] == best_only.text
+    cut = best_only.as_passage()
+    assert (cut.id, cut.title, cut.text, cut.meta["kept_spans"]) == ("h", "Hamlet", best_only.text, [[21, 71]])
+    assert best_only.tokens_after < best_only.tokens_before == len(DOCS[1].split())  # bm25: whitespace words
+
+
+def test_kept_sentences_join_with_their_own_separator_or_a_space(bm25):
+    text = "Hamlet is a play.\nShakespeare wrote it. Paris is far. Shakespeare died in 1616."
+    pruned = SentencePruner(bm25).prune("shakespeare hamlet", [Passage("x", text)], threshold=0.01)[0]
+    assert pruned.keep == (True, True, False, True)
+    assert pruned.text == "Hamlet is a play.\nShakespeare wrote it. Shakespeare died in 1616."
+
+
+def test_pruner_refuses_what_it_cannot_use(bm25):
+    with pytest.raises(RagsieveError, match="no prune threshold"):
+        SentencePruner(bm25).prune(QUERY, [Passage("a", "x. y.")])
+    with pytest.raises(RagsieveError, match="NaN"):
+        SentencePruner(bm25, threshold=float("nan"))
+    with pytest.raises(RagsieveError, match="min_keep"):
+        SentencePruner(bm25, min_keep=0)
+
+
+def test_the_sieve_prunes_what_it_keeps_and_the_trace_says_which_sentences(bm25):
+    from ragsieve.pipeline.stages import SieveStages
+
+    stages = SieveStages(bm25, top_k=2, pruner=SentencePruner(bm25, threshold=np.inf))
+    result = stages.apply(QUERY, DOCS)
+    whole = SieveStages(bm25, top_k=2).apply(QUERY, DOCS)
+    assert [p.id for p in result.kept_whole] == [p.id for p in whole.kept]  # pruning never changes what is kept
+    assert [p.text for p in result.kept_whole] == [p.text for p in whole.kept]
+    assert all(len(split_sentences(p.text)) == 1 for p in result.kept)  # threshold +inf: the best sentence each
+    assert result.tokens_after < result.tokens_before
+    traced = [t for t in result.trace() if t.sentences]
+    assert len(traced) == 2 and all(sum(k for _, _, k in t.sentences) == 1 for t in traced)
+    assert SieveStages(bm25, top_k=2).override(top_k=1).pruner is None
+    with pytest.raises(RagsieveError, match="no pruner"):
+        SieveStages(bm25).override(prune_threshold=0.5)
+
+
+def test_a_pipeline_config_refuses_pruning_without_a_scorer():
+    from pydantic import ValidationError
+
+    from ragsieve.pipeline import PipelineConfig
+
+    with pytest.raises(ValidationError, match="sentence scorer"):
+        PipelineConfig(index="x", prune_threshold=0.5)
+    assert PipelineConfig(index="x", reranker="bm25", prune_threshold=0.5).prune_threshold == 0.5
+
+
+@pytest.fixture(scope="module")
+def pruning_sieve(tmp_path_factory):
+    from ragsieve.pipeline import Sieve, SieveConfig
+
+    folder = tmp_path_factory.mktemp("sieve")
+    Sieve(SieveConfig(reranker="bm25", top_k=2, prune_threshold=1.0)).save(folder)  # the LLM never loads
+    return folder
+
+
+def test_python_http_and_every_adapter_return_the_same_pruned_text(pruning_sieve):
+    """Sieve.filter, /v1/filter (a real loopback server) and LangChain / LlamaIndex / Haystack with the same
+    sieve keep the same documents, cut to the same sentences."""
+    from ragsieve.pipeline import Sieve
+    from ragsieve.serve import ServeConfig, create_app
+    from ragsieve.serve.runner import BackgroundServer
+
+    result = Sieve.load(pruning_sieve).filter(QUERY, DOCS)
+    expected = [(r.index, p.text) for (r, _), p in zip(result.kept_results, result.pruned)]
+    assert len(expected) == 2 and any(text != DOCS[i] for i, text in expected)  # something was cut
+    got = {}
+    with BackgroundServer(create_app(ServeConfig(sieve=str(pruning_sieve)))) as server:
+        r = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "raw_scores": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        got["http"] = [(d["index"], d["pruned"]["text"] if "pruned" in d else DOCS[d["index"]])
+                       for d in body["results"]]
+        assert body["prune_threshold"] == 1.0
+        for d in body["results"]:
+            if "pruned" in d:
+                assert d["pruned"]["text"].startswith(DOCS[d["index"]][slice(*d["pruned"]["kept_spans"][0])])
+        whole = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": False})
+        assert all("pruned" not in d for d in whole.json()["results"])
+        assert "prune_threshold" not in whole.json()
+        bad = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": 3})
+        assert bad.status_code == 422 and "prune" in bad.text
+    if importlib.util.find_spec("langchain_core"):
+        from langchain_core.documents import Document
+
+        from ragsieve.integrations.langchain import RagsieveCompressor
+
+        out = RagsieveCompressor(sieve=str(pruning_sieve)).compress_documents(
+            [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(DOCS)], QUERY)
+        got["langchain"] = [(d.metadata["n"], d.page_content) for d in out]
+    if importlib.util.find_spec("llama_index"):
+        from llama_index.core.schema import NodeWithScore, TextNode
+
+        from ragsieve.integrations.llama_index import RagsieveRerank
+
+        nodes = [NodeWithScore(node=TextNode(text=t, id_=str(i)), score=0.0) for i, t in enumerate(DOCS)]
+        out = RagsieveRerank(sieve=str(pruning_sieve)).postprocess_nodes(nodes, query_str=QUERY)
+        got["llama_index"] = [(int(n.node.node_id), n.node.get_content()) for n in out]
+    if importlib.util.find_spec("haystack"):
+        from haystack import Document
+
+        from ragsieve.integrations.haystack import RagsieveRanker
+
+        out = RagsieveRanker(sieve=str(pruning_sieve)).run(QUERY, [Document(content=t, id=str(i))
+                                                                   for i, t in enumerate(DOCS)])
+        got["haystack"] = [(int(d.id), d.content) for d in out["documents"]]
+    assert set(got) >= {"http"}
+    for name, kept in got.items():
+        assert kept == expected, name
+
+
+def test_the_fit_grid_prunes_with_stored_sentence_scores(bm25, tmp_path):
+    """Selection: prune configurations at dev quantiles, their prompts hold the pruned passages, and the sentence
+    scores are recorded so a rerun scores nothing."""
+    from ragsieve.data.records import Question
+    from ragsieve.data.score_records import PairScores
+    from ragsieve.fit.config import SelectConfig
+    from ragsieve.fit.select import RETRIEVER, Choice, Selection
+
+    questions = [Question(str(i), QUERY, ("Shakespeare",)) for i in range(3)]
+    candidates = {q.id: [Passage(str(j), t, f"t{j}") for j, t in enumerate(DOCS)] for q in questions}
+    store = PairScores(tmp_path / "sentences", "sentences", {"scoring_key": "bm25"})
+    config = SelectConfig(ks=[0, 1, 2], plain_ks=[1, 2], grade_quantiles=[], gate_quantiles=[],
+                          prune_quantiles=[0.9], prune_max_sentences=[1], race=False)
+    selection = Selection(None, None, candidates, config, pruner=SentencePruner(bm25), sentence_store=store)
+    selection.add_ranking(RETRIEVER, questions)
+    selection.add_ranking("bm25", questions, bm25)
+    grid = selection.grid([RETRIEVER, "bm25"], questions)
+    pruned = [c for c in grid if c.prune != "off"]
+    assert {(c.k, c.order) for c in pruned} == {(1, RETRIEVER), (2, RETRIEVER), (1, "bm25"), (2, "bm25")}
+    assert {c.prune for c in pruned} == {"q0.90", "best1"} and all(c.gate == "off" and not c.plain for c in pruned)
+    choice = next(c for c in pruned if c.k == 2 and c.order == "bm25" and c.prune == "q0.90")
+    kept = selection.passages(choice, questions[0])
+    whole = selection.passages(Choice(2, "bm25"), questions[0])
+    assert [p.id for p in kept] == [p.id for p in whole]
+    assert sum(len(p.text) for p in kept) < sum(len(p.text) for p in whole)
+    again = Selection(None, None, candidates, config, pruner=SentencePruner(bm25), sentence_store=store)
+    again.add_ranking("bm25", questions, bm25)
+    again.score_sentences([(questions[0], i) for i, _ in again.rankings["bm25"]["0"][:2]])
+    assert again._sentence_scores.keys() <= selection._sentence_scores.keys()
+    assert store.lookup("0", [f"{p.id}#{a}-{b}" for p in whole[:1] for a, b in split_sentences(p.text)]) is not None
+
+
+def test_a_sentence_cap_keeps_the_best_ones_in_their_order(bm25):
+    text = "Hamlet is a play.\nShakespeare wrote it. Paris is far. Shakespeare died in 1616."
+    capped = SentencePruner(bm25, max_sentences=2).prune("shakespeare hamlet", [Passage("x", text)])[0]
+    assert capped.n_kept == 2 and capped.keep[2] is False
+    assert [capped.sentences[i] for i, k in enumerate(capped.keep) if k] == \
+        [s for s, k in zip(capped.sentences, capped.keep) if k]  # document order, not score order
+    with pytest.raises(RagsieveError, match="max_sentences"):
+        SentencePruner(bm25, max_sentences=0)
