@@ -29,6 +29,25 @@ class Passage:
         return f"{self.title}: {self.text}" if self.title else self.text
 
 
+#: ``Passage.meta`` keys of the vector an index stored for the passage, and the encoder spec that made it: a
+#: reranker's cosine half reads it instead of encoding the passage again (issue #62)
+STORED_VECTOR = "stored_vector"
+STORED_VECTOR_ENCODER = "stored_vector_encoder"
+
+
+def with_stored_vector(passage: Passage, vector: Any, encoder: str) -> Passage:
+    """``passage`` carrying the vector ``encoder`` gave its ``full_text`` (an index hit does)."""
+    meta = {**passage.meta, STORED_VECTOR: vector, STORED_VECTOR_ENCODER: encoder}
+    return Passage(passage.id, passage.text, passage.title, meta)
+
+
+def stored_vector(passage: Passage, encoder: str) -> Any:
+    """The vector an index stored for ``passage`` with ``encoder`` (None: none, or another encoder's)."""
+    if passage.meta.get(STORED_VECTOR_ENCODER) != encoder:
+        return None
+    return passage.meta.get(STORED_VECTOR)
+
+
 @dataclass(frozen=True, slots=True)
 class Question:
     """A query with its gold answers and, where the dataset has them, gold passage ids."""

@@ -129,13 +129,17 @@ class BestChunkRanker(BaseRanker):
         """Every pair's best chunk, all chunks scored in one call (the ranker keeps its length-sorted batches)."""
         if len(queries) != len(passages):
             raise RagsieveError(f"got {len(queries)} queries but {len(passages)} passages")
-        texts = [p.full_text for p in as_passages(passages)]
+        items = as_passages(passages)
+        texts = [p.full_text for p in items]
         by_query: dict[str, list[int]] = {}
         for i, q in enumerate(queries):
             by_query.setdefault(q, []).append(i)
         plans = [(q, idx, self.plan(q, [texts[i] for i in idx])) for q, idx in by_query.items()]
-        scores = np.asarray(self.ranker.score_pairs([q for q, _, plan in plans for _ in plan.texts],
-                                                    [t for _, _, plan in plans for t in plan.texts]), dtype=float)
+        # a passage read whole goes on as itself, so what it carries (an index's stored vector) reaches the model
+        pieces = [t if o in plan.chunked else items[idx[o]]
+                  for _, idx, plan in plans for t, o in zip(plan.texts, plan.owner)]
+        scores = np.asarray(self.ranker.score_pairs([q for q, _, plan in plans for _ in plan.texts], pieces),
+                            dtype=float)
         out, start = np.zeros(len(texts)), 0
         for _, idx, plan in plans:
             out[idx] = plan.reduce(scores[start:start + len(plan.texts)])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from ragsieve.artifacts import INDEX_REBUILD, check_npy, damaged, read_json_artifact, reading_artifact
-from ragsieve.data.records import Passage
+from ragsieve.data.records import Passage, with_stored_vector
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.retrieve.base import Hit, Retriever, _check_dir, _check_k, _load_passages, check_passages
@@ -391,6 +391,23 @@ class DenseRetriever(Retriever):
 
     def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
         return self.search_vectors(self.encode_queries(queries), k)
+
+    def _hits(self, indices, scores) -> list[Hit]:
+        """Hits whose passages carry their stored vector, so a reranker's cosine half need not encode them."""
+        return [Hit(with_stored_vector(self._passages[int(i)], self.embeddings[int(i)], self.encoder_spec),
+                    float(s), r) for r, (i, s) in enumerate(zip(indices, scores))]
+
+    def attach_vectors(self, hits: Sequence[Hit]) -> list[Hit]:
+        """``hits`` of another retriever over the same passages, each passage carrying its vector from this index."""
+        if not hasattr(self, "_row_of"):
+            self._row_of = {p.id: i for i, p in enumerate(self._passages)}
+        out = []
+        for h in hits:
+            row = self._row_of.get(h.passage.id)
+            passage = h.passage if row is None else with_stored_vector(h.passage, self.embeddings[row],
+                                                                       self.encoder_spec)
+            out.append(Hit(passage, h.score, h.rank))
+        return out
 
     # -- persistence ------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:

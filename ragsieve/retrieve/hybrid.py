@@ -96,13 +96,15 @@ class HybridRetriever(Retriever):
 
     def _search(self, query: str, k: int) -> list[Hit]:
         depth = self._depth(k)
-        return rrf_fuse([self.bm25._search(query, depth), self.dense._search(query, depth)], rrf_k=self.rrf_k, k=k)
+        fused = rrf_fuse([self.bm25._search(query, depth), self.dense._search(query, depth)], rrf_k=self.rrf_k, k=k)
+        return self.dense.attach_vectors(fused)  # a passage only BM25 found carries its vector too
 
     def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
         depth = self._depth(k)
         dense_hits = self.dense._search_batch(queries, depth)  # one batched encoder call
-        return [
-            rrf_fuse([self.bm25._search(q, depth), d], rrf_k=self.rrf_k, k=k) for q, d in zip(queries, dense_hits)
+        return [  # a passage only BM25 found carries its vector too
+            self.dense.attach_vectors(rrf_fuse([self.bm25._search(q, depth), d], rrf_k=self.rrf_k, k=k))
+            for q, d in zip(queries, dense_hits)
         ]
 
     def save(self, path: str | Path, *, with_passages: bool = True) -> None:

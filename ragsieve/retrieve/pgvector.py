@@ -42,7 +42,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 
-from ragsieve.data.records import Passage
+from ragsieve.data.records import Passage, with_stored_vector
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.retrieve.base import Hit, Retriever, _check_k, check_passages
@@ -463,7 +463,7 @@ class PgVectorRetriever(Retriever):
         if vectors.shape[1] != self.dim:
             raise RagsieveError(f"query vectors are {vectors.shape[1]}-d; the index is {self.dim}-d")
         k = _check_k(k)
-        query = _sql("SELECT id, title, text, meta, embedding <=> %(q)s AS distance FROM {t} "
+        query = _sql("SELECT id, title, text, meta, embedding <=> %(q)s AS distance, embedding FROM {t} "
                      "ORDER BY embedding <=> %(q)s LIMIT %(k)s", t=self.store.table)
         exact = exact or k > _MAX_EF_SEARCH  # the HNSW scan cannot return more than ef_search rows
         import psycopg
@@ -489,8 +489,10 @@ class PgVectorRetriever(Retriever):
             with conn.pipeline():  # every query of a batch sent before the first answer is awaited
                 cursors = [conn.execute(query, {"q": vec, "k": k}) for vec in vectors]
                 for cursor in cursors:
-                    out.append([
-                        Hit(Passage(id=r[0], text=r[2], title=r[1], meta=r[3] or {}), score=1.0 - float(r[4]), rank=i)
+                    out.append([  # each passage carries its stored vector: a reranker's cosine need not encode it
+                        Hit(with_stored_vector(Passage(id=r[0], text=r[2], title=r[1], meta=r[3] or {}),
+                                               np.asarray(r[5], dtype=np.float32), self.encoder_spec),
+                            score=1.0 - float(r[4]), rank=i)
                         for i, r in enumerate(cursor.fetchall())
                     ])
         return out
