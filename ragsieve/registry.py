@@ -8,8 +8,10 @@ on the user's own labelled pairs, ``ragsieve rerank calibrate``):
 reranker spec                 what loads
 ============================  ================================================================
 ``embedded:base``             ragsieve's own cross-encoder, shipped in the package
-``embedded:fast``             its small single-forward student, once ``experiments/rerank_distill.yaml``
-                              has shipped it (until then one line saying so)
+``embedded:fast``             ``embedded:base`` behind a cascade: cosine over every candidate, the
+                              cross-encoder on the best ``FAST_TOP`` by cosine only
+``cascade:<n>[:<spec>]``       the same cascade with ``n`` cross-encoded candidates per query, over
+                              ``embedded:base`` or any cross-encoder spec
 ``cross-encoder:<dir or id>``  any sentence-transformers CrossEncoder (a bare folder too; a
                               folder with ``ragsieve_reranker.json`` scores as its card says)
 ``hf:<id or dir>``            the same, named the way LLM specs name HF models
@@ -61,6 +63,17 @@ if TYPE_CHECKING:
     from ragsieve.rerank.calibration import Calibration
     from ragsieve.probe.model import ConfidenceProbe
 
+def load_cascade(arg: str, **kwargs: Any) -> BaseRanker:
+    """``cascade:<n>`` (over ``embedded:base``) or ``cascade:<n>:<reranker spec>``: a
+    :class:`~ragsieve.rerank.cascade.CascadeRanker` cross-encoding the best ``n`` candidates by cosine."""
+    from ragsieve.rerank.cascade import CascadeRanker
+
+    top, _, inner = (arg or "").partition(":")
+    if not top.isdigit() or int(top) < 1:
+        raise RagsieveError(f"cascade:{arg}: use cascade:<n>[:<reranker spec>] with n >= 1 candidates to cross-encode")
+    return CascadeRanker(load_reranker(inner or "embedded:base", whole_passages=False, **kwargs), int(top))
+
+
 #: reranker spec scheme → class or factory; a spec "scheme:arg" passes arg as the first argument
 #: (a URL passes itself whole, a bare folder is a cross-encoder).
 RERANKERS: dict[str, Callable[..., BaseRanker]] = {
@@ -74,6 +87,7 @@ RERANKERS: dict[str, Callable[..., BaseRanker]] = {
     "http": RemoteRanker,
     "https": RemoteRanker,
     "none": RetrievalOrder,
+    "cascade": load_cascade,
 }
 
 #: grader kind → class

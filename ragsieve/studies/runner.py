@@ -23,12 +23,14 @@ from rich.console import Console
 from ragsieve.config import StrictConfig, build_config, read_mapping
 from ragsieve.errors import RagsieveError
 from ragsieve.progress import showing_reports
+from ragsieve.studies.cascade import CascadeStudy
 from ragsieve.studies.cbdr_nq import CBDRExperiment
 from ragsieve.studies.evolve import EvolveExperiment
 from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep
 from ragsieve.studies.evolve_own_data import EvolveOwnDataStudy
 from ragsieve.studies.grader import GraderExperiment
 from ragsieve.studies.probe_nq import ProbeExperiment
+from ragsieve.studies.prune import PruneStudy
 from ragsieve.studies.rerank_align import RerankAlignExperiment
 from ragsieve.studies.rerank_align_guard import RerankAlignGuardStudy
 from ragsieve.studies.rerank_base import RerankBaseStudy
@@ -45,6 +47,8 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "evolve": EvolveExperiment,
     "evolve_m0_sweep": EvolveM0Sweep,
     "evolve_own_data": EvolveOwnDataStudy,
+    "prune": PruneStudy,
+    "cascade": CascadeStudy,
 }
 
 
