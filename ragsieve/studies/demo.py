@@ -3,8 +3,9 @@
 Builds a hybrid index over the NQ oracle passage pool and answers held-out NQ questions
 with the embedded SmolLM2 three ways: closed-book, plain top-k retrieval, and through the
 shipped default sieve (``embedded:default``: CBDR gate → rerank 20 candidates → grade →
-generate). Prints accuracy with 95 % intervals, the paired McNemar test of the sieve against
-plain top-k, and one question's stage-by-stage trace (what ``ask --explain`` shows), then
+prune → generate), and the same sieve with its passages whole (or pruned, ``prune_threshold``, when the
+sieve keeps them whole). Prints accuracy with 95 % intervals and prompt tokens, the paired McNemar test of
+the sieve against plain top-k and of pruned against whole passages, and one question's stage-by-stage trace (what ``ask --explain`` shows), then
 writes ``metrics.json`` plus every prediction (for auditing: question and context ids, the answer and
 whether it is right) to ``$RAGSIEVE_CACHE/demo``, so a
 demo run leaves the checkout untouched (``--config`` with ``out_dir: results/demo`` refreshes
@@ -40,6 +41,9 @@ class DemoConfig(StrictConfig):
     batch_size: int = 8
     data_dir: str | None = None
     sieve: str | None = "embedded:default"  # None: only closed-book and plain top-k
+    # the sieve's prune threshold (raw) for a "sieve_pruned" row when the sieve itself keeps passages whole;
+    # a sieve that prunes gets a "sieve_whole" row (the same sieve, pruning off) instead
+    prune_threshold: float | None = None
     out_dir: str = ""  # "" = $RAGSIEVE_CACHE/demo (outside the checkout)
 
 
@@ -80,7 +84,15 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     best_k = None  # fit's best plain top-k on dev, for a sieve it chose by answers
     if cfg.sieve and _sieve_fits(cfg, console):  # gate → rerank → grade, sharing the loaded LLM and index
         sieve_config = PipelineConfig(sieve=cfg.sieve, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
-        modes["sieve"] = (RAGPipeline.from_config(sieve_config, llm=pipe.llm, retriever=retriever), True)
+        sieved = RAGPipeline.from_config(sieve_config, llm=pipe.llm, retriever=retriever)
+        modes["sieve"] = (sieved, True)
+        # with and without sentence pruning: the same sieve, only the prune step differs
+        if sieved.pruner is not None:
+            modes["sieve_whole"] = (_with_pruner(sieved, None), True)
+        elif cfg.prune_threshold is not None and sieved.reranker is not None:
+            from ragsieve.prune import SentencePruner
+
+            modes["sieve_pruned"] = (_with_pruner(sieved, SentencePruner(sieved.reranker, cfg.prune_threshold)), True)
         selection = _fit_selection(cfg)
         best_k = selection.get("dev", {}).get("best_plain", {}).get("k")
         if best_k and best_k != cfg.top_k:  # fit's best plain configuration: the retriever's top k it chose on dev
@@ -113,9 +125,10 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
             hit = [bool(set(q.gold_passage_ids) & {p.id for p in a.contexts}) for q, a in zip(questions, answers)]
             m[f"gold_in_top{cfg.top_k}"] = sum(hit) / max(len(hit), 1)
             m["truncated_contexts"] = sum(a.truncated_contexts for a in answers)
-        if mode == "sieve":
+        if mode.startswith("sieve"):
             m["retrieval_rate"] = sum(a.retrieved for a in answers) / len(answers)
             m["graded_out_per_question"] = sum(a.graded_out for a in answers) / len(answers)
+        if mode == "sieve":
             traced = next((a for a in answers if a.retrieved and a.candidates), answers[0])
         metrics[mode] = m
         for q, a, right in zip(questions, answers, outcomes[mode]):
@@ -127,9 +140,14 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         versus = {"sieve_vs_rag": f"rag_top{cfg.top_k}"}
         if best_k:
             versus["sieve_vs_best_plain"] = f"rag_top{best_k}"
-        for name, plain in versus.items():
-            paired[name] = {**mcnemar_exact(outcomes["sieve"], outcomes[plain]).to_dict(), "plain": plain,
-                            "prompt_tokens": relative_mean_change(tokens["sieve"], tokens[plain])}
+        pairs = [("sieve", name, plain) for name, plain in versus.items()]
+        if "sieve_whole" in outcomes:
+            pairs.append(("sieve", "pruned_vs_whole", "sieve_whole"))
+        if "sieve_pruned" in outcomes:
+            pairs.append(("sieve_pruned", "pruned_vs_whole", "sieve"))
+        for mode, name, plain in pairs:
+            paired[name] = {**mcnemar_exact(outcomes[mode], outcomes[plain]).to_dict(), "mode": mode, "plain": plain,
+                            "prompt_tokens": relative_mean_change(tokens[mode], tokens[plain])}
 
     result = {
         "config": cfg.model_dump(),
@@ -168,8 +186,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     for t in paired.values():
         size = t["prompt_tokens"]
         low, high = size["ci95"]
-        console.print(f"sieve vs {t['plain']}, paired McNemar on the same {t['n']} questions: right only with the "
-                      f"sieve {t['a_only']}, only without {t['b_only']}, p = {t['p_value']:.3f} → "
+        console.print(f"{t.get('mode', 'sieve')} vs {t['plain']}, paired McNemar on the same {t['n']} questions: "
+                      f"right only with the first {t['a_only']}, only with the second {t['b_only']}, "
+                      f"p = {t['p_value']:.3f} → "
                       f"{verdict_in_words(t['verdict'])}; prompt tokens {size['a']:.0f} vs {size['b']:.0f}, "
                       f"{size['change']:+.0%} [{low:+.0%}, {high:+.0%}] (bootstrap over questions)")
     if traced is not None:
@@ -180,6 +199,15 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         console.print(traced.answer)
     console.print(f"wrote {out / 'metrics.json'} ({result['total_seconds']:.0f}s total)")
     return result
+
+
+def _with_pruner(pipe, pruner):
+    """The same pipeline (components shared) with another pruner (None: passages stay whole)."""
+    from copy import copy
+
+    other = copy(pipe)
+    other.pruner = pruner
+    return other
 
 
 def _fit_selection(cfg: DemoConfig) -> dict:

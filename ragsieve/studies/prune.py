@@ -1,0 +1,342 @@
+"""Sentence pruning against plain retrieval, by the LLM's answers (issue #61): ``experiments/prune.yaml``.
+
+Per dataset (NQ-oracle and HotpotQA, the questions and splits ``ragsieve fit`` refits use, so no question that
+trained ``embedded:base`` is held out here), over the same hybrid index:
+
+* the retriever's top k (plain, k in ``ks``) and the base reranker's top k (the shipped default is its top 1);
+* the base reranker's top k pruned to the sentences scoring at least a quantile of the **dev** sentence scores
+  (zero-shot ``title: sentence`` with the same reranker: what :class:`~ragsieve.prune.SentencePruner` does);
+* the gold sentences (NQ: the gold passage's sentences holding an answer; HotpotQA: the supporting facts),
+  the ceiling.
+
+Each row's test accuracy (Wilson 95 %), mean prompt tokens, and against the best plain configuration (chosen
+on dev): exact McNemar, the accuracy difference and the relative prompt-token change with paired-bootstrap
+intervals over questions. The LLM's answers are cached per prompt (the committed fit records are read too, so
+plain and default prompts are not asked again) and recorded text-free under ``out_dir/records``; sentence and
+candidate scores likewise: a rerun, or one after ``kill -9``, asks only what is missing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from ragsieve.config import StrictConfig
+from ragsieve.models.specs import DEFAULT_ENCODER
+
+log = logging.getLogger(__name__)
+
+
+class PruneStudyConfig(StrictConfig):
+    datasets: list[Literal["nq", "hotpotqa"]] = ["nq", "hotpotqa"]
+    llm: str = "embedded:smollm2-135m-instruct"
+    reranker: str = "embedded:base"
+    encoder: str = DEFAULT_ENCODER  # the index's (and HotpotQA's chunking's), as bench/fit.py builds it
+    candidates: int = Field(20, ge=1)
+    # passages per prompt: NQ questions are answered from one passage (top-3 halves SmolLM2's accuracy), HotpotQA
+    # questions need two
+    ks: dict[str, list[int]] = {"nq": [1, 2], "hotpotqa": [1, 2, 3]}
+    prune_quantiles: list[float] = [0.75, 0.9]
+    prune_max_sentences: list[int] = [1, 2]
+    # the refits' splits (bench/fit.py): NQ 241 / 326 / 519, HotpotQA 102 / 111 / 304
+    splits: dict[str, dict[str, float]] = {"nq": {"train": 0.2, "dev": 0.3, "test": 0.5},
+                                           "hotpotqa": {"train": 0.2, "dev": 0.18, "test": 0.62}}
+    # answers the fits already recorded (read only): their plain / reranked prompts are free here
+    fit_records: dict[str, str] = {"nq": "results/fit/nq/records", "hotpotqa": "results/fit/hotpotqa/records"}
+    max_prompt_tokens: int = 1024
+    max_new_tokens: int = 16
+    batch_size: int = 8
+    n_boot: int = 2000
+    alpha: float = Field(0.05, gt=0, lt=1)  # "measurably" for the frugal choice on dev and the tests on test
+    seed: int = 0
+    data_dir: str | None = None
+    max_questions: int = Field(0, ge=0, description="0: every question (a smoke run: fewer)")
+    # write the prune level chosen on this dataset's dev into the shipped default sieve (embedded:default,
+    # fitted on NQ), unless the pruned default answers measurably worse than the best plain one on test
+    ship_to: str | None = None
+    ship_from: Literal["nq", "hotpotqa"] = "nq"
+
+
+def _questions(dataset: str, config: PruneStudyConfig, work: Path):
+    """(questions, passages, index name): the fit's question set for ``dataset`` (see bench/fit.py)."""
+    from ragsieve.benchmarks.mining import trained_question_ids
+    from ragsieve.registry import reranker_folder
+
+    trained = trained_question_ids({"nq": "nq-oracle", "hotpotqa": "hotpotqa-distractor"}[dataset],
+                                   reranker_folder(config.reranker, "reranker"))
+    if dataset == "nq":
+        from ragsieve.data import held_out_questions, load_dataset
+
+        ds = load_dataset("nq-oracle", data_dir=config.data_dir)
+        skip = {q.id for q in held_out_questions(ds.questions, 0.2, 0)} | trained
+        return [q for q in ds.questions if q.id not in skip], ds.passages, "nq-oracle", ds
+    from ragsieve.benchmarks.mining import hotpot_1517
+    from ragsieve.retrieve import ChunkConfig, read_corpus
+
+    ds = hotpot_1517(config.data_dir)
+    corpus = work / "passages.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
+                              for p in ds.passages))
+    passages = read_corpus([corpus], ChunkConfig(tokenizer=config.encoder))
+    return [q for q in ds.questions if q.id not in trained], passages, ds.name, ds
+
+
+def _gold_sentences(dataset: str, questions, ds, config: PruneStudyConfig) -> dict[str, list]:
+    """Question id → the gold sentences as passages (title, sentence): the ceiling row's context."""
+    from ragsieve.data.records import Passage
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.prune import split_sentences
+
+    out: dict[str, list] = {}
+    if dataset == "nq":
+        pool = {p.id: p for p in ds.passages}
+        for q in questions:
+            gold = [pool[i] for i in q.gold_passage_ids if i in pool]
+            picked = [Passage(f"{p.id}#{a}", p.text[a:b], p.title) for p in gold for a, b in split_sentences(p.text)
+                      if contains_answer(p.text[a:b], q.answers)]
+            out[q.id] = picked or gold
+        return out
+    from ragsieve.benchmarks.mining import HOTPOT_1517
+    from ragsieve.data.loaders import default_data_dir
+
+    wanted = {q.id for q in questions}
+    with gzip.open(Path(config.data_dir or default_data_dir()) / HOTPOT_1517, "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["_id"] not in wanted:
+                continue
+            context = {title: sents for title, sents in row["context"]}
+            out[row["_id"]] = [Passage(f"{t}#{i}", context[t][i].strip(), t) for t, i in row["supporting_facts"]
+                               if t in context and i < len(context[t])]
+    return out
+
+
+def _row(name: str, correct, tokens) -> dict[str, Any]:
+    from ragsieve.eval.classification import accuracy_interval
+
+    hits, n = int(np.sum(correct)), len(correct)
+    return {"name": name, "n": n, "accuracy": hits / n, "ci95": list(accuracy_interval(hits, n)),
+            "prompt_tokens": float(np.mean(tokens)), "correct": [int(x) for x in correct],
+            "tokens_each": [int(t) for t in tokens]}
+
+
+def _vs(row: dict, base: dict, config: PruneStudyConfig) -> dict[str, Any]:
+    from ragsieve.eval.stats import relative_mean_change
+    from ragsieve.fit.select import compare
+
+    acc = compare(row["correct"], base["correct"], n_boot=config.n_boot, seed=config.seed)
+    tokens = relative_mean_change(row["tokens_each"], base["tokens_each"], n_boot=config.n_boot, seed=config.seed)
+    return {"accuracy_diff": acc["diff"], "accuracy_ci95": acc["ci95"], "mcnemar_p": acc["p_value"],
+            "a_only": acc["a_only"], "b_only": acc["b_only"], "measurably_worse": acc["measurably_worse"],
+            "prompt_tokens_change": tokens}
+
+
+def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, builder) -> dict[str, Any]:
+    """Every row of the study on ``dataset``'s test questions (thresholds from its dev questions)."""
+    from ragsieve.data.qa_files import split_questions
+    from ragsieve.data.score_records import PairScores
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.fit.config import SelectConfig
+    from dataclasses import replace
+
+    from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection, choose
+    from ragsieve.prompts import first_line
+    from ragsieve.prune import SentencePruner
+    from ragsieve.registry import load_reranker, reranker_scores_key
+    from ragsieve.retrieve.cached import build_or_load_index
+
+    work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
+    work.mkdir(parents=True, exist_ok=True)
+    records = out_dir / "records" / dataset
+    records.mkdir(parents=True, exist_ok=True)
+    questions, passages, index_name, ds = _questions(dataset, config, work)
+    if config.max_questions:
+        questions = questions[: config.max_questions]
+    splits = split_questions(questions, config.splits[dataset], config.seed)
+    dev, test = splits["dev"], splits["test"]
+    log.info("prune %s: %d questions, dev %d, test %d; index over %d passages", dataset, len(questions), len(dev),
+             len(test), len(passages))
+    index, _ = build_or_load_index(index_name, passages, "hybrid", config.encoder)
+    asked = dev + test
+    hits = index.search_batch([q.text for q in asked], k=config.candidates)
+    candidates = {q.id: [h.passage for h in row] for q, row in zip(asked, hits)}
+
+    reranker = load_reranker(config.reranker)
+    key = reranker_scores_key(config.reranker)
+    cand_store = PairScores(records / "scores", "candidates", {"scoring_key": key})
+    sent_store = PairScores(records / "sentences", "sentences", {"scoring_key": key, "unit": "title: sentence"})
+    cache = AnswerCache(work / "answers.sqlite", llm, builder, max_new_tokens=config.max_new_tokens,
+                        batch_size=config.batch_size, records=records / "answers.jsonl")
+    fit_answers = Path(config.fit_records.get(dataset, "")) / "answers.jsonl"
+    cache.import_records(fit_answers)
+    ks = config.ks[dataset]
+    select = SelectConfig(ks=ks, plain_ks=ks, prune_quantiles=config.prune_quantiles,
+                          prune_max_sentences=config.prune_max_sentences, race=False)
+    selection = Selection(builder, cache, candidates, select, pruner=SentencePruner(reranker),
+                          sentence_store=sent_store,
+                          progress=lambda done, total: log.info("prune %s: answers %d / %d", dataset, done, total))
+    selection.add_ranking(RETRIEVER, asked)
+    base_rows: dict[str, list[tuple[int, float]]] = {}
+    for n, q in enumerate(asked):
+        ids = [p.id for p in candidates[q.id]]
+        scores = cand_store.lookup(q.id, ids)
+        if scores is None:
+            scores = [float(s) for s in reranker.score(q.text, candidates[q.id])]
+            cand_store.add([(q.id, i, s) for i, s in zip(ids, scores)])
+        order = np.argsort(-np.asarray(scores), kind="stable")
+        base_rows[q.id] = [(int(i), float(scores[i])) for i in order]
+        if n % 50 == 0:
+            log.info("prune %s: reranked %d / %d", dataset, n, len(asked))
+    selection.rankings[config.reranker] = base_rows
+    levels = selection.prune_levels([config.reranker], dev)
+    log.info("prune %s: thresholds from dev sentence scores %s", dataset, levels)
+
+    plain = selection.plain(ks)
+    dev_plain = selection.evaluate(plain, dev)
+    best_plain = max(dev_plain, key=lambda r: (r["correct_count"], -r["prompt_tokens"]))["choice"]
+    # the shipped default's configuration (the base reranker's top 1) and its prune threshold chosen on dev as fit
+    # chooses with objective frugal: the fewest prompt tokens not measurably less accurate (exact McNemar)
+    default = Choice(1, config.reranker)
+    default_pruned = [replace(default, prune_threshold=t, prune_max=n, prune=name) for t, n, name in levels]
+    dev_default = selection.evaluate([default] + default_pruned, dev)
+    chosen = choose(dev_default, "frugal", alpha=config.alpha)
+    reranked = [Choice(k, config.reranker) for k in ks]
+    pruned = [Choice(k, config.reranker, prune_threshold=t, prune_max=n, prune=name)
+              for k in ks for t, n, name in levels]
+    choices = [Choice(0)] + plain + reranked + pruned
+    rows = {}
+    for choice, row in zip(choices, selection.evaluate(choices, test)):
+        rows[choice.name] = _row(choice.name, row["correct"], row["tokens_each"])
+        rows[choice.name]["choice"] = choice.to_dict()
+    gold = _gold_sentences(dataset, test, ds, config)
+    texts = [builder.with_context(q.text, gold[q.id]).text for q in test]
+    answers = cache.answers(texts)
+    correct = [int(contains_answer(first_line(a), q.answers)) for (a, _), q in zip(answers, test)]
+    rows["gold sentences"] = _row("gold sentences", correct, [builder.prompt_tokens(t) for t in texts])
+    base = rows[best_plain.name]
+    for row in rows.values():
+        if row is not base:
+            row["vs_best_plain"] = _vs(row, base, config)
+    cache.close()
+    chosen_row = rows.get(chosen["name"]) if chosen["prune"] != "off" else rows[default.name]
+    return {"n_questions": {k: len(v) for k, v in splits.items()}, "n_test": len(test),
+            "best_plain": best_plain.name, "best_plain_from": "dev accuracy (ties: fewer tokens)",
+            "default": default.name,
+            "default_prune_choice": {"chosen": chosen["name"], "prune": chosen["prune"],
+                                     "prune_threshold": chosen["prune_threshold"], "prune_max": chosen["prune_max"],
+                                     "objective": "frugal",
+                                     "alpha": config.alpha,
+                                     "dev": [{k: r[k] for k in ("name", "n", "accuracy", "ci95", "prompt_tokens")}
+                                             for r in dev_default]},
+            "prune_levels": [{"name": name, "max_sentences": n, "raw": t,
+                              "unit": None if t is None else float(reranker.unit_scores([t])[0])}
+                             for t, n, name in levels],
+            "dev_plain": {r["name"]: {"accuracy": r["accuracy"], "n": r["n"]} for r in dev_plain},
+            "default_pruned_on_test": chosen_row["name"],
+            "rows": rows}
+
+
+def public(result: dict[str, Any]) -> dict[str, Any]:
+    """The result without per-question outcomes (those stay in ``rows.jsonl``)."""
+    rows = {name: {k: v for k, v in r.items() if k not in ("correct", "tokens_each")}
+            for name, r in result["rows"].items()}
+    return {**result, "rows": rows}
+
+
+def write_report(out_dir: Path, results: dict[str, dict[str, Any]]) -> None:
+    lines = ["# Sentence pruning against plain retrieval (issue #61)", "",
+             "Generated by `ragsieve run experiments/prune.yaml` (`ragsieve/studies/prune.py`); numbers from "
+             "`metrics.json`. SmolLM2-135M-Instruct answers; containment accuracy; prompt tokens in its tokenizer. "
+             "Each row against the best plain configuration (the retriever's top k best on dev): accuracy "
+             "difference and relative prompt-token change with paired-bootstrap 95 % intervals over questions, "
+             "exact McNemar p.", ""]
+    for dataset, res in results.items():
+        if dataset == "shipped":
+            continue
+        lines += [f"## {dataset}: test n = {res['n_test']}, best plain = {res['best_plain']}", "",
+                  "| configuration | accuracy [95 % CI] | prompt tokens | Δ accuracy vs best plain [95 % CI] | "
+                  "McNemar p | Δ tokens vs best plain [95 % CI] |", "|---|---|---|---|---|---|"]
+        for name, r in res["rows"].items():
+            vs = r.get("vs_best_plain")
+            acc = f"{r['accuracy']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+            if vs:
+                t = vs["prompt_tokens_change"]
+                d = (f"{vs['accuracy_diff']:+.3f} [{vs['accuracy_ci95'][0]:+.3f}, {vs['accuracy_ci95'][1]:+.3f}] | "
+                     f"{vs['mcnemar_p']:.3g} | {t['change']:+.1%} [{t['ci95'][0]:+.1%}, {t['ci95'][1]:+.1%}]")
+            else:
+                d = "(baseline) | | "
+            lines.append(f"| {name} | {acc} | {r['prompt_tokens']:.0f} | {d} |")
+        pc = res["default_prune_choice"]
+        lines += ["", f"The default's prune level chosen on dev (n = {pc['dev'][0]['n']}, objective frugal): "
+                  f"**{pc['chosen']}**. Dev rows: " + "; ".join(
+                      f"{r['name']} {r['accuracy']:.3f} at {r['prompt_tokens']:.0f} tokens" for r in pc["dev"])]
+        lines += ["", "Prune levels: bestN keeps each passage's N best sentences; qX keeps the sentences at or above "
+                  "the X quantile of the dev sentence scores (raw, and on the [0, 1] scale): " +
+                  ", ".join(f"{t['name']} = {t['raw']:.2f} ({t['unit']:.3f})" for t in res["prune_levels"]
+                            if t["raw"] is not None), ""]
+    shipped = results.get("shipped")
+    if shipped:
+        vs = shipped["vs_best_plain"] or {}
+        lines += ["## The shipped default", "",
+                  f"`embedded:default` (the base reranker's top 1 of 20) with the prune level chosen on NQ dev: "
+                  f"**{shipped['chosen_on_dev']}** → {'shipped' if shipped['shipped'] else 'not shipped'}"
+                  + (" (measurably worse than the best plain configuration on test)"
+                     if shipped["measurably_worse_than_best_plain"] else "") + "."]
+    (out_dir / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def ship_default(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
+    """The default sieve in ``folder`` with the prune level its dataset's dev chose, recorded with the test
+    comparison, unless that answers measurably worse than the best plain configuration on test (then the sieve
+    is left as it is). Returns what was decided."""
+    from ragsieve.pipeline.sieve_config import SIEVE_FILE, read_sieve_config
+
+    choice = result["default_prune_choice"]
+    tested = result["rows"][result["default_pruned_on_test"]]
+    vs = tested.get("vs_best_plain")
+    harm = bool(vs and vs["measurably_worse"])
+    decision = {"chosen_on_dev": choice["chosen"], "test_row": tested["name"], "measurably_worse_than_best_plain":
+                harm, "shipped": not harm and choice["prune"] != "off",
+                "test": {k: tested[k] for k in ("n", "accuracy", "ci95", "prompt_tokens")},
+                "vs_best_plain": vs, "best_plain": result["best_plain"], "source": "results/prune/metrics.json"}
+    if decision["shipped"]:
+        config = read_sieve_config(folder)
+        metrics = {**config.metrics, "prune": decision}
+        updated = config.model_copy(update={"format_version": 3, "prune_threshold": choice["prune_threshold"],
+                                            "prune_max_sentences": choice["prune_max"], "metrics": metrics})
+        path = Path(folder) / SIEVE_FILE
+        path.write_text(updated.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return decision
+
+
+class PruneStudy:
+    Config = PruneStudyConfig
+
+    def run(self, config: PruneStudyConfig, out_dir: Path, console) -> dict:
+        from ragsieve.models import load_local_llm
+        from ragsieve.prompts.builder import PromptBuilder
+        from ragsieve.studies.common import write_json
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        llm = load_local_llm(config.llm)
+        builder = PromptBuilder(llm, None, config.max_prompt_tokens)
+        results = {}
+        for dataset in config.datasets:
+            result = run_dataset(dataset, config, out_dir, llm, builder)
+            with open(out_dir / f"rows_{dataset}.jsonl", "w", encoding="utf-8") as f:
+                for r in result["rows"].values():
+                    f.write(json.dumps({k: r[k] for k in ("name", "correct", "tokens_each")}) + "\n")
+            results[dataset] = public(result)
+            write_json(out_dir / "metrics.json", results)
+            write_report(out_dir, results)
+        if config.ship_to and config.ship_from in results:
+            results["shipped"] = ship_default(results[config.ship_from], config.ship_to)
+            write_json(out_dir / "metrics.json", results)
+            write_report(out_dir, results)
+        return results
