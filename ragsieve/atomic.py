@@ -40,11 +40,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ragsieve.errors import RagsieveError
 
 __all__ = ["atomic_directory", "atomic_file", "current_umask", "partial_path", "remove_stale_siblings",
-           "resumable_directory"]
+           "resumable_directory", "write_json_atomic"]
 
 #: leftovers of the temp-dir code this module replaced (no pid in the name): removed once
 #: they are this old, since no build runs that long
@@ -245,3 +246,11 @@ def atomic_file(target: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, indent: int = 1) -> None:
+    """``data`` as JSON in ``path``, atomically: a reader (or a rerun after a kill) never sees half a file."""
+    import json
+
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=indent) + "\n")

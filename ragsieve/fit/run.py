@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ragsieve.atomic import atomic_file
+from ragsieve.atomic import write_json_atomic
 from ragsieve.data.records import Passage, Question
 from ragsieve.errors import RagsieveError
 from ragsieve.fit.config import FitConfig, gate_budget
@@ -68,8 +68,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def _write_json(path: Path, data: Any) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
+    write_json_atomic(path, data)
 
 
 def _read_json(path: Path) -> Any:

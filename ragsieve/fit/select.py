@@ -95,14 +95,10 @@ class AnswerCache:
         return hashlib.sha256(json.dumps(ident).encode()).hexdigest()
 
     def _stored(self, keys: Sequence[str]) -> dict[str, tuple[str, float]]:
-        out: dict[str, tuple[str, float]] = {}
-        keys = list(keys)
-        for lo in range(0, len(keys), 500):  # SQLite caps the parameters of one statement
-            chunk = keys[lo : lo + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(f"SELECT key, answer, seconds FROM answers WHERE key IN ({marks})", chunk)
-            out.update({k: (a, s) for k, a, s in rows})
-        return out
+        from ragsieve.data.sqlite_keys import rows_with_keys
+
+        query = "SELECT key, answer, seconds FROM answers WHERE key IN ({marks})"
+        return {k: (a, s) for k, a, s in rows_with_keys(self._db, query, keys)}
 
     def answers(self, texts: Sequence[str], progress: Optional[Callable[[int, int], None]] = None
                 ) -> list[tuple[str, float]]:

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ragsieve.artifacts import cache_rebuild, sqlite_error
+from ragsieve.data.sqlite_keys import rows_with_keys
 
 
 class StateCache:
@@ -45,23 +46,15 @@ class StateCache:
     def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         with self._sqlite_errors():
-            for lo in range(0, len(keys), 500):  # SQLite caps bound parameters
-                chunk = list(keys[lo : lo + 500])
-                marks = ",".join("?" * len(chunk))
-                query = f"SELECT key, dim, data FROM states WHERE key IN ({marks})"
-                for key, dim, data in self._db.execute(query, chunk):
-                    out[key] = np.frombuffer(data, dtype=np.float32, count=dim).copy()
+            query = "SELECT key, dim, data FROM states WHERE key IN ({marks})"
+            for key, dim, data in rows_with_keys(self._db, query, keys):
+                out[key] = np.frombuffer(data, dtype=np.float32, count=dim).copy()
         return out
 
     def has_many(self, keys: Sequence[str]) -> set[str]:
         """The keys already stored (reads no vectors: a resume check over a large cache stays cheap)."""
-        out: set[str] = set()
         with self._sqlite_errors():
-            for lo in range(0, len(keys), 500):
-                chunk = list(keys[lo : lo + 500])
-                marks = ",".join("?" * len(chunk))
-                out.update(k for (k,) in self._db.execute(f"SELECT key FROM states WHERE key IN ({marks})", chunk))
-        return out
+            return {k for (k,) in rows_with_keys(self._db, "SELECT key FROM states WHERE key IN ({marks})", keys)}
 
     def put_many(self, items: Mapping[str, np.ndarray]) -> None:
         rows = [(k, int(v.shape[-1]), np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]

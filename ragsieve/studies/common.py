@@ -52,10 +52,9 @@ def markdown_rows(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[
 
 def write_json(path: Path, data: Any, indent: int = 1) -> None:
     """Atomic: a reader (or a rerun after a kill) never sees half a file."""
-    from ragsieve.atomic import atomic_file
+    from ragsieve.atomic import write_json_atomic
 
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    write_json_atomic(path, data, indent)
 
 
 def plot_sweep(sweep: list[dict], path: Path, closed_book_accuracy: float, oracle: dict | None = None) -> None:

@@ -762,9 +762,9 @@ def _test_record(pairs_file: Path, data_key: str) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)  # atomic: a crash never leaves a half-written result to be trusted
+    from ragsieve.atomic import write_json_atomic
+
+    write_json_atomic(path, data, indent=2)  # a crash never leaves a half-written result to be trusted
 
 
 def _print_table(console: Console, results: dict[str, dict], test: _Split) -> None:
