@@ -204,11 +204,12 @@ def test_truncated_student_keeps_the_first_layers_and_the_head(tmp_path, teacher
     assert float(fresh.classifier.bias.abs().max()) == 0.0
 
 
-def test_embedded_fast_is_one_line_until_shipped():
+def test_embedded_fast_is_the_default_behind_a_cascade_until_a_student_ships():
     from ragsieve.registry import load_reranker
+    from ragsieve.rerank.cascade import FAST_TOP, CascadeRanker
 
-    with pytest.raises(ModelNotAvailable, match="rerank_distill.yaml.*use embedded:base, or bi-encoder"):
-        load_reranker("embedded:fast")
+    fast = load_reranker("embedded:fast", whole_passages=False)
+    assert isinstance(fast, CascadeRanker) and fast.top == FAST_TOP
     with pytest.raises(ModelNotAvailable, match="known: base, fast"):
         load_reranker("embedded:nope")
 

@@ -24,6 +24,10 @@ from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.rerank.base import BaseRanker, as_passages
 
+#: candidates ``embedded:fast`` cross-encodes per query: the smallest n within 0.01 nDCG@10 of ``embedded:base`` on
+#: dev lists of all six in-domain sets (``experiments/cascade.yaml``, ``results/cascade/``)
+FAST_TOP = 12
+
 
 class CascadeRanker(BaseRanker):
     """Cosine for every candidate, ``reranker`` for the ``top`` best of each query (see the module doc)."""

@@ -195,8 +195,8 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
                               backend=backend or "torch")
 
 
-#: the rerankers ``embedded:<name>`` names → their folder under ``ragsieve/assets/``. ``fast`` is the
-#: small single-forward student of ``experiments/rerank_distill.yaml``; it exists once that study ships it.
+#: the rerankers ``embedded:<name>`` names → their folder under ``ragsieve/assets/``. ``fast`` is ``base`` behind a
+#: cascade (:mod:`ragsieve.rerank.cascade`) until ``experiments/rerank_distill.yaml`` ships a student into its folder.
 EMBEDDED_RERANKERS = {"base": "base-reranker", "fast": "fast-reranker"}
 
 
@@ -217,6 +217,11 @@ def load_embedded_reranker(name: str = "base", **kwargs) -> BaseRanker:
         load_embedded_reranker("base").top_k("who wrote hamlet", ["Shakespeare wrote it.", "Paris"], 1)
     """
     folder = embedded_reranker_dir(name)
+    if name == "fast" and not (folder / CARD).is_file():
+        # no distilled student shipped: the default behind a cascade (the cross-encoder for the best FAST_TOP)
+        from ragsieve.rerank.cascade import FAST_TOP, CascadeRanker
+
+        return CascadeRanker(load_embedded_reranker("base", **kwargs), FAST_TOP)
     if not (folder / CARD).is_file():
         if name == "base":
             raise ModelNotAvailable(f"embedded:base is not in {folder}: reinstall ragsieve")
