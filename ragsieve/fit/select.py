@@ -289,11 +289,12 @@ class Selection:
                     for placement in (placements if k > 1 else ["best_first"]):
                         for beta, gate in betas:
                             choices.append(Choice(k, source, threshold, grade, placement, beta, gate))
-                        # pruned, ungated: the gate and pruning answer different questions (whether to read,
-                        # how much of each passage), and crossing them would multiply the grid for a rare win
+                        # pruned, not crossed with the gate choices: the gate and pruning answer different
+                        # questions (whether to read, how much of each passage), and crossing them would multiply
+                        # the grid for a rare win. betas[0] is "off", or the user's budget, which binds them all.
                         for prune_threshold, prune_max, prune in prunes:
-                            choices.append(Choice(k, source, threshold, grade, placement, prune_threshold=prune_threshold,
-                                                  prune_max=prune_max, prune=prune))
+                            choices.append(Choice(k, source, threshold, grade, placement, *betas[0],
+                                                  prune_threshold=prune_threshold, prune_max=prune_max, prune=prune))
         return choices
 
     def prune_levels(self, sources: Sequence[str], dev: Sequence[Question]

@@ -365,6 +365,12 @@ def load_store_index(url: str) -> "PgVectorRetriever":
     return PgVectorRetriever(url, manifest)
 
 
+def _stored_array(value: Any) -> np.ndarray:
+    """A ``vector`` column as float32: pgvector's adapter yields a ``Vector``, which numpy cannot read directly."""
+    to_numpy = getattr(value, "to_numpy", None)
+    return np.asarray(to_numpy() if to_numpy is not None else value, dtype=np.float32)
+
+
 class PgVectorRetriever(Retriever):
     """Dense retrieval over a pgvector table (cosine similarity; see the module doc).
 
@@ -491,7 +497,7 @@ class PgVectorRetriever(Retriever):
                 for cursor in cursors:
                     out.append([  # each passage carries its stored vector: a reranker's cosine need not encode it
                         Hit(with_stored_vector(Passage(id=r[0], text=r[2], title=r[1], meta=r[3] or {}),
-                                               np.asarray(r[5], dtype=np.float32), self.encoder_spec),
+                                               _stored_array(r[5]), self.encoder_spec),
                             score=1.0 - float(r[4]), rank=i)
                         for i, r in enumerate(cursor.fetchall())
                     ])
