@@ -117,6 +117,95 @@ def _gold_sentences(dataset: str, questions, ds, config: PruneStudyConfig) -> di
     return out
 
 
+def _gold_paragraphs(dataset: str, questions, ds, config: PruneStudyConfig) -> dict[str, list[tuple[Any, list]]]:
+    """Question id → [(gold passage, its gold sentences as character spans)]: NQ's gold passage and the sentences
+    of it that hold an answer; HotpotQA's supporting paragraphs (as the corpus joins their sentences) and the
+    supporting-fact sentences."""
+    from ragsieve.data.records import Passage
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.prune import split_sentences
+
+    out: dict[str, list] = {}
+    if dataset == "nq":
+        pool = {p.id: p for p in ds.passages}
+        for q in questions:
+            golds = [pool[i] for i in q.gold_passage_ids if i in pool]
+            out[q.id] = [(p, [s for s in split_sentences(p.text) if contains_answer(p.text[s[0]:s[1]], q.answers)])
+                         for p in golds]
+            out[q.id] = [(p, spans) for p, spans in out[q.id] if spans]
+        return out
+    from ragsieve.benchmarks.mining import HOTPOT_1517
+    from ragsieve.data.loaders import default_data_dir
+
+    wanted = {q.id for q in questions}
+    with gzip.open(Path(config.data_dir or default_data_dir()) / HOTPOT_1517, "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["_id"] not in wanted:
+                continue
+            facts: dict[str, set[int]] = {}
+            for title, i in row["supporting_facts"]:
+                facts.setdefault(title, set()).add(i)
+            paragraphs = []
+            for title, sents in row["context"]:
+                if title not in facts:
+                    continue
+                joined = "".join(sents)
+                lead = len(joined) - len(joined.lstrip())  # hotpot_1517 strips the joined paragraph
+                spans, pos = [], 0
+                for i, sent in enumerate(sents):
+                    if i in facts[title] and sent.strip():
+                        start = joined.index(sent, pos) + (len(sent) - len(sent.lstrip())) - lead
+                        spans.append((start, start + len(sent.strip())))
+                    pos += len(sent)
+                paragraphs.append((Passage(title, joined.strip(), title), spans))
+            out[row["_id"]] = [(p, s) for p, s in paragraphs if s]
+    return out
+
+
+def sentence_recall(dataset: str, questions, ds, config: PruneStudyConfig, pruner, levels, store,
+                    ) -> dict[str, Any]:
+    """Recall of the gold sentences inside the gold passages at each prune level, against how much of those
+    passages is kept (characters): the zero-shot scorer's curve, per question with a bootstrap over questions.
+    A gold sentence counts as kept when kept spans cover at least half of it."""
+    from ragsieve.eval.stats import bootstrap_metric
+
+    gold = _gold_paragraphs(dataset, questions, ds, config)
+    asked = [q for q in questions if gold.get(q.id)]
+    scored = []
+    for q in asked:
+        passages = [p for p, _ in gold[q.id]]
+        layout = pruner.layout(q.text, passages)
+        ids = [p.id for p in layout.pairs]
+        got = store.lookup(q.id, ids) if store is not None else None
+        if got is None:
+            got = [float(x) for x in pruner.score(layout)]
+            if store is not None:
+                store.add([(q.id, i, x) for i, x in zip(ids, got)])
+        scored.append((q, layout, np.asarray(got, float)))
+    out: dict[str, Any] = {"n_questions": len(asked), "levels": {}}
+    for t, n, name in [(float("-inf"), None, "whole")] + list(levels):
+        recall, kept_share = [], []
+        for q, layout, scores in scored:
+            cut = pruner.at(t, n).decide(layout, scores, threshold=t if t is not None else None)
+            hit = total = 0
+            kept_chars = all_chars = 0
+            for (passage, spans), pruned in zip(gold[q.id], cut):
+                kept = pruned.kept_spans
+                for a, b in spans:
+                    covered = sum(max(0, min(b, y) - max(a, x)) for x, y in kept)
+                    hit += covered >= (b - a) / 2
+                    total += 1
+                kept_chars += sum(y - x for x, y in kept)
+                all_chars += sum(y - x for x, y in pruned.spans)
+            recall.append(hit / total)
+            kept_share.append(kept_chars / max(all_chars, 1))
+        r, lo, hi = bootstrap_metric(np.mean, np.asarray(recall), n_boot=config.n_boot, seed=config.seed)
+        c, clo, chi = bootstrap_metric(np.mean, np.asarray(kept_share), n_boot=config.n_boot, seed=config.seed)
+        out["levels"][name] = {"recall": r, "recall_ci95": [lo, hi], "kept_share": c, "kept_share_ci95": [clo, chi]}
+    return out
+
+
 def _row(name: str, correct, tokens) -> dict[str, Any]:
     from ragsieve.eval.classification import accuracy_interval
 
@@ -137,8 +226,12 @@ def _vs(row: dict, base: dict, config: PruneStudyConfig) -> dict[str, Any]:
             "prompt_tokens_change": tokens}
 
 
-def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, builder) -> dict[str, Any]:
-    """Every row of the study on ``dataset``'s test questions (thresholds from its dev questions)."""
+def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, builder,
+                shipped: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every row of the study on ``dataset``'s test questions (thresholds from its dev questions).
+
+    ``shipped``: the prune level another dataset's dev chose for the shipped default (its ``default_prune_choice``),
+    tested here as the row ``SHIPPED_ROW`` — what a user of the default gets on this data."""
     from ragsieve.data.qa_files import split_questions
     from ragsieve.data.score_records import PairScores
     from ragsieve.eval.qa import contains_answer
@@ -210,6 +303,9 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     pruned = [Choice(k, config.reranker, prune_threshold=t, prune_max=n, prune=name)
               for k in ks for t, n, name in levels]
     choices = [Choice(0)] + plain + reranked + pruned
+    if shipped is not None:
+        choices.append(Choice(1, config.reranker, prune_threshold=shipped["prune_threshold"],
+                              prune_max=shipped["prune_max"], prune=f"as shipped ({shipped['prune']})"))
     rows = {}
     for choice, row in zip(choices, selection.evaluate(choices, test)):
         rows[choice.name] = _row(choice.name, row["correct"], row["tokens_each"])
@@ -224,6 +320,8 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
         if row is not base:
             row["vs_best_plain"] = _vs(row, base, config)
     cache.close()
+    recall = sentence_recall(dataset, test, ds, config, SentencePruner(reranker), levels,
+                             PairScores(records / "gold-sentences", "sentences", {"scoring_key": key}))
     chosen_row = rows.get(chosen["name"]) if chosen["prune"] != "off" else rows[default.name]
     return {"n_questions": {k: len(v) for k, v in splits.items()}, "n_test": len(test),
             "best_plain": best_plain.name, "best_plain_from": "dev accuracy (ties: fewer tokens)",
@@ -239,6 +337,7 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
                              for t, n, name in levels],
             "dev_plain": {r["name"]: {"accuracy": r["accuracy"], "n": r["n"]} for r in dev_plain},
             "default_pruned_on_test": chosen_row["name"],
+            "gold_sentence_recall": recall,
             "rows": rows}
 
 
@@ -272,6 +371,14 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]]) -> None:
             else:
                 d = "(baseline) | | "
             lines.append(f"| {name} | {acc} | {r['prompt_tokens']:.0f} | {d} |")
+        rec = res.get("gold_sentence_recall")
+        if rec:
+            lines += ["", f"Gold-sentence recall inside the gold passages (zero-shot `embedded:base` sentence scores, "
+                      f"{rec['n_questions']} test questions; a gold sentence is kept when kept spans cover half of it):",
+                      "", "| level | recall [95 % CI] | share of the passage kept [95 % CI] |", "|---|---|---|"]
+            for name, r in rec["levels"].items():
+                lines.append(f"| {name} | {r['recall']:.3f} [{r['recall_ci95'][0]:.3f}, {r['recall_ci95'][1]:.3f}] | "
+                             f"{r['kept_share']:.3f} [{r['kept_share_ci95'][0]:.3f}, {r['kept_share_ci95'][1]:.3f}] |")
         pc = res["default_prune_choice"]
         lines += ["", f"The default's prune level chosen on dev (n = {pc['dev'][0]['n']}, objective frugal): "
                   f"**{pc['chosen']}**. Dev rows: " + "; ".join(
@@ -282,29 +389,56 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]]) -> None:
                             if t["raw"] is not None), ""]
     shipped = results.get("shipped")
     if shipped:
-        vs = shipped["vs_best_plain"] or {}
         lines += ["## The shipped default", "",
-                  f"`embedded:default` (the base reranker's top 1 of 20) with the prune level chosen on NQ dev: "
-                  f"**{shipped['chosen_on_dev']}** → {'shipped' if shipped['shipped'] else 'not shipped'}"
-                  + (" (measurably worse than the best plain configuration on test)"
-                     if shipped["measurably_worse_than_best_plain"] else "") + "."]
+                  f"`embedded:default` (the base reranker's top 1 of 20) with the prune level chosen on "
+                  f"{shipped['chosen_on']} dev, **{shipped['chosen_on_dev']}** (raw threshold "
+                  f"{shipped['prune_threshold'] if shipped['prune_threshold'] is not None else 'none'}, "
+                  f"sentence cap {shipped['prune_max'] or 'none'}) → "
+                  f"{'shipped' if shipped['shipped'] else 'not shipped'}"
+                  + (" (measurably worse than the best plain configuration on a test set)"
+                     if shipped["measurably_worse_than_best_plain"] else "") + ". On each test set:", "",
+                  "| dataset | n | accuracy [95 % CI] | best plain | Δ accuracy [95 % CI] | McNemar p | "
+                  "Δ prompt tokens [95 % CI] |", "|---|---|---|---|---|---|---|"]
+        for dataset, t in shipped["test"].items():
+            vs = t["vs_best_plain"]
+            tc = vs["prompt_tokens_change"]
+            lines.append(f"| {dataset} | {t['n']} | {t['accuracy']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] | "
+                         f"{t['best_plain']} | {vs['accuracy_diff']:+.3f} [{vs['accuracy_ci95'][0]:+.3f}, "
+                         f"{vs['accuracy_ci95'][1]:+.3f}] | {vs['mcnemar_p']:.3g} | "
+                         f"{tc['change']:+.1%} [{tc['ci95'][0]:+.1%}, {tc['ci95'][1]:+.1%}] |")
+        lines.append("")
     (out_dir / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def ship_default(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
-    """The default sieve in ``folder`` with the prune level its dataset's dev chose, recorded with the test
-    comparison, unless that answers measurably worse than the best plain configuration on test (then the sieve
-    is left as it is). Returns what was decided."""
+def shipped_rows(results: dict[str, dict[str, Any]], ship_from: str) -> dict[str, dict[str, Any]]:
+    """Per dataset, the test row of the shipped default: on ``ship_from`` the level its dev chose, elsewhere the row
+    that tested that same level (``as shipped``)."""
+    out = {}
+    for dataset, res in results.items():
+        if dataset == "shipped":
+            continue
+        if dataset == ship_from:
+            out[dataset] = res["rows"][res["default_pruned_on_test"]]
+        else:
+            out.update({dataset: r for name, r in res["rows"].items() if "as shipped" in name})
+    return out
+
+
+def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str | Path) -> dict[str, Any]:
+    """The default sieve in ``folder`` with the prune level ``ship_from``'s dev chose, recorded with the test
+    comparison on every dataset, unless it answers measurably worse than the best plain configuration on any of
+    them (then the sieve is left as it is). Returns what was decided."""
     from ragsieve.pipeline.sieve_config import SIEVE_FILE, read_sieve_config
 
-    choice = result["default_prune_choice"]
-    tested = result["rows"][result["default_pruned_on_test"]]
-    vs = tested.get("vs_best_plain")
-    harm = bool(vs and vs["measurably_worse"])
-    decision = {"chosen_on_dev": choice["chosen"], "test_row": tested["name"], "measurably_worse_than_best_plain":
-                harm, "shipped": not harm and choice["prune"] != "off",
-                "test": {k: tested[k] for k in ("n", "accuracy", "ci95", "prompt_tokens")},
-                "vs_best_plain": vs, "best_plain": result["best_plain"], "source": "results/prune/metrics.json"}
+    choice = results[ship_from]["default_prune_choice"]
+    tested = {d: {"row": r["name"], "best_plain": results[d]["best_plain"],
+                  **{k: r[k] for k in ("n", "accuracy", "ci95", "prompt_tokens")}, "vs_best_plain": r.get("vs_best_plain")}
+              for d, r in shipped_rows(results, ship_from).items()}
+    harm = any(t["vs_best_plain"] and t["vs_best_plain"]["measurably_worse"] for t in tested.values())
+    decision = {"chosen_on_dev": choice["chosen"], "chosen_on": ship_from, "prune_threshold": choice["prune_threshold"],
+                "prune_max": choice["prune_max"], "measurably_worse_than_best_plain": harm,
+                "shipped": not harm and choice["prune"] != "off", "test": tested,
+                "source": "results/prune/metrics.json"}
     if decision["shipped"]:
         config = read_sieve_config(folder)
         metrics = {**config.metrics, "prune": decision}
@@ -327,8 +461,13 @@ class PruneStudy:
         llm = load_local_llm(config.llm)
         builder = PromptBuilder(llm, None, config.max_prompt_tokens)
         results = {}
-        for dataset in config.datasets:
-            result = run_dataset(dataset, config, out_dir, llm, builder)
+        shipped = None
+        # the dataset whose dev chooses the shipped level first: every other one tests that level as shipped
+        ordered = sorted(config.datasets, key=lambda d: d != config.ship_from) if config.ship_to else config.datasets
+        for dataset in ordered:
+            result = run_dataset(dataset, config, out_dir, llm, builder, shipped)
+            if config.ship_to and dataset == config.ship_from and result["default_prune_choice"]["prune"] != "off":
+                shipped = result["default_prune_choice"]
             with open(out_dir / f"rows_{dataset}.jsonl", "w", encoding="utf-8") as f:
                 for r in result["rows"].values():
                     f.write(json.dumps({k: r[k] for k in ("name", "correct", "tokens_each")}) + "\n")
@@ -336,7 +475,7 @@ class PruneStudy:
             write_json(out_dir / "metrics.json", results)
             write_report(out_dir, results)
         if config.ship_to and config.ship_from in results:
-            results["shipped"] = ship_default(results[config.ship_from], config.ship_to)
+            results["shipped"] = ship_default(results, config.ship_from, config.ship_to)
             write_json(out_dir / "metrics.json", results)
             write_report(out_dir, results)
         return results
