@@ -21,6 +21,9 @@ reranker spec                 what loads
 ``evolve:<store>``            the evolving reranker of an evolve store, after its last round
 ``http(s)://<host>``          a ``ragsieve serve`` / Cohere-compatible endpoint (``api_key=``)
 ``none``                      keep the retriever's order
+``prune-head[:<dir>]``        a pruner's sentence scorer: the cross-encoder in ``dir`` (default
+                              ``embedded:base``'s) read once per passage + its keep head
+                              (``prune_head.safetensors``), see :mod:`ragsieve.prune.head`
 ============================  ================================================================
 
 Every row is a real class (or the function that builds one) in :data:`RERANKERS`;
@@ -49,6 +52,7 @@ from ragsieve.grade.base import WEIGHTS_FILE, Grader, GraderConfig, read_grader_
 from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, LoraGrader, PromptedGrader
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
 from ragsieve.paths import resolve_artifact
+from ragsieve.prune.head import SentenceKeepHead
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
 from ragsieve.rerank.chunks import reading_key, reading_whole
 from ragsieve.rerank.evolving import load_evolving_reranker
@@ -88,6 +92,7 @@ RERANKERS: dict[str, Callable[..., BaseRanker]] = {
     "https": RemoteRanker,
     "none": RetrievalOrder,
     "cascade": load_cascade,
+    "prune-head": SentenceKeepHead,
 }
 
 #: grader kind → class

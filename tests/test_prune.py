@@ -200,3 +200,33 @@ def test_a_sentence_cap_keeps_the_best_ones_in_their_order(bm25):
         [s for s, k in zip(capped.sentences, capped.keep) if k]  # document order, not score order
     with pytest.raises(RagsieveError, match="max_sentences"):
         SentencePruner(bm25, max_sentences=0)
+
+
+def test_the_keep_head_scores_every_sentence_in_one_forward_per_batch_of_passages(tiny_cross_encoder_dir, tmp_path):
+    from ragsieve.errors import ModelNotAvailable
+    from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, read_head, write_head
+    from ragsieve.registry import load_reranker
+
+    weight = np.random.default_rng(0).normal(size=32).astype(np.float32)
+    write_head(tmp_path / HEAD_FILE, weight, 0.5)
+    got_w, got_b = read_head(tmp_path / HEAD_FILE)
+    assert np.allclose(got_w, weight) and got_b == 0.5
+    with pytest.raises(ModelNotAvailable, match="no prune head"):
+        read_head(tmp_path / "missing.safetensors")
+
+    head = SentenceKeepHead(tiny_cross_encoder_dir, head=(weight, 0.5))
+    forwards = []
+    head.encoder.register_forward_hook(lambda *_: forwards.append(1))
+    passages = [Passage(f"d{i}", text, f"t{i}") for i, text in enumerate(DOCS[:2])]
+    pruner = SentencePruner(head, threshold=0.0)
+    layout = pruner.layout(QUERY, passages)
+    scores = pruner.score(layout)
+    assert len(scores) == len(layout.pairs) == 5 and len(forwards) == 1  # not one forward per sentence
+    # the head reads a sentence in its passage: the same sentence alone scores otherwise
+    alone = head.score(QUERY, [Passage("x", "It lies on the Seine.", "t0")])
+    assert not np.isclose(alone[0], scores[1])
+    cut = pruner.decide(layout, scores)
+    assert all(c.n_kept >= 1 for c in cut) and [c.passage.id for c in cut] == ["d0", "d1"]
+    # a spec, as a sieve's pruner names it
+    spec_head = load_reranker(f"prune-head:{tiny_cross_encoder_dir}", head=(weight, 0.5))
+    assert np.allclose(SentencePruner(spec_head).score(layout), scores, atol=1e-5)

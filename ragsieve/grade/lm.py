@@ -19,7 +19,6 @@ position ids follow the attention mask, so batching does not change a score.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
@@ -31,27 +30,13 @@ from ragsieve.grade.prompt import EncodedPrompt, GradePromptEncoder, grade_verdi
 from ragsieve.grade.train import (
     GraderTrainConfig, ProgressFn, TrainResult, make_loss, resample_indices, run_trainer,
 )
+from ragsieve.models.quiet import quiet_transformers
 from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
 from ragsieve.models.verdict import answer_logits, left_pad, two_way_logits
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence load reports and progress bars (a fresh classification head is expected)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        hf_logging.enable_progress_bar()
 
 
 def load_base(spec: str, head: str) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:

@@ -148,9 +148,12 @@ class SentencePruner:
         return PruneLayout(query, tuple(passages), spans, pairs)
 
     def score(self, layout: PruneLayout) -> np.ndarray:
-        """The scorer's score of each sentence pair of ``layout``."""
+        """The scorer's score of each sentence pair of ``layout``: a scorer that reads whole passages (a keep head,
+        :class:`~ragsieve.prune.head.SentenceKeepHead`) scores them in one forward per passage."""
         if not layout.pairs:
             return np.zeros(0)
+        if hasattr(self.scorer, "score_layout"):
+            return np.asarray(self.scorer.score_layout(layout), float)
         return np.asarray(self.scorer.score_pairs([layout.query] * len(layout.pairs), list(layout.pairs)), float)
 
     def decide(self, layout: PruneLayout, scores: Sequence[float], threshold: float | None = None
