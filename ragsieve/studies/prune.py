@@ -87,6 +87,19 @@ def _questions(dataset: str, config: PruneStudyConfig, work: Path):
     return [q for q in ds.questions if q.id not in trained], passages, ds.name, ds
 
 
+def hotpot_rows(data_dir: str | None, wanted: set[str] | None = None):
+    """The HotpotQA distractor rows (``hotpot_dev_distractor_1517``) as the file holds them, only ``wanted`` ids
+    when given."""
+    from ragsieve.benchmarks.mining import HOTPOT_1517
+    from ragsieve.data.loaders import default_data_dir
+
+    with gzip.open(Path(data_dir or default_data_dir()) / HOTPOT_1517, "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if wanted is None or row["_id"] in wanted:
+                yield row
+
+
 def _gold_sentences(dataset: str, questions, ds, config: PruneStudyConfig) -> dict[str, list]:
     """Question id → the gold sentences as passages (title, sentence): the ceiling row's context."""
     from ragsieve.data.records import Passage
@@ -102,18 +115,10 @@ def _gold_sentences(dataset: str, questions, ds, config: PruneStudyConfig) -> di
                       if contains_answer(p.text[a:b], q.answers)]
             out[q.id] = picked or gold
         return out
-    from ragsieve.benchmarks.mining import HOTPOT_1517
-    from ragsieve.data.loaders import default_data_dir
-
-    wanted = {q.id for q in questions}
-    with gzip.open(Path(config.data_dir or default_data_dir()) / HOTPOT_1517, "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["_id"] not in wanted:
-                continue
-            context = {title: sents for title, sents in row["context"]}
-            out[row["_id"]] = [Passage(f"{t}#{i}", context[t][i].strip(), t) for t, i in row["supporting_facts"]
-                               if t in context and i < len(context[t])]
+    for row in hotpot_rows(config.data_dir, {q.id for q in questions}):
+        context = {title: sents for title, sents in row["context"]}
+        out[row["_id"]] = [Passage(f"{t}#{i}", context[t][i].strip(), t) for t, i in row["supporting_facts"]
+                       if t in context and i < len(context[t])]
     return out
 
 
@@ -134,32 +139,24 @@ def _gold_paragraphs(dataset: str, questions, ds, config: PruneStudyConfig) -> d
                          for p in golds]
             out[q.id] = [(p, spans) for p, spans in out[q.id] if spans]
         return out
-    from ragsieve.benchmarks.mining import HOTPOT_1517
-    from ragsieve.data.loaders import default_data_dir
-
-    wanted = {q.id for q in questions}
-    with gzip.open(Path(config.data_dir or default_data_dir()) / HOTPOT_1517, "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["_id"] not in wanted:
+    for row in hotpot_rows(config.data_dir, {q.id for q in questions}):
+        facts: dict[str, set[int]] = {}
+        for title, i in row["supporting_facts"]:
+            facts.setdefault(title, set()).add(i)
+        paragraphs = []
+        for title, sents in row["context"]:
+            if title not in facts:
                 continue
-            facts: dict[str, set[int]] = {}
-            for title, i in row["supporting_facts"]:
-                facts.setdefault(title, set()).add(i)
-            paragraphs = []
-            for title, sents in row["context"]:
-                if title not in facts:
-                    continue
-                joined = "".join(sents)
-                lead = len(joined) - len(joined.lstrip())  # hotpot_1517 strips the joined paragraph
-                spans, pos = [], 0
-                for i, sent in enumerate(sents):
-                    if i in facts[title] and sent.strip():
-                        start = joined.index(sent, pos) + (len(sent) - len(sent.lstrip())) - lead
-                        spans.append((start, start + len(sent.strip())))
-                    pos += len(sent)
-                paragraphs.append((Passage(title, joined.strip(), title), spans))
-            out[row["_id"]] = [(p, s) for p, s in paragraphs if s]
+            joined = "".join(sents)
+            lead = len(joined) - len(joined.lstrip())  # hotpot_1517 strips the joined paragraph
+            spans, pos = [], 0
+            for i, sent in enumerate(sents):
+                if i in facts[title] and sent.strip():
+                    start = joined.index(sent, pos) + (len(sent) - len(sent.lstrip())) - lead
+                    spans.append((start, start + len(sent.strip())))
+                pos += len(sent)
+            paragraphs.append((Passage(title, joined.strip(), title), spans))
+        out[row["_id"]] = [(p, s) for p, s in paragraphs if s]
     return out
 
 

@@ -31,6 +31,7 @@ from ragsieve.studies.evolve_own_data import EvolveOwnDataStudy
 from ragsieve.studies.grader import GraderExperiment
 from ragsieve.studies.probe_nq import ProbeExperiment
 from ragsieve.studies.prune import PruneStudy
+from ragsieve.studies.prune_head import PruneHeadStudy
 from ragsieve.studies.rerank_align import RerankAlignExperiment
 from ragsieve.studies.rerank_align_guard import RerankAlignGuardStudy
 from ragsieve.studies.rerank_base import RerankBaseStudy
@@ -48,6 +49,7 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "evolve_m0_sweep": EvolveM0Sweep,
     "evolve_own_data": EvolveOwnDataStudy,
     "prune": PruneStudy,
+    "prune_head": PruneHeadStudy,
     "cascade": CascadeStudy,
 }
 

@@ -1,0 +1,347 @@
+"""A keep head on the shipped cross-encoder's forward against zero-shot sentence scoring (issue #61):
+``experiments/prune_head.yaml``.
+
+Trains :class:`~ragsieve.prune.head.SentenceKeepHead`'s linear layer on sentence labels of training questions
+only — HotpotQA supporting facts (the supporting paragraphs and one distractor paragraph per question), the NQ
+gold-passage sentences holding an answer, FEVER evidence sentences (a window of their Wikipedia article) — with
+every question the prune study (``experiments/prune.yaml``) tests or tunes on, and every question another study
+holds out (:func:`~ragsieve.data.held_out_questions`), left out. The encoder stays frozen, so the reranker's
+logit and its nDCG are those of today by construction (the study checks the weights it read are the shipped
+ones).
+
+Evaluated on the prune study's test questions (NQ, HotpotQA): recall of the gold sentences inside the gold
+passages, head against zero-shot ``(query, title: sentence)`` scores with the same reranker, **at equal
+compression**: in each passage the head keeps exactly as many sentences as the zero-shot pruner kept at that
+level (its best N; the dev quantile thresholds of the prune study). Paired bootstrap over questions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from ragsieve.config import StrictConfig
+
+log = logging.getLogger(__name__)
+
+
+class PruneHeadStudyConfig(StrictConfig):
+    train_datasets: list[Literal["nq", "hotpotqa", "fever"]] = ["hotpotqa", "nq", "fever"]
+    eval_datasets: list[Literal["nq", "hotpotqa"]] = ["nq", "hotpotqa"]
+    max_train_questions: int = Field(1200, ge=1)  # per training dataset
+    hotpot_negatives: int = Field(1, ge=0)  # distractor paragraphs per HotpotQA question (all sentences: drop)
+    fever_window: int = Field(3, ge=0)  # sentences of the article on each side of the evidence
+    c_grid: list[float] = [0.01, 0.1, 1.0]  # logistic regression's inverse regularisation, chosen by grouped CV
+    cv_folds: int = Field(3, ge=2)
+    max_length: int = Field(512, ge=32)
+    prune_results: str = "results/prune"  # the prune study: its splits' test questions, levels, zero-shot scores
+    n_boot: int = 2000
+    seed: int = 0
+    data_dir: str | None = None
+    # write the head beside the shipped cross-encoder when it beats zero-shot recall on every eval set and level
+    ship_to: str | None = None
+
+
+def _spans_of(sentences: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Sentences joined by one space, and each one's character span in the join."""
+    text, spans = "", []
+    for sent in sentences:
+        sent = sent.strip()
+        if not sent:
+            continue
+        if text:
+            text += " "
+        spans.append((len(text), len(text) + len(sent)))
+        text += sent
+    return text, spans
+
+
+def _excluded(dataset: str, config: PruneHeadStudyConfig) -> set[str]:
+    """Question ids the head must not train on: the prune study's dev and test, every study's held-out split."""
+    from ragsieve.data import held_out_questions
+    from ragsieve.data.qa_files import split_questions
+    from ragsieve.studies.prune import PruneStudyConfig, _questions
+
+    out: set[str] = set()
+    if dataset in ("nq", "hotpotqa"):
+        prune = PruneStudyConfig(data_dir=config.data_dir)
+        work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
+        work.mkdir(parents=True, exist_ok=True)
+        questions, _, _, ds = _questions(dataset, prune, work)
+        splits = split_questions(questions, prune.splits[dataset], prune.seed)
+        out |= {q.id for q in splits["dev"] + splits["test"]}
+        out |= {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
+    return out
+
+
+def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[tuple[str, str, Any, list, list[int]]]:
+    """``(question id, query, passage, sentence spans, labels)`` of ``dataset``'s training questions."""
+    from ragsieve.data import held_out_questions, load_dataset
+    from ragsieve.data.records import Passage
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.prune import split_sentences
+
+    skip = _excluded(dataset, config)
+    out: list = []
+    if dataset == "hotpotqa":
+        from ragsieve.benchmarks.mining import hotpot_1517
+        from ragsieve.studies.prune import hotpot_rows
+
+        skip |= {q.id for q in held_out_questions(hotpot_1517(config.data_dir).questions, 0.2, 0)}
+        rows = (row for row in hotpot_rows(config.data_dir) if row["_id"] not in skip)
+        for row in itertools.islice(rows, config.max_train_questions):
+            facts: dict[str, set[int]] = {}
+            for title, i in row["supporting_facts"]:
+                facts.setdefault(title, set()).add(i)
+            negatives = 0
+            for title, sents in row["context"]:
+                if title not in facts:
+                    if negatives >= config.hotpot_negatives:
+                        continue
+                    negatives += 1
+                kept = [(i, s) for i, s in enumerate(sents) if s.strip()]
+                text, spans = _spans_of([s for _, s in kept])
+                labels = [int(i in facts.get(title, ())) for i, _ in kept]
+                out.append((row["_id"], row["question"], Passage(title, text, title), spans, labels))
+        return out
+    if dataset == "nq":
+        ds = load_dataset("nq-oracle", data_dir=config.data_dir)
+        pool = {p.id: p for p in ds.passages}
+        for q in [q for q in ds.questions if q.id not in skip][: config.max_train_questions]:
+            for p in (pool[i] for i in q.gold_passage_ids if i in pool):
+                spans = split_sentences(p.text)
+                labels = [int(contains_answer(p.text[a:b], q.answers)) for a, b in spans]
+                if any(labels):
+                    out.append((q.id, q.text, p, spans, labels))
+        return out
+    ds = load_dataset("fever", data_dir=config.data_dir)
+    skip |= {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
+    pool = {p.id: p for p in ds.passages}
+    n = 0
+    for q in ds.questions:
+        if q.id in skip or q.answers[0] not in ("SUPPORTS", "REFUTES") or not q.gold_passage_ids:
+            continue
+        if n >= config.max_train_questions:
+            break
+        docid, _, si = q.gold_passage_ids[0].rpartition(":")
+        if not si.isdigit():
+            continue
+        evidence = {int(g.rpartition(":")[2]) for g in q.gold_passage_ids
+                    if g.rpartition(":")[0] == docid and g.rpartition(":")[2].isdigit()}
+        lo, hi = max(0, int(si) - config.fever_window), int(si) + config.fever_window + 1
+        window = [(i, pool[f"{docid}:{i}"]) for i in range(lo, hi) if f"{docid}:{i}" in pool]
+        if not any(i in evidence for i, _ in window):
+            continue
+        n += 1
+        text, spans = _spans_of([p.text for _, p in window])
+        title = window[0][1].title
+        out.append((q.id, q.text, Passage(docid, text, title), spans, [int(i in evidence) for i, _ in window]))
+    return out
+
+
+def sentence_features(head, examples, cache: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sentence of every example: the mean last hidden state (``X``), the label, the question id; cached in
+    ``cache`` (an ``.npz``) so a rerun reads instead of encoding."""
+    if cache.is_file():
+        got = np.load(cache, allow_pickle=False)
+        if len(got["y"]) == sum(len(e[4]) for e in examples):
+            return got["X"], got["y"], got["qid"]
+    X, y, qid = [], [], []
+    for n, (q, query, passage, spans, labels) in enumerate(examples):
+        states = head.sentence_states(query, [passage], [spans])[0]
+        X.append(states)
+        y += labels
+        qid += [q] * len(labels)
+        if n % 500 == 0:
+            log.info("prune head: encoded %d / %d passages", n, len(examples))
+    X = np.concatenate(X)
+    y, qid = np.asarray(y), np.asarray(qid, dtype=str)
+    np.savez(cache, X=X, y=y, qid=qid)
+    return X, y, qid
+
+
+def train_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, config: PruneHeadStudyConfig
+               ) -> tuple[np.ndarray, float, dict[str, Any]]:
+    """A logistic regression on standardised sentence states, C chosen by grouped CV (AUROC), folded back into
+    ``(weight, bias)`` over the raw states."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import GroupKFold
+
+    ok = ~np.isnan(X).any(1)
+    X, y, groups = X[ok], y[ok], groups[ok]
+    mu, sigma = X.mean(0), X.std(0) + 1e-6
+    Z = (X - mu) / sigma
+    cv: dict[str, float] = {}
+    for c in config.c_grid:
+        aucs = []
+        for tr, va in GroupKFold(config.cv_folds).split(Z, y, groups):
+            model = LogisticRegression(C=c, max_iter=2000).fit(Z[tr], y[tr])
+            aucs.append(roc_auc_score(y[va], model.decision_function(Z[va])))
+        cv[str(c)] = float(np.mean(aucs))
+    best = max(config.c_grid, key=lambda c: cv[str(c)])
+    model = LogisticRegression(C=best, max_iter=2000).fit(Z, y)
+    w = model.coef_[0] / sigma
+    b = float(model.intercept_[0] - np.sum(model.coef_[0] * mu / sigma))
+    return w, b, {"C": best, "cv_auroc": cv, "n_sentences": int(len(y)), "positives": int(y.sum()),
+                  "n_questions": int(len(set(groups.tolist())))}
+
+
+def _kept(pruner, layout, scores, counts=None):
+    """Each gold passage cut: by ``pruner`` (its threshold / cap), or to exactly ``counts[i]`` best sentences."""
+    if counts is None:
+        return pruner.decide(layout, scores)
+    cut, lo = [], 0
+    for i, spans in enumerate(layout.spans):
+        own = scores[lo: lo + len(spans)]
+        lo += len(spans)
+        keep = np.zeros(len(spans), bool)
+        keep[np.argsort(-own, kind="stable")[: counts[i]]] = True
+        cut.append(keep)
+    return cut
+
+
+def _recall(gold, layout, keeps) -> tuple[float, float]:
+    """(share of the gold sentences kept — half covered counts —, share of the passages' characters kept)."""
+    hit = total = kept_chars = all_chars = 0
+    for (_, gold_spans), spans, keep in zip(gold, layout.spans, keeps):
+        kept = [s for s, k in zip(spans, keep) if k]
+        for a, b in gold_spans:
+            hit += sum(max(0, min(b, y) - max(a, x)) for x, y in kept) >= (b - a) / 2
+            total += 1
+        kept_chars += sum(y - x for x, y in kept)
+        all_chars += sum(y - x for x, y in spans)
+    return hit / max(total, 1), kept_chars / max(all_chars, 1)
+
+
+def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dict[str, Any]:
+    """Gold-sentence recall on the prune study's test questions, head vs zero-shot at equal compression."""
+    from ragsieve.data.qa_files import split_questions
+    from ragsieve.data.score_records import PairScores
+    from ragsieve.eval.stats import bootstrap_metric, paired_bootstrap
+    from ragsieve.prune import SentencePruner
+    from ragsieve.registry import reranker_scores_key
+    from ragsieve.studies.prune import PruneStudyConfig, _gold_paragraphs, _questions
+
+    prune = PruneStudyConfig(data_dir=config.data_dir)
+    work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
+    questions, _, _, ds = _questions(dataset, prune, work)
+    test = split_questions(questions, prune.splits[dataset], prune.seed)["test"]
+    gold = _gold_paragraphs(dataset, test, ds, prune)
+    asked = [q for q in test if gold.get(q.id)]
+    levels = json.loads((Path(config.prune_results) / "metrics.json").read_text())[dataset]["prune_levels"]
+    store = PairScores(Path(config.prune_results) / "records" / dataset / "gold-sentences", "sentences",
+                       {"scoring_key": reranker_scores_key(prune.reranker)})
+    base = SentencePruner(zero_shot)
+    per_level: dict[str, dict[str, list[float]]] = {}
+    for q in asked:
+        layout = base.layout(q.text, [p for p, _ in gold[q.id]])
+        ids = [p.id for p in layout.pairs]
+        zs = store.lookup(q.id, ids)
+        if zs is None:
+            zs = [float(x) for x in base.score(layout)]
+            store.add([(q.id, i, x) for i, x in zip(ids, zs)])
+        zs, hs = np.asarray(zs, float), np.asarray(head.score_layout(layout), float)
+        for level in levels:
+            cut = base.at(level["raw"], level["max_sentences"]).decide(layout, zs)
+            counts = [c.n_kept for c in cut]
+            zr, zk = _recall(gold[q.id], layout, [c.keep for c in cut])
+            hr, hk = _recall(gold[q.id], layout, _kept(None, layout, hs, counts))
+            row = per_level.setdefault(level["name"], {"zero_shot": [], "head": [], "zero_kept": [], "head_kept": []})
+            row["zero_shot"].append(zr)
+            row["head"].append(hr)
+            row["zero_kept"].append(zk)
+            row["head_kept"].append(hk)
+    out: dict[str, Any] = {"n_questions": len(asked), "levels": {}}
+    for name, row in per_level.items():
+        diff = paired_bootstrap(row["head"], row["zero_shot"], n_boot=config.n_boot, seed=config.seed)
+        entry: dict[str, Any] = {}
+        for key in ("zero_shot", "head", "zero_kept", "head_kept"):
+            est, lo, hi = bootstrap_metric(np.mean, np.asarray(row[key]), n_boot=config.n_boot, seed=config.seed)
+            entry[key] = {"mean": est, "ci95": [lo, hi]}
+        entry["head_minus_zero_shot"] = {"diff": diff.diff, "ci95": [diff.low, diff.high], "p": diff.p_value}
+        out["levels"][name] = entry
+    return out
+
+
+def write_report(out_dir: Path, result: dict[str, Any]) -> None:
+    t = result["training"]
+    lines = ["# A keep head on the reranker's forward vs zero-shot sentence scoring (issue #61)", "",
+             "Generated by `ragsieve run experiments/prune_head.yaml` (`ragsieve/studies/prune_head.py`); numbers "
+             "from `metrics.json`. The head: a linear layer over the shipped cross-encoder's last hidden states, "
+             "averaged over each sentence's tokens, one forward of (query, title: passage) per passage; the encoder "
+             "is frozen, so the rerank logit (and nDCG@10) is today's exactly "
+             f"(weights key `{result['reranker_weights']}`).", "",
+             f"Training: {t['n_sentences']} sentences ({t['positives']} to keep) of {t['n_questions']} training "
+             f"questions ({', '.join(f'{k} {v}' for k, v in result['train_passages'].items())} passages); "
+             f"C = {t['C']} by {len(t['cv_auroc'])}-way grouped CV (AUROC by C: "
+             + ", ".join(f"{c}: {a:.3f}" for c, a in t["cv_auroc"].items()) + ").", "",
+             "Held-out: the prune study's test questions (none trained the head or `embedded:base`). Gold-sentence "
+             "recall inside the gold passages at **equal compression**: at each level the head keeps, in each "
+             "passage, exactly as many sentences as zero-shot scoring kept there. Intervals: bootstrap over "
+             "questions; head − zero-shot: paired bootstrap over questions.", ""]
+    for dataset, res in result["eval"].items():
+        lines += [f"## {dataset}: n = {res['n_questions']} test questions", "",
+                  "| level | zero-shot recall | head recall | head − zero-shot [95 % CI] | p | share kept (zero-shot / head) |",
+                  "|---|---|---|---|---|---|"]
+        for name, e in res["levels"].items():
+            d = e["head_minus_zero_shot"]
+            lines.append(f"| {name} | {e['zero_shot']['mean']:.3f} [{e['zero_shot']['ci95'][0]:.3f}, "
+                         f"{e['zero_shot']['ci95'][1]:.3f}] | {e['head']['mean']:.3f} [{e['head']['ci95'][0]:.3f}, "
+                         f"{e['head']['ci95'][1]:.3f}] | {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
+                         f"| {d['p']:.3g} | {e['zero_kept']['mean']:.3f} / {e['head_kept']['mean']:.3f} |")
+        lines.append("")
+    lines.append(f"Shipped: {result['shipped']}.")
+    (out_dir / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+class PruneHeadStudy:
+    Config = PruneHeadStudyConfig
+
+    def run(self, config: PruneHeadStudyConfig, out_dir: Path, console) -> dict:
+        from ragsieve.artifacts import weights_key
+        from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, write_head
+        from ragsieve.registry import load_reranker
+        from ragsieve.rerank.shipped import ASSET_DIR
+        from ragsieve.studies.common import write_json
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        work = Path.home() / ".cache" / "ragsieve" / "prune_head"
+        work.mkdir(parents=True, exist_ok=True)
+        head = SentenceKeepHead(ASSET_DIR, head=(np.zeros(384, np.float32), 0.0), max_length=config.max_length)
+        parts, counts = [], {}
+        for dataset in config.train_datasets:
+            examples = training_examples(dataset, config)
+            counts[dataset] = len(examples)
+            log.info("prune head: %s, %d training passages", dataset, len(examples))
+            parts.append(sentence_features(head, examples, work / f"features-{dataset}-{config.max_train_questions}"
+                                           f"-{config.hotpot_negatives}-{config.fever_window}.npz"))
+        X = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        groups = np.concatenate([np.char.add(f"{d}:", p[2]) for d, p in zip(config.train_datasets, parts)])
+        w, b, training = train_head(X, y, groups, config)
+        write_head(work / HEAD_FILE, w, b)
+        head.weight, head.bias = w.astype(np.float32), b
+        zero_shot = load_reranker("embedded:base")
+        result: dict[str, Any] = {"reranker_weights": weights_key(ASSET_DIR), "train_passages": counts,
+                                  "training": training, "eval": {}}
+        for dataset in config.eval_datasets:
+            result["eval"][dataset] = evaluate(dataset, config, head, zero_shot)
+            log.info("prune head: %s %s", dataset, {k: v["head_minus_zero_shot"]
+                                                    for k, v in result["eval"][dataset]["levels"].items()})
+        wins = all(e["head_minus_zero_shot"]["ci95"][0] > 0
+                   for res in result["eval"].values() for e in res["levels"].values())
+        result["beats_zero_shot_everywhere"] = wins
+        result["shipped"] = False
+        if config.ship_to and wins:
+            write_head(Path(config.ship_to) / HEAD_FILE, w, b)
+            result["shipped"] = str(Path(config.ship_to) / HEAD_FILE)
+        write_json(out_dir / "metrics.json", result)
+        write_report(out_dir, result)
+        return result
