@@ -24,7 +24,7 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 from haystack import Document, component  # noqa: E402
 
-from ragsieve.integrations.remote import adapter_stages, keep
+from ragsieve.integrations.stages import adapter_stages, keep
 
 
 @component

@@ -3,7 +3,7 @@
 Use it in-process (a ranker or a reranker spec) or against ``ragsieve serve`` (a URL);
 each kept document gets ``metadata["relevance_score"]``: in [0, 1] from a URL (``/v1/rerank``'s
 score), the ranker's raw score in-process (``threshold`` is on the same scale; see
-:mod:`ragsieve.integrations.remote`).
+:mod:`ragsieve.integrations.stages`).
 
 Example::
 
@@ -24,7 +24,7 @@ from langchain_core.documents import Document
 from langchain_core.documents.compressor import BaseDocumentCompressor
 from pydantic import ConfigDict, PrivateAttr
 
-from ragsieve.integrations.remote import keep, pydantic_adapter_stages
+from ragsieve.integrations.stages import keep, pydantic_adapter_stages
 
 
 class RagsieveCompressor(BaseDocumentCompressor):

@@ -18,7 +18,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ragsieve.errors import RagsieveError
-from ragsieve.integrations.remote import keep, pydantic_adapter_stages
+from ragsieve.integrations.stages import keep, pydantic_adapter_stages
 
 
 class RagsieveRerank(BaseNodePostprocessor):
