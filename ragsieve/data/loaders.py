@@ -374,16 +374,8 @@ def _load_hotpotqa_distractor(ctx: _Ctx) -> Dataset:
                 is_support = (title, si) in support
                 if not sent and not is_support:
                     continue
-                pairs.append(
-                    LabeledPair(
-                        id=f"{qid}:{pi}:{si}",
-                        query_id=qid,
-                        query=text,
-                        passage=sent,
-                        label=int(is_support),
-                        fields={"question": text, "sentence": sent},
-                    )
-                )
+                pairs.append(LabeledPair.named(f"{qid}:{pi}:{si}", ("question", text), ("sentence", sent),
+                                               int(is_support), query_id=qid))
         meta = {
             "type": row.get("type", ""),
             "level": row.get("level", ""),
@@ -458,14 +450,7 @@ def _load_fever(ctx: _Ctx) -> Dataset:
         if label in ("SUPPORTS", "REFUTES") and row["evidences"]:
             evidence = " ".join(ev["text"].strip() for ev in row["evidences"][0])
             pairs.append(
-                LabeledPair(
-                    id=qid,
-                    query_id=qid,
-                    query=claim,
-                    passage=evidence,
-                    label=int(label == "SUPPORTS"),
-                    fields={"claim": claim, "evidence": evidence},
-                )
+                LabeledPair.named(qid, ("claim", claim), ("evidence", evidence), int(label == "SUPPORTS"))
             )
     if missing_docs:
         log.info("fever: %d referenced docs missing from docs.jsonl", len(missing_docs))
@@ -555,15 +540,7 @@ def _load_pubmedqa(ctx: _Ctx) -> Dataset:
             continue
         context = " ".join(c.strip() for c in contexts)
         pairs.append(
-            LabeledPair(
-                id=pmid,
-                query_id=pmid,
-                query=text,
-                passage=context,
-                label=int(decision == "yes"),
-                fields={"question": text, "context": context},
-                group=group,
-            )
+            LabeledPair.named(pmid, ("question", text), ("context", context), int(decision == "yes"), group=group)
         )
     ctx.notes.update(
         maybe_pairs_dropped=dropped_maybe,
@@ -640,15 +617,7 @@ def _load_anli(ctx: _Ctx) -> Dataset:
             uid = ids(row["uid"].strip() or f"anli:r{r}:{_sha(row['context'] + row['statement'])}")
             premise, hypothesis = row["context"].strip(), row["statement"].strip()
             pairs.append(
-                LabeledPair(
-                    id=uid,
-                    query_id=uid,
-                    query=hypothesis,
-                    passage=premise,
-                    label=int(gold == "e"),
-                    fields={"premise": premise, "hypothesis": hypothesis},
-                    group=f"r{r}",
-                )
+                LabeledPair.named(uid, ("hypothesis", hypothesis), ("premise", premise), int(gold == "e"), group=f"r{r}")
             )
     ctx.notes["repeated_ids"] = ids.repeats
     return Dataset("anli", [], pairs=pairs)

@@ -92,6 +92,19 @@ class LabeledPair:
     group: str = ""
     dataset: str = ""
 
+    @classmethod
+    def named(cls, id: str, query: tuple[str, str], passage: tuple[str, str], label: int, *,
+              query_id: str | None = None, group: str = "") -> "LabeledPair":
+        """A pair whose ``fields`` name its query and passage as the dataset does (``query_id`` defaults to ``id``).
+
+        Example::
+
+            LabeledPair.named("c1", ("claim", "Wozniak designed homes."), ("evidence", "He designed the Apple II."), 0)
+        """
+        (query_name, query_text), (passage_name, passage_text) = query, passage
+        return cls(id, query_id if query_id is not None else id, query_text, passage_text, label,
+                   {query_name: query_text, passage_name: passage_text}, group)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "dataset": self.dataset, "query_id": self.query_id, "query": self.query,
