@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -86,7 +86,7 @@ def main() -> None:
         "max_abs_conf_diff": float(np.abs(fast - naive).max()),
         "probe": head_source,
         "torch_threads": torch.get_num_threads(),
-        "machine": {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine()},
+        "machine": machine_info(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

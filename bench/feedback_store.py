@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -132,8 +132,7 @@ def main() -> None:
     report = {
         "what": "feedback rows/s, one append_feedback call (one transaction) per row, fresh store per run",
         "appends_per_writer": args.appends, "results": results,
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-                    "platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine_info(),
         "postgres": "throwaway server in a temp folder, fsync on (tools/postgres.py)",
         "command": "python bench/feedback_store.py " + " ".join(sys.argv[1:]),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

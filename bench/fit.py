@@ -37,12 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from collections.abc import Collection
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -266,7 +266,7 @@ def main() -> None:
         "config": args.config,
         "sieve_metrics": fit.sieve.metrics,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": machine_info(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)

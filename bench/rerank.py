@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -297,7 +297,7 @@ def main() -> None:
                     "embedded:fast_speedup_vs_predict_long": 6.0},
         "batch_size": args.batch_size,
         "smoke_pairs": args.pairs or None,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},
+        "machine": machine_info(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,6 @@ import gzip
 import hashlib
 import json
 import os
-import platform
 import random
 import re
 import sys
@@ -57,6 +56,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -280,25 +280,10 @@ def measure_pgvector(url: str, xb: np.ndarray, xq: np.ndarray, truth: np.ndarray
     }
 
 
-def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def retrieval_machine_info() -> dict:
     import faiss
 
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu,
-        "python": platform.python_version(),
-        "faiss": faiss.__version__,
-        "loadavg_at_start": list(os.getloadavg()),
-        "faiss_threads": 1,
-    }
+    return machine_info(faiss=faiss.__version__, faiss_threads=1)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -325,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
     import faiss
 
     faiss.omp_set_num_threads(1)
-    machine = machine_info()
+    machine = retrieval_machine_info()
     k = 10
 
     texts, per_source = collect_passages()
