@@ -3,9 +3,9 @@
 The event loop never runs the model. Each request's (query, text) pairs go into a queue;
 when the worker is idle it waits at most ``max_wait_ms`` for company. Every model call
 holds at most ``max_batch_pairs`` pairs, taken round-robin across the waiting requests:
-first from those not yet served this round (new arrivals join it), then from those already
-served, so a big request is scored a slice at a time and a small one sent meanwhile waits
-for at most the slice being scored. A model error in a shared batch is retried per job, so
+from those not yet served this round (new arrivals join it), and once none is left, a new
+round of those still unfinished. A big request is scored a slice at a time, and a small one
+sent meanwhile waits for at most the slice being scored. A model error in a shared batch is retried per job, so
 one bad request cannot fail the others it was batched with.
 
 Example::
@@ -200,7 +200,8 @@ class PairBatcher:
         return True
 
     def _next_batch(self) -> list[tuple[_Job, int, int]]:
-        """Slices ``(job, lo, hi)`` of at most ``max_batch_pairs`` pairs in all: unserved jobs first."""
+        """Slices ``(job, lo, hi)`` of at most ``max_batch_pairs`` pairs in all, from the jobs not served yet this
+        round, else (a new round) from those served."""
         for jobs in (self._unserved, self._served):
             for job in [j for j in jobs if j.gone()]:
                 jobs.remove(job)
@@ -208,7 +209,9 @@ class PairBatcher:
         if not self._unserved:  # a new round
             self._unserved, self._served = self._served, self._unserved
         batch, budget = [], self.max_batch_pairs
-        for jobs in (self._unserved, self._served):
+        # requests not served yet this round go alone (with each other): a big one's next slice would only
+        # make them wait for it; the served ones follow in the next batch
+        for jobs in (self._unserved,) if self._unserved else (self._served,):
             for job in list(jobs):
                 if budget == 0:
                     break
