@@ -105,7 +105,11 @@ def serve_cmd(
     # the address is checked and taken before the models load (≈ 20 s): a port in use fails at once, in one line
     sock = reserve(host, port)
     err_console.print(f"loading {cfg.sieve or cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))
-    application = create_app(cfg)
+    try:
+        application = create_app(cfg)
+    except BaseException:  # a bad spec: the port goes back at once
+        sock.close()
+        raise
     listen(sock)
     bound_host, bound_port = sock.getsockname()[:2]
     auth = "API key required" if cfg.api_key else "no API key"
