@@ -35,6 +35,12 @@ rows would join that store's next round). Writes ``bench/results/serve_ray.json`
     python bench/serve.py --ray --postgres --model bm25 --clients 4 --seconds 3 --requests 8 --grace 30 \
         --feedback-seconds 3 --out /tmp/serve-ray-pg-smoke.json         # smoke run (cheap BM25 scorer)
 
+``--fairness`` measures what one big client costs the others: small requests (1 document) sent one after
+another for ``--seconds``, first alone, then while one client keeps sending 2 MB requests (40 documents of
+49,000 characters); p50/p99 of the small requests in both runs. Writes ``bench/results/serve_fairness.json``.
+
+    python bench/serve.py --fairness --seconds 60 --max-batch-pairs 32
+
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
 """
@@ -457,6 +463,63 @@ def _ray_runs(args, spec: str, bodies: list[dict], source: str, workdir: Path, s
     }
 
 
+async def _small_requests(url: str, seconds: float, big: dict | None) -> dict:
+    """Latency of 1-document requests sent back to back for ``seconds``, with one client sending ``big`` meanwhile."""
+    import httpx
+
+    small = {"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet around 1600."]}
+    latencies, errors, stop = [], 0, asyncio.Event()
+    async with httpx.AsyncClient(timeout=600) as client:
+        async def big_client() -> None:
+            while not stop.is_set():
+                try:
+                    await client.post(f"{url}/v1/rerank", json=big)
+                except httpx.HTTPError:
+                    pass
+
+        hog = asyncio.create_task(big_client()) if big else None
+        if hog is not None:
+            await asyncio.sleep(5)  # the big request is planned and scoring
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            r = await client.post(f"{url}/v1/rerank", json=small)
+            latencies.append((time.perf_counter() - start) * 1000)
+            errors += r.status_code != 200
+        stop.set()
+        if hog is not None:
+            hog.cancel()
+    lat = np.array(latencies)
+    return {"requests": len(lat), "errors": errors, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max())}
+
+
+def fairness(args, spec: str) -> None:
+    rng = random.Random(0)
+    words = "the river city king war music paris hamlet shakespeare wrote tragedy play moon history".split()
+    big = {"query": "who wrote hamlet", "documents": [" ".join(rng.choices(words, k=9_000))[:49_000]
+                                                      for _ in range(40)]}
+    cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    workdir = Path(tempfile.mkdtemp(prefix="bench-fair-"))
+    (workdir / "serve.yaml").write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
+    proc, url = start_server([sys.executable, "-c", cli, "serve", "-r", spec, "--port", "0", "-c",
+                              str(workdir / "serve.yaml"), "--log-level", "warning"])
+    try:
+        alone = asyncio.run(_small_requests(url, args.seconds, None))
+        beside_big = asyncio.run(_small_requests(url, args.seconds, big))
+    finally:
+        stop_server(proc, timeout=120)
+    result = {"small_alone": alone, "small_beside_one_big_client": beside_big, "served_spec": spec,
+              "setup": {"seconds": args.seconds, "max_batch_pairs": args.max_batch_pairs,
+                        "big_request": "40 documents x 49,000 characters (~2 MB)", "small_request": "1 document"},
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    out = Path(args.out or "bench/results/serve_fairness.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"alone": alone, "beside_big": beside_big}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default",
@@ -471,7 +534,9 @@ def main() -> None:
                         "(writes serve_long.json)")
     parser.add_argument("--requests", type=int, default=400, help="distinct request bodies, cycled")
     parser.add_argument("--offline-pairs", type=int, default=2000)
-    parser.add_argument("--max-batch-pairs", type=int, default=256)
+    parser.add_argument("--max-batch-pairs", type=int, default=32)
+    parser.add_argument("--fairness", action="store_true",
+                        help="small requests' p50/p99 alone and beside one client sending 2 MB requests")
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--skip-baseline", action="store_true", help="only ragsieve serve and offline scoring")
@@ -502,6 +567,8 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     spec, model_dir = resolve_model(args.model, workdir)
+    if args.fairness:
+        return fairness(args, spec)
     bodies, source = make_requests(args.requests, args.docs, dataset=args.documents)
     print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; serving {spec}")
     if args.ray:

@@ -295,3 +295,27 @@ def test_fit_with_too_few_questions_fails_on_the_split_before_loading_anything(t
             "--llm", tmp_path / "no-llm")
     assert r.code == 2 and "too few questions for the" in r.err and len(r.err.strip().splitlines()) == 1, r.err
     assert not (tmp_path / "sieve").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--host", "8.8.8.8"), "--host 8.8.8.8: not an address of this machine"),
+    (("--host", "no.such.host.invalid"), "--host no.such.host.invalid: does not resolve"),
+    (("--host", "8.8.8.8", "--ray", "local"), "--host 8.8.8.8: not an address of this machine"),
+])
+def test_serve_on_an_address_not_this_machines_is_one_line_before_any_model_loads(cli, args, says):
+    r = cli("serve", "-r", "embedded:base", "--port", "0", *args)
+    # one line and nothing else: the "loading embedded:base" line would come first had a model started loading
+    assert r.code == 2 and r.err.strip().startswith(f"error: {says}") and len(r.err.strip().splitlines()) == 1, r.err
+
+
+@pytest.mark.parametrize("ray", [(), ("--ray", "local")], ids=["uvicorn", "ray"])
+def test_serve_on_a_port_in_use_is_one_line_before_any_model_loads(cli, ray):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = cli("serve", "-r", "embedded:base", "--port", port, *ray)
+    assert r.code == 2 and r.err.strip().startswith(f"error: --port {port}: already in use"), r.err
+    assert len(r.err.strip().splitlines()) == 1, r.err

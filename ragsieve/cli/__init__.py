@@ -19,15 +19,36 @@ from ragsieve.cli.app import app, err_console
 from ragsieve.errors import RagsieveError
 
 
+#: libraries whose log lines are noise in a command's output (their errors still show)
+NOISY_LOGGERS = ("transformers", "sentence_transformers", "huggingface_hub", "torch", "onnxruntime", "openvino",
+                 "datasets", "accelerate", "ray", "uvicorn.error")
+
+
+def quiet_third_parties(verbose: bool = False) -> None:
+    """Third-party progress bars and warnings off (unless ``--verbose``): transformers' "Loading weights" bars
+    put carriage returns into logs, and an ONNX export prints ``TracerWarning`` s the user can do nothing about.
+    ragsieve's own warnings and progress lines still show."""
+    import warnings
+
+    # huggingface_hub reads this at import, and transformers' bars follow it; set before either is imported
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "0" if verbose else "1")
+    # ... and libraries that re-enable them would warn about the variable once per call
+    warnings.filterwarnings("ignore", message="Cannot enable progress bars")
+    if verbose:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"ragsieve(\.|$)")  # checked first: ragsieve's own warnings stay
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # transformers draws a "Loading weights" bar per model load (four per demo); ragsieve draws its own
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    import warnings  # ... and libraries that re-enable them would warn about the variable once per call
-
-    warnings.filterwarnings("ignore", message="Cannot enable progress bars")
+    args = sys.argv[1:] if argv is None else argv
+    quiet_third_parties(verbose="--verbose" in args)
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=args, standalone_mode=False)
     except RagsieveError as exc:
         err_console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2

@@ -22,6 +22,16 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show third-party progress bars and warnings (model loading, ONNX export)."
+    ),
+) -> None:
+    """LLM-aware post-retrieval filtering for RAG."""
+    # applied by ragsieve.cli.main before any command runs (it reads --verbose from the arguments)
+
 DataDirOption = typer.Option(None, "--data-dir", help="Benchmark data folder (default: $RAGSIEVE_DATA or ../shared/data).")
 SkipBadOption = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing.")
 OutRowsOption = typer.Option(

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -68,13 +69,16 @@ def serve_cmd(
     replicas: Optional[int] = typer.Option(
         None, "--replicas", help="With --ray: copies of the app, each with its own models (default 2)."
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show third-party progress bars and warnings (model loading, ONNX export)."
+    ),
 ) -> None:
     """Serve Cohere/Jina/TEI-compatible /v1/rerank, /v2/rerank, /rerank and /v1/filter."""
     if not 0 <= port <= 65535:  # before any model loads (socket.bind would raise OverflowError)
         raise RagsieveError(f"--port {port}: a TCP port is 1-65535 (0 = any free port)")
     from ragsieve.config import build_config, read_mapping
     from ragsieve.serve import ServeConfig, create_app
-    from ragsieve.serve.runner import bind, uvicorn_server
+    from ragsieve.serve.runner import check_address, listen, reserve, uvicorn_server
 
     values = read_mapping(config) if config else {}
     options = {
@@ -94,22 +98,32 @@ def serve_cmd(
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))
     logging.getLogger("ragsieve.serve").setLevel(log_level.upper())
     if ray is not None:
+        check_address(host, port)  # before Ray starts and the replicas load their models
         return _serve_on_ray(cfg, ray, 2 if replicas is None else replicas, host, port)
     if replicas is not None:
         raise RagsieveError("--replicas needs --ray (one uvicorn process serves one copy)")
+    # the address is checked and taken before the models load (≈ 20 s): a port in use fails at once, in one line
+    sock = reserve(host, port)
     err_console.print(f"loading {cfg.sieve or cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))
-    application = create_app(cfg)  # models load here: a bad spec fails before the port is taken
-    sock = bind(host, port)
+    try:
+        application = create_app(cfg)
+    except BaseException:  # a bad spec: the port goes back at once
+        sock.close()
+        raise
+    listen(sock)
     bound_host, bound_port = sock.getsockname()[:2]
     auth = "API key required" if cfg.api_key else "no API key"
     # one line a supervisor (or a test) can read the URL from
     print(f"ragsieve serve: http://{bound_host}:{bound_port} ({auth})", flush=True)
-    uvicorn_server(application, log_level=log_level).run(sockets=[sock])
+    server = uvicorn_server(application, log_level=log_level, graceful_s=cfg.shutdown_grace_s)
+    # SIGTERM: uvicorn stops accepting, lets in-flight requests finish (shutdown_grace_s), and the app's shutdown
+    # writes the queued traffic; it then re-raises the signal, which this handler absorbs, so the exit code is 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run(sockets=[sock])
 
 
 def _serve_on_ray(cfg, address: str, replicas: int, host: str, port: int) -> None:
     """Deploy on Ray Serve, print the URL, and keep the deployment up until interrupted."""
-    import signal
     import threading
 
     from ragsieve.serve.ray import APP_NAME, serve_on_ray

@@ -108,10 +108,10 @@ class OnnxEncoder:
     def encode(self, texts: Sequence[str], batch_size: int = 32, normalize_embeddings: bool = True,
                **_: object) -> np.ndarray:
         """Mean-pooled token states of ``texts`` (length-sorted batches, input order back), L2-normalised."""
-        from ragsieve.models.onnx import padded_batches
+        from ragsieve.models.onnx import model_batches
 
         out: np.ndarray | None = None
-        for idx, feeds in padded_batches(self.tokenizer.encode_batch(list(texts)), batch_size):
+        for idx, feeds in model_batches(self.model, self.tokenizer.encode_batch(list(texts)), batch_size):
             states = self.model(feeds)
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             vecs = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)

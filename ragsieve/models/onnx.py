@@ -56,6 +56,7 @@ def onnx_session(path: str | Path, threads: int | None = None):
 class OnnxModel:
     """One ONNX graph on an :data:`ENGINES` engine: ``model(feeds)`` is its first output for a dict of int64
     arrays (extra keys are dropped; :attr:`inputs` names the graph's own). Safe to call from several threads.
+    :attr:`batch_invariant` is False for a dynamically quantised (int8) graph: run its inputs one at a time, unpadded.
 
     Example::
 
@@ -67,6 +68,7 @@ class OnnxModel:
         if engine not in ENGINES:
             raise ValueError(f"unknown ONNX engine '{engine}'; known: {', '.join(ENGINES)}")
         self.path, self.engine = Path(path), engine
+        self.batch_invariant = not _quantises_per_batch(path)
         if engine == "onnxruntime":
             self._session = onnx_session(path, threads)
             self.inputs = {i.name for i in self._session.get_inputs()}
@@ -101,20 +103,58 @@ class OnnxModel:
         return np.array(request.infer(feeds)[0])  # a copy: the request reuses its output buffer
 
 
-def padded_batches(encodings: Sequence, batch_size: int, pad_id: int = 0) -> Iterator[tuple[np.ndarray, dict]]:
-    """``(indices, feeds)`` per batch of ``tokenizers`` encodings, shortest first so each batch pads little:
-    ``input_ids`` (padded with ``pad_id``), ``attention_mask`` and ``token_type_ids`` as int64 arrays, the
-    indices saying which inputs the rows are (results go back to input order by them).
+#: rows are padded to a multiple of this many tokens and only rows of one padded width share a batch, so a pair's
+#: score never depends on its batchmates: bf16 kernels (torch autocast, OpenVINO) give a row different results at
+#: different padded widths (0.5219 vs 0.5187 for one pair), never at different batch sizes of one width
+PAD_BUCKET = 8
+
+
+def bucketed_batches(lengths: Sequence[int], batch_size: int, bucket: int = PAD_BUCKET) -> Iterator[np.ndarray]:
+    """Indices per batch, shortest first, every batch of one padded width (``lengths`` rounded up to ``bucket``).
+
+    Example::
+
+        list(bucketed_batches([3, 9, 5, 16], 8))   # [array([0, 2]), array([1, 3])]: widths 8 and 16
+    """
+    widths = -(-np.asarray(lengths, dtype=np.int64) // bucket) * bucket
+    order = np.argsort(widths, kind="stable")
+    for width in np.unique(widths):
+        same = order[widths[order] == width]
+        for lo in range(0, len(same), batch_size):
+            yield same[lo: lo + batch_size]
+
+
+def _quantises_per_batch(path: str | Path) -> bool:
+    """True for a dynamically quantised graph: its int8 activations are scaled by the whole batch's range, so a
+    row's result depends on its batchmates (and on padding) whatever the widths."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(node.op_type == "DynamicQuantizeLinear" for node in graph.node)
+
+
+def model_batches(model: "OnnxModel", encodings: Sequence, batch_size: int,
+                  pad_id: int = 0) -> Iterator[tuple[np.ndarray, dict]]:
+    """:func:`padded_batches` as ``model`` runs them batch-invariantly: length buckets, or one unpadded input per
+    call for a graph that quantises per batch."""
+    if model.batch_invariant:
+        return padded_batches(encodings, batch_size, pad_id)
+    return padded_batches(encodings, 1, pad_id, bucket=1)
+
+
+def padded_batches(encodings: Sequence, batch_size: int, pad_id: int = 0,
+                   bucket: int = PAD_BUCKET) -> Iterator[tuple[np.ndarray, dict]]:
+    """``(indices, feeds)`` per batch of ``tokenizers`` encodings (:func:`bucketed_batches`: shortest first, one
+    padded width per batch): ``input_ids`` (padded with ``pad_id``), ``attention_mask`` and ``token_type_ids`` as
+    int64 arrays, the indices saying which inputs the rows are (results go back to input order by them).
 
     Example::
 
         for idx, feeds in padded_batches(tokenizer.encode_batch(texts), 8):
             out[idx] = session.run(None, feeds)[0][:, 0]
     """
-    order = np.argsort([len(e.ids) for e in encodings], kind="stable")
-    for lo in range(0, len(order), batch_size):
-        idx = order[lo: lo + batch_size]
-        width = max(len(encodings[i].ids) for i in idx)
+    for idx in bucketed_batches([len(e.ids) for e in encodings], batch_size, bucket):
+        width = -(-max(len(encodings[i].ids) for i in idx) // bucket) * bucket
         feeds = {k: np.full((len(idx), width), pad_id if k == "input_ids" else 0, dtype=np.int64)
                  for k in ("input_ids", "attention_mask", "token_type_ids")}
         for row, i in enumerate(idx):

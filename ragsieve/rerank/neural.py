@@ -162,12 +162,19 @@ class CrossEncoderRanker(BaseRanker):
                                         activation_fn=None if activated else torch.nn.Identity())
             return np.asarray(scores, dtype=float)
 
-        # longest first, like CrossEncoder.predict, so each batch pads little
-        order = np.argsort([-(len(q) + len(p)) for q, p in pairs], kind="stable")
+        from ragsieve.models.onnx import PAD_BUCKET, bucketed_batches
+
+        # batch-invariant: one padded width per batch (bf16 results move with it), and a backend quantising
+        # activations per batch (torch-int8) scores each pair alone, unpadded
+        invariant = self.backend != "torch-int8"
+        bucket, size = (PAD_BUCKET, self.batch_size) if invariant else (1, 1)
+        lengths = [len(ids) for ids in self.model.tokenizer(
+            [q for q, _ in pairs], [p for _, p in pairs], truncation="longest_first",
+            max_length=int(self.model.max_length))["input_ids"]]
         out = np.zeros(len(pairs), dtype=float)
-        for lo in range(0, len(order), self.batch_size):
-            idx = order[lo : lo + self.batch_size]
-            features = self.model.preprocess([pairs[i] for i in idx])
+        for idx in bucketed_batches(lengths, size, bucket):
+            features = self.model.preprocess([pairs[i] for i in idx],
+                                             processing_kwargs={"text": {"pad_to_multiple_of": bucket}})
             logits = torch.from_numpy(np.asarray(self._forward(features), dtype=np.float32))
             if activated:
                 logits = self.model.activation_fn(logits)

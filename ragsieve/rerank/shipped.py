@@ -12,7 +12,7 @@ Loading never trains. Retraining is explicit: ``ragsieve run experiments/rerank_
 
 The ONNX path needs neither torch nor sentence-transformers at load time: the tokenizer
 is the ``tokenizers`` one from ``tokenizer.json`` (same ids as ``CrossEncoder.preprocess``),
-pairs are sorted by token length and batched so each batch pads little, and the scores go
+pairs are sorted by token length and batched by padded width (8-token buckets: batch-invariant scores), and the scores go
 back to input order.
 
 Example::
@@ -110,10 +110,11 @@ class OnnxCrossEncoderRanker(BaseRanker):
         """Raw logits for (query, passage text) tuples in input order; batches over length-sorted pairs."""
         if not pairs:
             return np.zeros(0)
-        from ragsieve.models.onnx import padded_batches
+        from ragsieve.models.onnx import model_batches
 
         out = np.zeros(len(pairs), dtype=float)
-        for idx, feeds in padded_batches(self.encode_pairs(pairs), self.batch_size, self.pad_id):
+        # batch-invariant: a pair scores the same whoever it is batched with (serve batches across requests)
+        for idx, feeds in model_batches(self.model, self.encode_pairs(pairs), self.batch_size, self.pad_id):
             logits = self.model(feeds)
             out[idx] = logits.reshape(len(idx), -1)[:, 0]
         return out

@@ -32,6 +32,11 @@ from ragsieve.serve.state import ServeState
 ROUTERS = (rerank_router, filter_router, feedback_router, rag_router, admin_router)
 
 
+def _route_paths() -> frozenset[str]:
+    """Every endpoint's path (the metric labels), read from the routers themselves."""
+    return frozenset(route.path for router in ROUTERS for route in router.routes if hasattr(route, "path"))
+
+
 def create_app(
     config: ServeConfig, models: ServedModels | None = None, *, state: ServeState | None = None,
     echo_request_id: bool = True,
@@ -56,11 +61,11 @@ def create_app(
     )
     app.state.serve = state
     install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
     api_key = state.config.api_key.get_secret_value() if state.config.api_key else None
     app.add_middleware(
         Guard, api_key=api_key, max_body_bytes=state.config.max_body_bytes, echo_request_id=echo_request_id,
-        replica=state.replica,
+        replica=state.replica, metrics=state.metrics, routes=_route_paths(),
     )
-    for router in ROUTERS:
-        app.include_router(router)
     return app

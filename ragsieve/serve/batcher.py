@@ -1,14 +1,16 @@
 """Dynamic batching: concurrent requests share one ``score_pairs`` call on a worker thread.
 
 The event loop never runs the model. Each request's (query, text) pairs go into a queue;
-the worker takes the first waiting job, waits at most ``max_wait_ms`` for more, up to
-``max_batch_pairs`` pairs in all, scores them in one call and hands each request its
-slice. A model error in a shared batch is retried per job, so one bad request cannot
-fail the others it was batched with.
+when the worker is idle it waits at most ``max_wait_ms`` for company. Every model call
+holds at most ``max_batch_pairs`` pairs, taken round-robin across the waiting requests:
+from those not yet served this round (new arrivals join it), and once none is left, a new
+round of those still unfinished. A big request is scored a slice at a time, and a small one
+sent meanwhile waits for at most the slice being scored. A model error in a shared batch is retried per job, so
+one bad request cannot fail the others it was batched with.
 
 Example::
 
-    batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=5, max_batch_pairs=256)
+    batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=5, max_batch_pairs=32)
     scores = await batcher.score([("who wrote hamlet", "Shakespeare wrote Hamlet.")])
     batcher.close()
 
@@ -23,23 +25,38 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ragsieve.rerank.base import BaseRanker
 
+if TYPE_CHECKING:
+    from ragsieve.serve.metrics import ServeMetrics
+
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     pairs: Sequence[tuple[str, str]]
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued_at: float = field(default_factory=time.perf_counter)
+    taken: int = 0  # pairs handed to the model so far (a prefix: slices are taken in order)
+    scores: list[np.ndarray] = field(default_factory=list)
+    failed: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return len(self.pairs) - self.taken
+
+    def gone(self) -> bool:
+        """The request was cancelled (client gone, server shutting down) or already failed: skip its pairs."""
+        return self.failed or self.future.cancelled()
 
 
 @dataclass
@@ -95,12 +112,18 @@ class PairBatcher:
     """One worker thread per model; :meth:`score` is awaited from request handlers."""
 
     def __init__(
-        self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 256, name: str = "model"
+        self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 32, name: str = "model",
+        metrics: "ServeMetrics | None" = None,
     ):
         self.ranker = ranker
         self.max_wait = max_wait_ms / 1000.0
         self.max_batch_pairs = max_batch_pairs
         self.stats = BatchStats()
+        self.name = name
+        self.metrics = metrics
+        # the worker's round: jobs not served yet in it (arrivals join), then those already served
+        self._unserved: deque[_Job] = deque()
+        self._served: deque[_Job] = deque()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         # a job queued after the stop marker would never be answered: closing and queuing exclude each other
         self._closed = False
@@ -130,36 +153,121 @@ class PairBatcher:
         self._thread.join(timeout=10)
 
     # -- worker thread ---------------------------------------------------------------
-    def _collect(self, first: _Job) -> tuple[list[_Job], bool]:
-        jobs, total, stop = [first], len(first.pairs), False
-        deadline = time.perf_counter() + self.max_wait
-        while total < self.max_batch_pairs:
-            remaining = deadline - time.perf_counter()
+    def _admit(self, job: _Job) -> None:
+        self._unserved.append(job)
+        if self.metrics is not None:
+            self.metrics.queue_requests.labels(model=self.name).inc()
+            self.metrics.queue_pairs.labels(model=self.name).inc(len(job.pairs))
+
+    def _drop(self, job: _Job) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_requests.labels(model=self.name).dec()
+            self.metrics.queue_pairs.labels(model=self.name).dec(job.remaining)
+
+    def _pending_pairs(self) -> int:
+        return sum(job.remaining for job in (*self._unserved, *self._served))
+
+    def _wait_for_work(self) -> bool:
+        """Block until a job is waiting (then wait up to ``max_wait`` for company); False once stopped and idle."""
+        stop = False
+        if not self._unserved and not self._served:
+            first = self._queue.get()
+            if first is None:
+                return False
+            self._admit(first)
+            deadline = time.perf_counter() + self.max_wait
+            while self._pending_pairs() < self.max_batch_pairs:
+                remaining = deadline - time.perf_counter()
+                try:
+                    job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stop = True
+                    break
+                self._admit(job)
+        while True:  # whoever arrived while the last batch was scored joins this round
             try:
-                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                job = self._queue.get_nowait()
             except queue.Empty:
                 break
             if job is None:
                 stop = True
                 break
-            jobs.append(job)
-            total += len(job.pairs)
-        return jobs, stop
+            self._admit(job)
+        if stop:
+            self._stopping = True
+        return True
+
+    def _next_batch(self) -> list[tuple[_Job, int, int]]:
+        """Slices ``(job, lo, hi)`` of at most ``max_batch_pairs`` pairs in all, from the jobs not served yet this
+        round, else (a new round) from those served."""
+        for jobs in (self._unserved, self._served):
+            for job in [j for j in jobs if j.gone()]:
+                jobs.remove(job)
+                self._drop(job)
+        if not self._unserved:  # a new round
+            self._unserved, self._served = self._served, self._unserved
+        batch, budget = [], self.max_batch_pairs
+        # requests not served yet this round go alone (with each other): a big one's next slice would only
+        # make them wait for it; the served ones follow in the next batch
+        for jobs in (self._unserved,) if self._unserved else (self._served,):
+            for job in list(jobs):
+                if budget == 0:
+                    break
+                take = min(job.remaining, budget)
+                batch.append((job, job.taken, job.taken + take))
+                job.taken += take
+                budget -= take
+                jobs.remove(job)
+                if job.remaining:  # to the back of the served: the others go first next time
+                    self._served.append(job)
+        return batch
 
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            jobs, stop = self._collect(first)
-            self.stats.record([len(job.pairs) for job in jobs])
-            for job, result in zip(jobs, score_jobs(self.ranker, [job.pairs for job in jobs])):
+        self._stopping = False
+        while self._wait_for_work():
+            batch = self._next_batch()
+            if not batch:
+                if self._stopping and not self._unserved and not self._served:
+                    return
+                continue
+            now = time.perf_counter()
+            self.stats.record([hi - lo for _, lo, hi in batch])
+            if self.metrics is not None:
+                for job, lo, _ in batch:
+                    if lo == 0:
+                        self.metrics.queue_wait.labels(model=self.name).observe(now - job.queued_at)
+            results = score_jobs(self.ranker, [job.pairs[lo:hi] for job, lo, hi in batch])
+            if self.metrics is not None:
+                n = sum(hi - lo for _, lo, hi in batch)
+                self.metrics.batch_pairs.labels(model=self.name).observe(n)
+                self.metrics.pairs_scored.labels(model=self.name).inc(n)
+            for (job, lo, hi), result in zip(batch, results):
+                if job.failed:
+                    continue
+                if self.metrics is not None:
+                    self.metrics.queue_pairs.labels(model=self.name).dec(hi - lo)
                 if isinstance(result, Exception):
+                    job.failed = True
+                    self._drop_failed(job)
                     _deliver(job, exc=result)
-                else:
-                    _deliver(job, result=result)
-            if stop:
+                    continue
+                job.scores.append(result)
+                if hi == len(job.pairs):
+                    if self.metrics is not None:
+                        self.metrics.queue_requests.labels(model=self.name).dec()
+                    _deliver(job, result=np.concatenate(job.scores))
+            if self._stopping and not self._unserved and not self._served:
                 return
+
+    def _drop_failed(self, job: _Job) -> None:
+        for jobs in (self._unserved, self._served):
+            if job in jobs:
+                jobs.remove(job)
+        if self.metrics is not None:
+            self.metrics.queue_requests.labels(model=self.name).dec()
+            self.metrics.queue_pairs.labels(model=self.name).dec(job.remaining)
 
 
 def _deliver(job: _Job, result=None, exc: BaseException | None = None) -> None:

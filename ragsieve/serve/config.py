@@ -48,13 +48,19 @@ class ServeConfig(StrictConfig):
     max_document_chars: int = Field(50_000, ge=1)
     max_query_chars: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    # pairs one request may have scored, counting each window of a chunked document: a request's model time
+    max_pairs_per_request: int = Field(4096, ge=1)
     max_chunks_per_doc: int = Field(
         MAX_CHUNKS_PER_DOC, ge=1, description="a document longer than the model window is split into at most this many chunks"
     )
 
     # dynamic batching: concurrent requests are scored together in one score_pairs call
     max_wait_ms: float = Field(5.0, ge=0.0, description="how long the first request of a batch waits for company")
-    max_batch_pairs: int = Field(256, ge=1)
+    # pairs per model call, taken round-robin across requests: a small request waits for at most one such slice of
+    # a big one (32 windows of 256 tokens ≈ 1-2 s on 2 cores), and the model batches 32 at a time anyway
+    max_batch_pairs: int = Field(32, ge=1)
+    # SIGTERM: how long in-flight requests may take to finish before the server exits anyway
+    shutdown_grace_s: float = Field(30.0, ge=0.0)
 
     api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)
 

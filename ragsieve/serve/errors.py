@@ -35,16 +35,79 @@ def _json(request: Request, status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "request_id": request_id(request)}, status_code=status)
 
 
-def _field(loc) -> str:
-    # ("body", "documents", 3, "text") -> "documents.3.text"; a union branch name is noise
-    parts = [str(p) for p in loc if p != "body" and not str(p).startswith(("function-", "tagged-union"))]
-    return ".".join(parts) or "body"
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+#: pydantic's wording → the user's: what the value must be, in JSON terms
+_PHRASES = (
+    ("Input should be a valid dictionary or object to extract fields from", "must be a JSON object"),
+    ("Input should be a valid dictionary", "must be a JSON object"),
+    ("Input should be a valid list", "must be a JSON array"),
+    ("Input should be a valid string", "must be a string"),
+    ("Input should be a valid number, unable to parse string as a number", "must be a number"),
+    ("Input should be a valid integer, unable to parse string as an integer", "must be an integer"),
+    ("Input should be a valid integer", "must be an integer"),
+    ("Input should be a valid number", "must be a number"),
+    ("Input should be a valid boolean", "must be true or false"),
+    ("Field required", "is required"),
+    ("Extra inputs are not permitted", "is not a known field"),
+    ("Input should be ", "must be "),
+    ("String should have ", "must have "),
+    ("List should have ", "must have "),
+    ("Value error, ", ""),
+    ("Assertion failed, ", ""),
+)
+
+
+def _is_branch(part) -> bool:
+    """A union branch's name in an error location (``str``, ``DocumentIn``, ``list[function-after[...]]``):
+    a library's type name, not a field the user sent."""
+    if not isinstance(part, str):
+        return False
+    return part in _TYPE_NAMES or part[:1].isupper() or any(c in part for c in "[(-")
+
+
+def _plain(message: str) -> str:
+    for theirs, ours in _PHRASES:
+        if message.startswith(theirs):
+            return ours + message[len(theirs):]
+    return message
+
+
+def _errors(exc: RequestValidationError) -> list[tuple[tuple, str, str]]:
+    """(union branches taken, field, rule) per error, of the branch each union's input matched best: a body
+    sent as one feedback item is reported against the item, not also against the list it is not."""
+    found = []
+    for err in exc.errors():
+        loc = [p for p in err.get("loc", ()) if p != "body"]
+        branches = tuple((i, p) for i, p in enumerate(loc) if _is_branch(p))
+        field = ".".join(str(p) for p in loc if not _is_branch(p)) or "body"
+        found.append((branches, field, _plain(str(err.get("msg", "invalid")))))
+    by_branch: dict[tuple, list] = {}
+    for item in found:
+        by_branch.setdefault(item[0], []).append(item)
+    if len(by_branch) <= 1:
+        return found
+    # the branch whose errors lie deepest matched the input best
+    depth = {b: max(0 if f == "body" else len(f.split(".")) for _, f, _ in items) for b, items in by_branch.items()}
+    deepest = [b for b in by_branch if depth[b] == max(depth.values())]
+    # on a tie, a branch that took the input's type and found a rule broken beats a type mismatch
+    ruled = [b for b in deepest
+             if any(not r.startswith("must be a JSON") and r != "is required" for _, _, r in by_branch[b])]
+    if ruled:
+        return by_branch[ruled[0]]
+    fields = {f for b in deepest for _, f, _ in by_branch[b]}
+    if len(fields) > 1:
+        return by_branch[deepest[0]]
+    # one field's types are alternatives ("must be a JSON object or a JSON array")
+    rules = [r.removeprefix("must be ") for b in deepest for _, _, r in by_branch[b]]
+    return [((), fields.pop(), "must be " + " or ".join(dict.fromkeys(rules)))]
 
 
 def validation_message(exc: RequestValidationError) -> str:
+    """One line naming each bad field and its rule in the user's words (no library type names)."""
     seen, parts = set(), []
-    for err in exc.errors():
-        text = f"{_field(err.get('loc', ()))}: {err.get('msg', 'invalid')}"
+    for _, field, rule in _errors(exc):
+        text = f"{field}: {rule}"
         if text not in seen:
             seen.add(text)
             parts.append(text)

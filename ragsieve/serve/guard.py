@@ -16,10 +16,15 @@ import logging
 import secrets
 import time
 import uuid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ragsieve.serve.metrics import ServeMetrics
 
 log = logging.getLogger("ragsieve.serve")
 
-OPEN_PATHS = frozenset({"/health"})
+#: liveness and readiness probes answer without the API key (/metrics needs it, like every other path)
+OPEN_PATHS = frozenset({"/health", "/ready"})
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -56,8 +61,11 @@ class Guard:
     """Request id + access log, API key check (all paths but /health), body-size cap."""
 
     def __init__(self, app, *, api_key: str | None, max_body_bytes: int, echo_request_id: bool = True,
-                 replica: str | None = None):
+                 replica: str | None = None, metrics: "ServeMetrics | None" = None,
+                 routes: frozenset[str] = frozenset()):
         self.app = app
+        self.metrics = metrics
+        self.routes = routes  # metric labels: the app's paths; any other path counts as "other" (bounded labels)
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.echo_request_id = echo_request_id
@@ -90,7 +98,12 @@ class Guard:
             nonlocal logged
             if not logged:
                 logged = True
-                ms = (time.perf_counter() - start) * 1000
+                seconds = time.perf_counter() - start
+                ms = seconds * 1000
+                if self.metrics is not None:
+                    route = scope["path"] if scope["path"] in self.routes else "other"
+                    self.metrics.requests.labels(route=route, status=str(code)).inc()
+                    self.metrics.latency.labels(route=route).observe(seconds)
                 log.info("rid=%s %s %s %s %.1fms", rid, scope["method"], scope["path"], code, ms)
 
         async def send_logged(message):
@@ -121,6 +134,9 @@ class Guard:
                 )
                 return
             await self.app(scope, _replay(body), send_logged)
+        except Exception:
+            log_status(500)  # answered 500 by the error middleware outside this one
+            raise
         finally:
             log_status(0)  # no response was started (client gone, or a crash below us)
 

@@ -15,14 +15,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ragsieve.rerank.base import BaseRanker
 from ragsieve.serve.batcher import Batcher, PairBatcher
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.rag import LLMStages
 
+if TYPE_CHECKING:
+    from ragsieve.serve.metrics import ServeMetrics
 
-#: ``(ranker, *, max_wait_ms, max_batch_pairs, name) -> Batcher``: how a server batches one model's calls
+
+#: ``(ranker, *, max_wait_ms, max_batch_pairs, name, metrics) -> Batcher``: how a server batches one model's calls
 BatcherFactory = Callable[..., Batcher]
 
 
@@ -63,7 +67,8 @@ class ServedModels:
         return float(value) if isinstance(value, (int, float)) else None
 
     @classmethod
-    def load(cls, config: ServeConfig, batcher: BatcherFactory = PairBatcher) -> ServedModels:
+    def load(cls, config: ServeConfig, batcher: BatcherFactory = PairBatcher,
+             metrics: "ServeMetrics | None" = None) -> ServedModels:
         from ragsieve.registry import load_grader, load_reranker
         from ragsieve.rerank.chunks import reading_whole, window_reader
 
@@ -72,7 +77,7 @@ class ServedModels:
         # read to the served chunk cap, so the sieve (/v1/filter, /v1/rag) reads a long passage as /v1/rerank does
         ranker = reading_whole(load_reranker(config.reranker, whole_passages=False, **options),
                                config.max_chunks_per_doc)
-        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs}
+        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs, "metrics": metrics}
         # the batcher scores the chunks ServeState.scores plans (one window each), so it holds the window reader
         served = cls(ranker, batcher(window_reader(ranker), name="ranker", **batch))
         if config.grader:

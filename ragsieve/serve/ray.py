@@ -50,6 +50,8 @@ from ragsieve.serve.errors import ServeError
 if TYPE_CHECKING:
     from ray.serve import Application
 
+    from ragsieve.serve.metrics import ServeMetrics
+
 log = logging.getLogger("ragsieve.serve")
 
 APP_NAME = "ragsieve"  # the Serve application (and deployment) name
@@ -86,7 +88,7 @@ def _batch_lane(name: str, max_batch_pairs: int, max_wait_ms: float):
     _, serve = _ray_serve()
 
     def batch_pairs(jobs: list[tuple["ServeBatcher", list[tuple[str, str]]]]) -> int:
-        # a request larger than a batch counts as one full batch: scored alone, never refused
+        # ServeBatcher sends slices of at most max_batch_pairs, so no item is larger than a batch
         return sum(min(len(pairs), max_batch_pairs) for _, pairs in jobs)
 
     async def score_batch(jobs: list[tuple["ServeBatcher", list[tuple[str, str]]]]) -> list[np.ndarray | Exception]:
@@ -97,6 +99,10 @@ def _batch_lane(name: str, max_batch_pairs: int, max_wait_ms: float):
         for batcher, positions in by_batcher.items():
             own = [jobs[i][1] for i in positions]
             batcher.stats.record([len(pairs) for pairs in own])
+            if batcher.metrics is not None:
+                n = sum(len(pairs) for pairs in own)
+                batcher.metrics.batch_pairs.labels(model=name).observe(n)
+                batcher.metrics.pairs_scored.labels(model=name).inc(n)
             # Serve fails every request of a batch whose function raises: score_jobs returns a failed
             # job's exception in its place instead, and ServeBatcher.score raises it for that job only
             for i, result in zip(positions, await asyncio.to_thread(score_jobs, batcher.ranker, own)):
@@ -113,8 +119,10 @@ def _batch_lane(name: str, max_batch_pairs: int, max_wait_ms: float):
 class ServeBatcher:
     """:class:`~ragsieve.serve.batcher.PairBatcher`'s interface on Ray Serve's ``@serve.batch``.
 
-    A batch holds at most ``max_batch_pairs`` pairs (a larger request is scored alone) and
-    waits at most ``max_wait_ms`` for company; one batch runs at a time, off the event loop.
+    A batch holds at most ``max_batch_pairs`` pairs and waits at most ``max_wait_ms`` for company;
+    one batch runs at a time, off the event loop. A request's pairs go in slices of at most
+    ``max_batch_pairs``, the next slice queued once the last is scored: each request has one slice
+    in the queue at a time, so requests take turns and a small one waits for at most a slice of a big one.
     The queue belongs to the model slot (``name``), not to the batcher: the batchers a reload
     makes share it (:func:`_batch_lane`), each with its own ranker and stats. Must be used
     inside a replica.
@@ -125,11 +133,14 @@ class ServeBatcher:
         scores = await batcher.score([("who wrote hamlet", "Shakespeare wrote Hamlet.")])
     """
 
-    def __init__(self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 256,
-                 name: str = "model"):
+    def __init__(self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 32,
+                 name: str = "model", metrics: "ServeMetrics | None" = None):
         _ray_serve()
         self.ranker = ranker
         self.stats = BatchStats()
+        self.metrics = metrics
+        self.name = name
+        self.max_batch_pairs = max_batch_pairs
         self._closed = False
         self._lane = (name, max_batch_pairs, max_wait_ms)
 
@@ -139,10 +150,31 @@ class ServeBatcher:
             return np.zeros(0, dtype=float)
         if self._closed:
             raise ServeError(503, "the model was just reloaded; retry the request")
-        result = await _batch_lane(*self._lane)((self, list(pairs)))
-        if isinstance(result, Exception):
-            raise result
-        return result
+        lane, pairs, scores = _batch_lane(*self._lane), list(pairs), []
+        left = len(pairs)
+        queued = time.perf_counter()
+        gauges = None if self.metrics is None else (self.metrics.queue_requests.labels(model=self.name),
+                                                    self.metrics.queue_pairs.labels(model=self.name))
+        if gauges:
+            gauges[0].inc()
+            gauges[1].inc(len(pairs))
+        try:
+            for lo in range(0, len(pairs), self.max_batch_pairs):
+                piece = pairs[lo: lo + self.max_batch_pairs]
+                result = await lane((self, piece))
+                left -= len(piece)
+                if gauges:
+                    gauges[1].dec(len(piece))
+                if lo == 0 and self.metrics is not None:  # here: the wait plus the first slice's scoring
+                    self.metrics.queue_wait.labels(model=self.name).observe(time.perf_counter() - queued)
+                if isinstance(result, Exception):
+                    raise result
+                scores.append(result)
+        finally:
+            if gauges:
+                gauges[0].dec()
+                gauges[1].dec(left)
+        return np.concatenate(scores)
 
     def close(self) -> None:
         """Refuse new work; what is queued is still scored (the ranker lives as long as its batches)."""
@@ -202,6 +234,7 @@ class Replica:
         self.serving = await self.versions.sync.remote(self.id, 0)
         self.state = await asyncio.to_thread(ServeState.load, config, None, ServeBatcher)
         self.state.replica = self.id
+        self.state.metrics.on_replica(self.id)
         self.state.reload_everywhere = self.reload_everywhere
         self._lock = asyncio.Lock()
         await self.versions.sync.remote(self.id, self.serving)

@@ -11,28 +11,75 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 
+from ragsieve.errors import RagsieveError
+
 DEFAULT_HOST = "127.0.0.1"  # loopback unless the operator asks for more
+BACKLOG = 2048
 
 
-def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def reserve(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
+    """A socket bound to ``host:port`` but not listening yet: taken before the models load, so a port in use or
+    a host that is not this machine's fails at once in one line (:class:`RagsieveError`), and nobody else takes
+    the port meanwhile; connections are refused, not left hanging, until :func:`listen`.
+
+    Example::
+
+        sock = reserve("127.0.0.1", 8080)   # RagsieveError: --port 8080: already in use ...
+        app = create_app(config)            # the models load
+        listen(sock)
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise RagsieveError(f"--host {host}: does not resolve ({getattr(exc, 'strerror', None) or exc})") from None
+    family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise RagsieveError(f"--port {port}: already in use on {host} (stop what holds it, or pick another "
+                                "port; 0 takes any free one)") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise RagsieveError(f"--host {host}: not an address of this machine (use 127.0.0.1, 0.0.0.0 or one "
+                                "of its own addresses)") from None
+        if exc.errno == errno.EACCES:
+            raise RagsieveError(f"--port {port}: permission denied (ports below 1024 need privileges)") from None
+        raise RagsieveError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
 
 
-def uvicorn_server(app, *, log_level: str = "warning", access_log: bool = False):
+def check_address(host: str, port: int) -> None:
+    """:func:`reserve`'s checks for a server that binds the port itself (Ray Serve's proxy): the port is free
+    now and the host is this machine's (one line, :class:`RagsieveError`, otherwise)."""
+    reserve(host, port).close()
+
+
+def listen(sock: socket.socket) -> socket.socket:
+    sock.listen(BACKLOG)
+    return sock
+
+
+def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
+    """A listening socket on ``host:port``."""
+    return listen(reserve(host, port))
+
+
+def uvicorn_server(app, *, log_level: str = "warning", access_log: bool = False, graceful_s: float = 5.0):
+    """``graceful_s``: after SIGTERM, how long in-flight requests may run before they are cancelled."""
     import uvicorn
 
     # our Guard middleware logs every request with its id, so uvicorn's access log is off
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=access_log, lifespan="on", timeout_graceful_shutdown=5, backlog=2048
+        app, log_level=log_level, access_log=access_log, lifespan="on", timeout_graceful_shutdown=graceful_s,
+        backlog=BACKLOG,
     )
     return uvicorn.Server(config)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +25,7 @@ from fastapi import Request
 from ragsieve.rerank.chunks import plan_chunks, window_reader
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError
+from ragsieve.serve.metrics import ServeMetrics
 from ragsieve.serve.batcher import PairBatcher
 from ragsieve.serve.models import BatcherFactory, ServedModels
 from ragsieve.serve.schemas import Document, ErrorBody, Meta
@@ -82,6 +83,8 @@ class ServeState:
     replica: str | None = None  # on Ray Serve: which replica this is (/health says who answered)
     # on Ray Serve: /admin/reload reloads every replica through this (returns how many serve the new models)
     reload_everywhere: Callable[[], Awaitable[int]] | None = None
+    metrics: ServeMetrics = field(default_factory=lambda: ServeMetrics("model"))  # what /metrics answers
+    ready: bool = True  # /ready: the models are loaded (False once the server is shutting down)
 
     @classmethod
     def load(
@@ -93,11 +96,15 @@ class ServeState:
             from ragsieve.evolve.live import pending_feedback
 
             pending_feedback(config.feedback_store)
-        models = models or ServedModels.load(config, batcher)
+        name = config.model_name or config.reranker
+        metrics = ServeMetrics(name)
+        models = models or ServedModels.load(config, batcher, metrics)
         from ragsieve.evolve.live import traffic_log
 
-        return cls(config, models, config.model_name or config.reranker,
-                   traffic_log(config.feedback_store, config.log_traffic), batcher)
+        traffic = traffic_log(config.feedback_store, config.log_traffic)
+        if traffic is not None:
+            metrics.traffic_counts = lambda: (traffic.written, traffic.dropped)
+        return cls(config, models, name, traffic, batcher, metrics=metrics)
 
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[ServedModels]:
@@ -122,8 +129,10 @@ class ServeState:
     async def reload(self) -> None:
         """Fresh models from the config's specs, swapped whole; the old ones finish the requests that
         hold them (:meth:`snapshot`), then close."""
-        fresh = await asyncio.to_thread(ServedModels.load, self.config, self.batcher)
+        fresh = await asyncio.to_thread(ServedModels.load, self.config, self.batcher, self.metrics)
         old, self.models = self.models, fresh
+        self.metrics.reloads.inc()
+        self.metrics.served(self.name)
         if old.users:
             old.released = asyncio.Event()
             with suppress(TimeoutError):
@@ -132,6 +141,7 @@ class ServeState:
 
     def close(self) -> None:
         """At shutdown: the traffic still queued is written, then the models are released."""
+        self.ready = False
         if self.traffic is not None:
             self.traffic.close()
         self.models.close()
@@ -165,12 +175,18 @@ class ServeState:
     async def scores(self, models: ServedModels, query: str, docs: list[str], meta: Meta) -> np.ndarray:
         """One raw score per document from ``models``' ranker, the request's :meth:`snapshot` (best chunk
         for long documents); ``meta`` records the chunking."""
-        if self.traffic is not None:
-            self.traffic.record(query, docs)  # a queue put: the write happens off the request path
         args = (window_reader(models.ranker), query, docs, self.config.max_chunks_per_doc)
         # tokenising megabytes would stall every other request on the event loop; small requests stay inline
         big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS
         plan = await asyncio.to_thread(plan_chunks, *args) if big else plan_chunks(*args)
+        if len(plan.texts) > self.config.max_pairs_per_request:
+            raise ServeError(413, f"documents: {len(plan.texts)} pairs to score ({len(plan.chunked)} document(s) "
+                             f"split into model windows), max_pairs_per_request is "
+                             f"{self.config.max_pairs_per_request}")
+        if self.traffic is not None:
+            self.traffic.record(query, docs)  # a queue put: the write happens off the request path
+        self.metrics.chunked_documents.inc(len(plan.chunked))
+        self.metrics.truncated_documents.inc(len(plan.truncated))
         raw = await models.rank_batcher.score([(query, t) for t in plan.texts])
         meta.chunked_documents = plan.chunked
         meta.truncated_documents = plan.truncated

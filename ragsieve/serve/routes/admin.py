@@ -1,9 +1,10 @@
-"""The service itself: ``/health``, ``/v1/models`` and ``/admin/reload`` (the models, swapped whole;
-on Ray Serve on every replica)."""
+"""The service itself: ``/health`` (liveness), ``/ready`` (readiness), ``/metrics`` (Prometheus), ``/v1/models``
+and ``/admin/reload`` (the models, swapped whole; on Ray Serve on every replica)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
 
 from ragsieve.serve.schemas import Health, ModelCard, ModelList
 from ragsieve.serve.state import ERRORS, ServeState, serve_state
@@ -15,6 +16,20 @@ router = APIRouter(tags=["service"])
 async def health(state: ServeState = Depends(serve_state)):
     stats = state.models.rank_batcher.stats
     return Health(status="ok", model=state.name, batches=stats.batches, pairs=stats.pairs, replica=state.replica)
+
+
+@router.get("/ready", summary="Readiness: 200 once the models are loaded, 503 while shutting down")
+async def ready(state: ServeState = Depends(serve_state)):
+    body = {"status": "ready" if state.ready else "shutting down", "model": state.name,
+            "version": state.metrics.version}
+    return JSONResponse(body, status_code=200 if state.ready else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics (text format): requests, latency, queue, batches, rows")
+async def metrics(state: ServeState = Depends(serve_state)):
+    from ragsieve.serve.metrics import CONTENT_TYPE
+
+    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
 @router.get("/v1/models", response_model=ModelList, responses=ERRORS)

@@ -45,7 +45,9 @@ async def feedback(
         stored = await asyncio.to_thread(append_feedback, config.feedback_store, items)
         pending = await asyncio.to_thread(pending_feedback, config.feedback_store)
     except RagsieveError as exc:  # the store, not the request, is at fault (damaged, unwritable)
+        state.metrics.feedback_rows.labels(outcome="dropped").inc(len(items))
         log.error("rid=%s feedback store: %s", request_id(request), exc)
         raise ServeError(503, f"feedback store unavailable: {str(exc).splitlines()[0]}") from None
+    state.metrics.feedback_rows.labels(outcome="written").inc(stored)
     log.info("rid=%s feedback: %d row(s) from %s", request_id(request), stored, sorted({x.source for x in items}))
     return FeedbackResponse(stored=stored, pending=pending, request_id=request_id(request))
