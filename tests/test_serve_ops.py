@@ -240,3 +240,26 @@ def make_store_here(tmp_path):
     from tests.test_serve_feedback import make_store
 
     return make_store(tmp_path / "store")
+
+
+def test_a_second_request_over_the_same_documents_encodes_nothing(tmp_path):
+    """--embedding-cache-mb: the default's cosine half keeps passage vectors across requests; meta and
+    /metrics say so."""
+    import httpx
+
+    from ragsieve.serve import ServeConfig, create_app
+    from ragsieve.serve.runner import BackgroundServer
+
+    docs = ["Shakespeare wrote Hamlet around 1600.", "Paris is the capital of France.", "Hamlet is a tragedy."]
+    with BackgroundServer(create_app(ServeConfig(reranker="embedded:base", embedding_cache_mb=8))) as server:
+        metas = []
+        for query in ("who wrote hamlet", "what is the capital of france"):
+            r = httpx.post(f"{server.url}/v1/rerank", json={"query": query, "documents": docs}, timeout=60)
+            assert r.status_code == 200, r.text
+            metas.append(r.json()["meta"]["embedding_cache"])
+        metrics = scrape(server.url, {})
+    first, second = metas
+    assert first["misses"] == 3 and first["entries"] == 3
+    assert second["misses"] == 3 and second["hits"] == first["hits"] + 3  # nothing encoded the second time
+    assert metrics[("ragsieve_embedding_cache_lookups_total", (("outcome", "hit"),))] == second["hits"]
+    assert 0 < metrics[("ragsieve_embedding_cache_bytes", ())] <= 8 * 1024 * 1024

@@ -49,6 +49,10 @@ def serve_cmd(
         False, "--log-traffic",
         help="Write served (query, documents) to --feedback-store as unlabelled examples for `evolve step`.",
     ),
+    embedding_cache_mb: Optional[float] = typer.Option(
+        None, "--embedding-cache-mb",
+        help="Passage vectors kept for the reranker's cosine half across requests (default 256 MB, 0: none).",
+    ),
     config: Optional[Path] = typer.Option(
         None, "--config", "-c", help="YAML/JSON of ServeConfig fields (limits, batching, ...)."
     ),
@@ -93,6 +97,7 @@ def serve_cmd(
         "index": str(index) if index else None,
         "feedback_store": feedback_store,  # a folder, or a URL the store accepts: passed through as given
         "log_traffic": log_traffic or None,
+        "embedding_cache_mb": embedding_cache_mb,
     }
     values.update({k: v for k, v in options.items() if v is not None})  # options override the file
     cfg = build_config(ServeConfig, values, source=str(config or "serve options"))

@@ -59,6 +59,20 @@ class PassageVectorCache:
                 out.append(vec)
         return out
 
+    def resize(self, max_mb: float) -> None:
+        """A new bound (0: cache nothing), evicting the least recently used beyond it now."""
+        if max_mb < 0:
+            raise ValueError(f"max_mb must be >= 0, got {max_mb}")
+        with self._lock:
+            self.max_bytes = int(max_mb * 1024 * 1024)
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._items:
+            _, old = self._items.popitem(last=False)
+            self._bytes -= old.nbytes
+            self.evicted += 1
+
     def put_many(self, keys: Sequence[str], vectors: np.ndarray) -> None:
         """Store one vector per key (copied, read-only), evicting the least recently used beyond the bound."""
         if not self.max_bytes:
@@ -72,10 +86,7 @@ class PassageVectorCache:
                 vec.setflags(write=False)
                 self._items[key] = vec
                 self._bytes += vec.nbytes
-            while self._bytes > self.max_bytes and self._items:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= old.nbytes
-                self.evicted += 1
+            self._evict()
 
     def stats(self) -> dict[str, int | float]:
         with self._lock:
@@ -83,3 +94,34 @@ class PassageVectorCache:
             return {"hits": self.hits, "misses": self.misses, "hit_ratio": self.hits / lookups if lookups else 0.0,
                     "entries": len(self._items), "bytes": self._bytes, "max_bytes": self.max_bytes,
                     "evicted": self.evicted}
+
+
+def vector_encoders(ranker: object) -> list:
+    """Every model inside ``ranker`` (a wrapper: best chunk, cosine mix, cascade) that encodes passages through
+    a :class:`PassageVectorCache` — what a service sizes and reports."""
+    found, seen, todo = [], set(), [ranker]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or not hasattr(obj, "__dict__"):
+            continue
+        seen.add(id(obj))
+        if isinstance(getattr(obj, "vector_cache", None), PassageVectorCache):
+            found.append(obj)
+        todo.extend(v for v in vars(obj).values() if hasattr(v, "score_pairs"))
+    return found
+
+
+def vector_stats(ranker: object) -> dict[str, int | float] | None:
+    """Passage vectors of every encoder inside ``ranker`` so far: read from an index (``stored``), encoded, and
+    the cache's hits, misses, entries and bytes; None when it encodes no passages."""
+    encoders = vector_encoders(ranker)
+    if not encoders:
+        return None
+    total: dict[str, int | float] = {}
+    for encoder in encoders:
+        for key, value in encoder.vector_stats().items():
+            if key != "cache_hit_ratio":
+                total[key] = total.get(key, 0) + value
+    lookups = total.get("cache_hits", 0) + total.get("cache_misses", 0)
+    total["cache_hit_ratio"] = total.get("cache_hits", 0) / lookups if lookups else 0.0
+    return total

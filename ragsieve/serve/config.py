@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from ragsieve.config import StrictConfig
 from ragsieve.rerank.chunks import MAX_CHUNKS_PER_DOC
+from ragsieve.rerank.vectors import DEFAULT_CACHE_MB
 
 
 class ServeConfig(StrictConfig):
@@ -59,6 +60,9 @@ class ServeConfig(StrictConfig):
     # pairs per model call, taken round-robin across requests: a small request waits for at most one such slice of
     # a big one (32 windows of 256 tokens ≈ 1-2 s on 2 cores), and the model batches 32 at a time anyway
     max_batch_pairs: int = Field(32, ge=1)
+    # passage vectors of the reranker's cosine half, shared by every request of the process (one per Ray replica):
+    # RAG traffic reranks one corpus, so a document seen before is not encoded again (0: no cache)
+    embedding_cache_mb: float = Field(DEFAULT_CACHE_MB, ge=0.0)
     # SIGTERM: how long in-flight requests may take to finish before the server exits anyway
     shutdown_grace_s: float = Field(30.0, ge=0.0)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -41,6 +41,26 @@ class _TrafficRows:
             family.add_metric(["written"], counts[0])
             family.add_metric(["dropped"], counts[1])
         yield family
+
+
+class _EmbeddingCache:
+    """The reranker's passage-vector cache (``--embedding-cache-mb``), read from its own counts at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict | None]):
+        self.stats = stats
+
+    def collect(self):
+        stats = self.stats()
+        lookups = CounterMetricFamily("ragsieve_embedding_cache_lookups", "passage vectors looked up in the cache "
+                                      "(a miss is encoded and cached)", labels=["outcome"])
+        stored = CounterMetricFamily("ragsieve_stored_vectors", "passage vectors an index supplied (not encoded)")
+        size = GaugeMetricFamily("ragsieve_embedding_cache_bytes", "bytes of passage vectors held")
+        if stats is not None:
+            lookups.add_metric(["hit"], stats["hits"])
+            lookups.add_metric(["miss"], stats["misses"])
+            stored.add_metric([], stats["stored"])
+            size.add_metric([], stats["bytes"])
+        yield from (lookups, stored, size)
 
 
 class ServeMetrics:
@@ -71,6 +91,8 @@ class ServeMetrics:
                                      "dropped (the store failed; the client got a 503)", ["outcome"], **reg)
         self.traffic_counts: Callable[[], tuple[int, int] | None] = lambda: None
         self.registry.register(_TrafficRows(lambda: self.traffic_counts()))
+        self.embedding_cache: Callable[[], dict | None] = lambda: None
+        self.registry.register(_EmbeddingCache(lambda: self.embedding_cache()))
         self.replica = replica
         self.version = 0
         self.served(model)

@@ -71,12 +71,15 @@ class ServedModels:
              metrics: "ServeMetrics | None" = None) -> ServedModels:
         from ragsieve.registry import load_grader, load_reranker
         from ragsieve.rerank.chunks import reading_whole, window_reader
+        from ragsieve.rerank.vectors import vector_encoders
 
         refuse_pickled_weights(config.reranker)
         options = {"calibration": config.calibration} if config.calibration else {}
         # read to the served chunk cap, so the sieve (/v1/filter, /v1/rag) reads a long passage as /v1/rerank does
         ranker = reading_whole(load_reranker(config.reranker, whole_passages=False, **options),
                                config.max_chunks_per_doc)
+        for encoder in vector_encoders(ranker):  # the cosine half's passage vectors, bounded as configured
+            encoder.vector_cache.resize(config.embedding_cache_mb)
         batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs, "metrics": metrics}
         # the batcher scores the chunks ServeState.scores plans (one window each), so it holds the window reader
         served = cls(ranker, batcher(window_reader(ranker), name="ranker", **batch))

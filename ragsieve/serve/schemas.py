@@ -175,6 +175,9 @@ class Meta(BaseModel):
     warnings: list[str] = []
     chunked_documents: dict[int, int] = {}  # document index -> chunks scored (longer than the model window)
     truncated_documents: list[int] = []  # documents longer than max_chunks_per_doc chunks: the tail was not read
+    # the process's passage-vector cache so far (hits, misses, hit_ratio, entries, bytes; stored: vectors an
+    # index supplied); absent for a reranker that encodes no passages
+    embedding_cache: dict | None = None
     request_id: str = ""
 
 

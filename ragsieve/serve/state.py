@@ -104,7 +104,9 @@ class ServeState:
         traffic = traffic_log(config.feedback_store, config.log_traffic)
         if traffic is not None:
             metrics.traffic_counts = lambda: (traffic.written, traffic.dropped)
-        return cls(config, models, name, traffic, batcher, metrics=metrics)
+        state = cls(config, models, name, traffic, batcher, metrics=metrics)
+        metrics.embedding_cache = lambda: embedding_cache_meta(state.models.ranker)  # the models a reload swaps in
+        return state
 
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[ServedModels]:
@@ -190,6 +192,7 @@ class ServeState:
         raw = await models.rank_batcher.score([(query, t) for t in plan.texts])
         meta.chunked_documents = plan.chunked
         meta.truncated_documents = plan.truncated
+        meta.embedding_cache = embedding_cache_meta(models.ranker)
         if plan.chunked:
             meta.warnings.append(
                 f"{len(plan.chunked)} document(s) longer than the model window were split into chunks "
@@ -201,6 +204,17 @@ class ServeState:
                 f"{self.config.max_chunks_per_doc}: their tail was not scored"
             )
         return finite(plan.reduce(raw)) if docs else np.zeros(0)
+
+
+def embedding_cache_meta(ranker) -> dict | None:
+    """What a response's ``meta.embedding_cache`` says: the process's passage-vector counts so far."""
+    from ragsieve.rerank.vectors import vector_stats
+
+    stats = vector_stats(ranker)
+    if stats is None:
+        return None
+    return {"hits": stats["cache_hits"], "misses": stats["cache_misses"], "hit_ratio": stats["cache_hit_ratio"],
+            "entries": stats["cache_entries"], "bytes": stats["cache_bytes"], "stored": stats["stored"]}
 
 
 def serve_state(request: Request) -> ServeState:
