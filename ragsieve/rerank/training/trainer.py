@@ -214,17 +214,46 @@ def train_cross_encoder(
     """
     import torch
     from datasets import Dataset
-    from sentence_transformers.cross_encoder import (
-        CrossEncoder,
-        CrossEncoderTrainer,
-        CrossEncoderTrainingArguments,
-    )
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer
 
-    from ragsieve.models.encoder import resolve_encoder_path
-    from ragsieve.rerank.training.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
-
-    # every guard's inputs are checked before the model loads
     checkpointing = checkpoint_dir is not None and config.checkpoint_steps > 0
+    rows, n_pref, dev, init = _checked_inputs(records, config, replay, relevance_dev, checkpointing)
+    # From a bi-encoder folder, CrossEncoder keeps the BERT weights and adds a new 1-logit head.
+    # fp32 on CPU even from the shipped fp16 weights: fp16 training on CPU is slow and lossy
+    model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu",
+                         model_kwargs={"dtype": torch.float32})
+    out_dir = Path(out_dir)
+    # The paper caps queries at 128 tokens separately from passages.
+    rows = [{**r, "query": _truncate(model.tokenizer, r["query"], config.query_max_tokens)} for r in rows]
+    rows, loss = _loss_and_rows(model, rows, config, init, start_logits_cache)
+    lora = _attach_lora(model, config.lora_r, config.seed) if config.lora_r else None
+    evaluator, callbacks, eval_args = _dev_evaluation(model, dev, config)
+    resume, args = _training_arguments(config, rows, out_dir, checkpoint_dir if checkpointing else None, eval_args)
+    trainer = CrossEncoderTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), evaluator=evaluator, loss=loss,
+        callbacks=callbacks,
+    )
+    if resume:
+        log.info("resuming the training from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
+    if lora is not None:
+        lora.merge_and_unload()  # in place: the CrossEncoder's BERT is plain again, adapters folded in
+    card = {"preference_rows": n_pref, "replay_rows": len(rows) - n_pref, "steps": trainer.state.global_step,
+            "resumed_from_step": int(Path(resume).name.split("-")[-1]) if resume else None,
+            "guards": config.model_dump(include={"replay_ratio", "distill_weight", "lora_r", "eval_steps", "cosine_mix"})}
+    if callbacks:
+        card.update(callbacks[0].summary())
+    _save_trained(model, config, init, out_dir, card)
+    return out_dir
+
+
+def _checked_inputs(records: Sequence[PreferenceRecord], config: CrossEncoderTrainConfig,
+                    replay: Sequence[PreferenceRecord] | None, relevance_dev: Sequence[PreferenceRecord] | None,
+                    checkpointing: bool) -> tuple[list[dict], int, list[dict], str]:
+    """The training rows (preference groups, then replayed gold groups), how many are preferences, the dev
+    samples and the start weights' path; every guard's inputs are checked here, before the model loads."""
+    from ragsieve.models.encoder import resolve_encoder_path
+
     if checkpointing and (config.eval_steps > 0 or config.lora_r > 0):
         raise RagsieveError("checkpoint_steps cannot be combined with eval_steps or lora_r: a resumed run would "
                             "lose the best dev weights or the adapters; set checkpoint_steps 0")
@@ -245,45 +274,56 @@ def train_cross_encoder(
         # a new head's scores are noise: distilling them would pull the model towards noise
         raise RagsieveError(f"distill_weight {config.distill_weight} needs a trained cross-encoder to start from; "
                             f"{config.init} is an encoder (a new head): set distill_weight 0")
-    # From a bi-encoder folder, CrossEncoder keeps the BERT weights and adds a new 1-logit head.
-    # fp32 on CPU even from the shipped fp16 weights: fp16 training on CPU is slow and lossy
-    model = CrossEncoder(init, num_labels=1, max_length=config.max_length, device="cpu",
-                         model_kwargs={"dtype": torch.float32})
-    out_dir = Path(out_dir)
-    # The paper caps queries at 128 tokens separately from passages.
-    rows = [{**r, "query": _truncate(model.tokenizer, r["query"], config.query_max_tokens)} for r in rows]
-    if config.distill_weight > 0:
-        # the teacher is the model as it starts, frozen: scored once, before any adapter or step
-        if start_logits_cache is None:
-            teacher = start_logits(model, rows, config.group_size)
-        else:
-            from contextlib import closing
+    return rows, n_pref, dev, init
 
-            from ragsieve.probe.cache import StateCache
-            from ragsieve.rerank.shipped import weights_key
 
-            with closing(StateCache(start_logits_cache)) as cache:
-                teacher = start_logits(model, rows, config.group_size, cache=cache,
-                                       model_key=f"{weights_key(init)}|{config.max_length}")
-        rows = [{**r, "label": t} for r, t in zip(rows, teacher)]
-        loss = GroupInfoNCEDistillLoss(model, temperature=config.temperature, distill_weight=config.distill_weight)
+def _loss_and_rows(model, rows: list[dict], config: CrossEncoderTrainConfig, init: str,
+                   start_logits_cache: str | Path | None):
+    """The group loss, and the rows it reads: with ``distill_weight``, each row labelled with the start
+    model's logits (the teacher)."""
+    from ragsieve.rerank.training.losses import GroupInfoNCEDistillLoss, GroupInfoNCELoss
+
+    if config.distill_weight <= 0:
+        return rows, GroupInfoNCELoss(model, temperature=config.temperature)
+    # the teacher is the model as it starts, frozen: scored once, before any adapter or step
+    if start_logits_cache is None:
+        teacher = start_logits(model, rows, config.group_size)
     else:
-        loss = GroupInfoNCELoss(model, temperature=config.temperature)
-    lora = _attach_lora(model, config.lora_r, config.seed) if config.lora_r else None
-    evaluator, callbacks, eval_args = None, [], {}
-    if config.eval_steps > 0:
-        from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+        from contextlib import closing
 
-        evaluator = CrossEncoderRerankingEvaluator(dev, at_k=10, name="dev", batch_size=32, write_csv=False)
-        eval_args = {"eval_strategy": "steps", "eval_steps": config.eval_steps,
-                     "metric_for_best_model": "eval_dev_ndcg@10", "greater_is_better": True}
-        callbacks = [_best_on_dev(model, evaluator, config.patience)]
+        from ragsieve.probe.cache import StateCache
+        from ragsieve.rerank.shipped import weights_key
+
+        with closing(StateCache(start_logits_cache)) as cache:
+            teacher = start_logits(model, rows, config.group_size, cache=cache,
+                                   model_key=f"{weights_key(init)}|{config.max_length}")
+    rows = [{**r, "label": t} for r, t in zip(rows, teacher)]
+    return rows, GroupInfoNCEDistillLoss(model, temperature=config.temperature, distill_weight=config.distill_weight)
+
+
+def _dev_evaluation(model, dev: list[dict], config: CrossEncoderTrainConfig) -> tuple[object, list, dict]:
+    """The early-stopping guard: (evaluator, callbacks, training arguments) — none of them without ``eval_steps``."""
+    if config.eval_steps <= 0:
+        return None, [], {}
+    from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+
+    evaluator = CrossEncoderRerankingEvaluator(dev, at_k=10, name="dev", batch_size=32, write_csv=False)
+    eval_args = {"eval_strategy": "steps", "eval_steps": config.eval_steps,
+                 "metric_for_best_model": "eval_dev_ndcg@10", "greater_is_better": True}
+    return evaluator, [_best_on_dev(model, evaluator, config.patience)], eval_args
+
+
+def _training_arguments(config: CrossEncoderTrainConfig, rows: list[dict], out_dir: Path,
+                        checkpoint_dir: str | Path | None, eval_args: dict):
+    """(the checkpoint to resume from or None, the trainer's arguments); ``checkpoint_dir`` None: no saves."""
+    from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
+
     resume, save_args = None, {"save_strategy": "no"}
-    if checkpointing:
+    if checkpoint_dir is not None:
         resume = _prepare_checkpoints(Path(checkpoint_dir), config, rows)
         save_args = {"save_strategy": "steps", "save_steps": config.checkpoint_steps, "save_total_limit": 1}
     args = CrossEncoderTrainingArguments(
-        output_dir=str(checkpoint_dir if checkpointing else out_dir / "checkpoints"),
+        output_dir=str(checkpoint_dir if checkpoint_dir is not None else out_dir / "checkpoints"),
         num_train_epochs=config.epochs,
         per_device_train_batch_size=config.batch_size,
         learning_rate=config.lr,
@@ -297,24 +337,15 @@ def train_cross_encoder(
         **save_args,
         **eval_args,
     )
-    trainer = CrossEncoderTrainer(
-        model=model, args=args, train_dataset=Dataset.from_list(rows), evaluator=evaluator, loss=loss,
-        callbacks=callbacks,
-    )
-    if resume:
-        log.info("resuming the training from %s", resume)
-    trainer.train(resume_from_checkpoint=resume)
-    if lora is not None:
-        lora.merge_and_unload()  # in place: the CrossEncoder's BERT is plain again, adapters folded in
+    return resume, args
+
+
+def _save_trained(model, config: CrossEncoderTrainConfig, init: str, out_dir: Path, card: dict) -> None:
+    """The trained weights, the training card and (``cosine_mix``) the start reranker's scoring card."""
     if config.save_fp16:
         model.model.half()
     model.save_pretrained(str(out_dir))
     (out_dir / "README.md").unlink(missing_ok=True)  # the auto card describes a generic CrossEncoder
-    card = {"preference_rows": n_pref, "replay_rows": len(rows) - n_pref, "steps": trainer.state.global_step,
-            "resumed_from_step": int(Path(resume).name.split("-")[-1]) if resume else None,
-            "guards": config.model_dump(include={"replay_ratio", "distill_weight", "lora_r", "eval_steps", "cosine_mix"})}
-    if callbacks:
-        card.update(callbacks[0].summary())
     (out_dir / TRAINING_CARD).write_text(json.dumps(card, indent=1) + "\n")
     if config.cosine_mix:
         from ragsieve.rerank.shipped import CARD, inherited_card
@@ -322,7 +353,6 @@ def train_cross_encoder(
         mix = inherited_card(init, config.max_length)
         if mix:  # load_reranker(out_dir) then scores as the start did: logit + w · scale · cosine
             (out_dir / CARD).write_text(json.dumps(mix, indent=1) + "\n")
-    return out_dir
 
 
 def start_logits(model, rows: Sequence[dict], group_size: int, batch_size: int = 64, *,
