@@ -207,7 +207,7 @@ def test_the_keep_head_scores_every_sentence_in_one_forward_per_batch_of_passage
     from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, read_head, write_head
     from ragsieve.registry import load_reranker
 
-    weight = np.random.default_rng(0).normal(size=32).astype(np.float32)
+    weight = np.random.default_rng(0).normal(size=4 * 32).astype(np.float32)  # four blocks of the hidden size
     write_head(tmp_path / HEAD_FILE, weight, 0.5)
     got_w, got_b = read_head(tmp_path / HEAD_FILE)
     assert np.allclose(got_w, weight) and got_b == 0.5

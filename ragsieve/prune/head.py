@@ -3,8 +3,11 @@
 Zero-shot pruning scores every ``(query, title: sentence)`` pair with the reranker: one forward per sentence,
 and each sentence read without the passage around it. :class:`SentenceKeepHead` reads ``(query, title: passage)``
 once through the shipped cross-encoder (the same weights, frozen: its rerank logit does not change) and scores
-each sentence by a linear layer over the last hidden state of each of its tokens, averaged over the sentence
-(linear, so the average of token logits is the logit of the averaged state). The layer is trained on sentence
+each sentence by a linear layer over its tokens' hidden states averaged over the sentence — the last layer's,
+a middle layer's, and the last layer's multiplied elementwise by the query's mean state and by the pair's
+``[CLS]`` state, so the head weighs a sentence against the question it is read with (linear in the token
+states for a given query, so the average of token logits is the logit of the averaged features). The layer is
+trained on sentence
 labels (HotpotQA supporting facts, the NQ sentences holding the answer, FEVER evidence sentences) by
 ``ragsieve run experiments/prune_head.yaml``; its weights ship as ``prune_head.safetensors`` beside the
 cross-encoder.
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from ragsieve.prune.pruner import PruneLayout
 
 HEAD_FILE = "prune_head.safetensors"
+#: the blocks of a sentence's features, each ``hidden_size`` wide, in the order the head's weight reads them
+FEATURE_BLOCKS = ("last", "middle", "last*query", "last*cls")
 
 
 def _default_folder() -> Path:
@@ -46,13 +51,13 @@ def _default_folder() -> Path:
 class SentenceKeepHead(BaseRanker):
     """The cross-encoder in ``folder`` read token by token, and a linear keep head over its last hidden states.
 
-    ``head``: ``(weight, bias)`` to use instead of ``folder``'s ``prune_head.safetensors`` (training starts from
-    zeros and only needs :meth:`sentence_states`).
+    ``head``: ``(weight, bias)`` to use instead of ``folder``'s ``prune_head.safetensors``; ``"untrained"`` for
+    training, which only needs :meth:`sentence_features`.
     """
 
     name = "prune-head"
 
-    def __init__(self, folder: str | Path | None = None, head: tuple[np.ndarray, float] | None = None,
+    def __init__(self, folder: str | Path | None = None, head: "tuple[np.ndarray, float] | str | None" = None,
                  max_length: int = 512, batch_size: int = 8):
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -62,7 +67,8 @@ class SentenceKeepHead(BaseRanker):
             raise ModelNotAvailable(f"prune head: no cross-encoder in {self.folder}")
         if head is None:
             head = read_head(self.folder / HEAD_FILE)
-        self.weight, self.bias = np.asarray(head[0], dtype=np.float32), float(head[1])
+        self.weight, self.bias = (None, 0.0) if head == "untrained" else (np.asarray(head[0], np.float32),
+                                                                          float(head[1]))
         from ragsieve.models.quiet import quiet_transformers
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
@@ -71,11 +77,11 @@ class SentenceKeepHead(BaseRanker):
         self.max_length, self.batch_size = max_length, batch_size
 
     # -- the forward --------------------------------------------------------------------------------
-    def sentence_states(self, query: str, passages: Sequence[Passage],
-                        spans: Sequence[Sequence[tuple[int, int]]]) -> list[np.ndarray]:
-        """Per passage, one row per sentence span (character offsets into ``passage.text``): the mean last
-        hidden state of the sentence's tokens, read in one forward of ``(query, title: passage)``. A sentence
-        past the window (truncated) gets a row of NaN."""
+    def sentence_features(self, query: str, passages: Sequence[Passage],
+                          spans: Sequence[Sequence[tuple[int, int]]]) -> list[np.ndarray]:
+        """Per passage, one row per sentence span (character offsets into ``passage.text``): the sentence's
+        features (:data:`FEATURE_BLOCKS`), read in one forward of ``(query, title: passage)``. A sentence past
+        the window (truncated) gets a row of NaN."""
         import torch
 
         out: list[np.ndarray] = []
@@ -86,21 +92,29 @@ class SentenceKeepHead(BaseRanker):
                                  padding=True, return_offsets_mapping=True, return_tensors="pt")
             offsets = enc.pop("offset_mapping").numpy()
             with torch.inference_mode():
-                states = self.encoder(**enc).last_hidden_state.numpy()
+                hidden = self.encoder(**enc, output_hidden_states=True).hidden_states
+            last, middle = hidden[-1].numpy(), hidden[len(hidden) // 2].numpy()
             for j, (passage, text) in enumerate(zip(batch, texts)):
                 shift = len(text) - len(passage.text)  # the title prefix before the passage's own text
-                seq = np.array([s == 1 for s in enc.sequence_ids(j)])
+                sequence = np.array([-1 if s is None else s for s in enc.sequence_ids(j)])
+                query_state, cls_state = last[j, sequence == 0].mean(0), last[j, 0]
                 starts, ends = offsets[j, :, 0] - shift, offsets[j, :, 1] - shift
                 rows = []
                 for a, b in spans[lo + j]:
-                    tokens = seq & (ends > a) & (starts < b) & (ends > starts)
-                    rows.append(states[j, tokens].mean(0) if tokens.any() else np.full(states.shape[-1], np.nan))
-                out.append(np.asarray(rows, dtype=np.float32).reshape(len(rows), states.shape[-1]))
+                    tokens = (sequence == 1) & (ends > a) & (starts < b) & (ends > starts)
+                    if not tokens.any():
+                        rows.append(np.full(4 * last.shape[-1], np.nan))
+                        continue
+                    own = last[j, tokens].mean(0)
+                    rows.append(np.concatenate([own, middle[j, tokens].mean(0), own * query_state, own * cls_state]))
+                out.append(np.asarray(rows, dtype=np.float32).reshape(len(rows), 4 * last.shape[-1]))
         return out
 
-    def logits(self, states: np.ndarray) -> np.ndarray:
-        """The head's keep logit of each sentence state; a truncated sentence (NaN) scores -inf."""
-        scores = states @ self.weight + self.bias
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """The head's keep logit of each sentence's features; a truncated sentence (NaN) scores -inf."""
+        if self.weight is None:
+            raise ModelNotAvailable("this keep head is untrained: load one, or give head=(weight, bias)")
+        scores = features @ self.weight + self.bias
         return np.where(np.isnan(scores), -np.inf, scores)
 
     # -- what a SentencePruner calls -----------------------------------------------------------------
@@ -108,14 +122,14 @@ class SentenceKeepHead(BaseRanker):
         """One keep logit per sentence pair of ``layout``, each passage read whole in one forward."""
         if not layout.pairs:
             return np.zeros(0)
-        states = self.sentence_states(layout.query, layout.passages, layout.spans)
-        return np.concatenate([self.logits(s) for s in states]) if states else np.zeros(0)
+        features = self.sentence_features(layout.query, layout.passages, layout.spans)
+        return np.concatenate([self.logits(f) for f in features]) if features else np.zeros(0)
 
     def score(self, query: str, passages: Sequence[Passage | str]) -> np.ndarray:
         """A passage's keep logit read as one sentence (what scoring a lone (query, sentence) pair means here)."""
         items = as_passages(passages)
-        states = self.sentence_states(query, items, [[(0, len(p.text))] for p in items])
-        return np.array([float(self.logits(s)[0]) for s in states])
+        features = self.sentence_features(query, items, [[(0, len(p.text))] for p in items])
+        return np.array([float(self.logits(f)[0]) for f in features])
 
 
 def read_head(path: str | Path) -> tuple[np.ndarray, float]:
@@ -129,7 +143,7 @@ def read_head(path: str | Path) -> tuple[np.ndarray, float]:
 
 
 def write_head(path: str | Path, weight: np.ndarray, bias: float) -> None:
-    """Save a keep head as safetensors (``weight`` over the hidden size, ``bias``)."""
+    """Save a keep head as safetensors (``weight`` over :data:`FEATURE_BLOCKS` × the hidden size, ``bias``)."""
     from safetensors.numpy import save_file
 
     save_file({"weight": np.asarray(weight, np.float32).reshape(-1), "bias": np.array([bias], np.float32)},

@@ -154,7 +154,7 @@ def sentence_features(head, examples, cache: Path) -> tuple[np.ndarray, np.ndarr
             return got["X"], got["y"], got["qid"]
     X, y, qid = [], [], []
     for n, (q, query, passage, spans, labels) in enumerate(examples):
-        states = head.sentence_states(query, [passage], [spans])[0]
+        states = head.sentence_features(query, [passage], [spans])[0]
         X.append(states)
         y += labels
         qid += [q] * len(labels)
@@ -314,13 +314,13 @@ class PruneHeadStudy:
         out_dir.mkdir(parents=True, exist_ok=True)
         work = Path.home() / ".cache" / "ragsieve" / "prune_head"
         work.mkdir(parents=True, exist_ok=True)
-        head = SentenceKeepHead(ASSET_DIR, head=(np.zeros(384, np.float32), 0.0), max_length=config.max_length)
+        head = SentenceKeepHead(ASSET_DIR, head="untrained", max_length=config.max_length)
         parts, counts = [], {}
         for dataset in config.train_datasets:
             examples = training_examples(dataset, config)
             counts[dataset] = len(examples)
             log.info("prune head: %s, %d training passages", dataset, len(examples))
-            parts.append(sentence_features(head, examples, work / f"features-{dataset}-{config.max_train_questions}"
+            parts.append(sentence_features(head, examples, work / f"features4-{dataset}-{config.max_train_questions}"
                                            f"-{config.hotpot_negatives}-{config.fever_window}.npz"))
         X = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
