@@ -81,8 +81,8 @@ def serve_cmd(
     if not 0 <= port <= 65535:  # before any model loads (socket.bind would raise OverflowError)
         raise RagsieveError(f"--port {port}: a TCP port is 1-65535 (0 = any free port)")
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.serve import ServeConfig, create_app
-    from ragsieve.serve.runner import check_address, listen, reserve, uvicorn_server
+    from ragsieve.serve import ServeConfig
+    from ragsieve.serve.runner import check_address
 
     values = read_mapping(config) if config else {}
     options = {
@@ -107,6 +107,14 @@ def serve_cmd(
         return _serve_on_ray(cfg, ray, 2 if replicas is None else replicas, host, port)
     if replicas is not None:
         raise RagsieveError("--replicas needs --ray (one uvicorn process serves one copy)")
+    _serve_here(cfg, host, port, log_level)
+
+
+def _serve_here(cfg, host: str, port: int, log_level: str) -> None:
+    """One uvicorn process: the address taken first, the models loaded, then serve until SIGTERM."""
+    from ragsieve.serve import create_app
+    from ragsieve.serve.runner import listen, reserve, uvicorn_server
+
     # the address is checked and taken before the models load (≈ 20 s): a port in use fails at once, in one line
     sock = reserve(host, port)
     err_console.print(f"loading {cfg.sieve or cfg.reranker}" + (f" + grader {cfg.grader}" if cfg.grader else ""))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -223,6 +224,34 @@ def _vs(row: dict, base: dict, config: PruneStudyConfig) -> dict[str, Any]:
             "prompt_tokens_change": tokens}
 
 
+def _ranked_candidates(dataset: str, asked, candidates, reranker, store) -> dict[str, list[tuple[int, float]]]:
+    """Question id → (candidate index, reranker score), best first; scores recorded in ``store``."""
+    rows: dict[str, list[tuple[int, float]]] = {}
+    for n, q in enumerate(asked):
+        ids = [p.id for p in candidates[q.id]]
+        scores = store.lookup(q.id, ids)
+        if scores is None:
+            scores = [float(s) for s in reranker.score(q.text, candidates[q.id])]
+            store.add([(q.id, i, s) for i, s in zip(ids, scores)])
+        order = np.argsort(-np.asarray(scores), kind="stable")
+        rows[q.id] = [(int(i), float(scores[i])) for i in order]
+        if n % 50 == 0:
+            log.info("prune %s: reranked %d / %d", dataset, n, len(asked))
+    return rows
+
+
+def _gold_row(dataset: str, test, ds, config: PruneStudyConfig, builder, cache) -> dict[str, Any]:
+    """The ceiling: the LLM answering from the gold sentences alone."""
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.prompts import first_line
+
+    gold = _gold_sentences(dataset, test, ds, config)
+    texts = [builder.with_context(q.text, gold[q.id]).text for q in test]
+    answers = cache.answers(texts)
+    correct = [int(contains_answer(first_line(a), q.answers)) for (a, _), q in zip(answers, test)]
+    return _row("gold sentences", correct, [builder.prompt_tokens(t) for t in texts])
+
+
 def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, builder,
                 shipped: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every row of the study on ``dataset``'s test questions (thresholds from its dev questions).
@@ -231,12 +260,9 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     tested here as the row ``SHIPPED_ROW`` — what a user of the default gets on this data."""
     from ragsieve.data.qa_files import split_questions
     from ragsieve.data.score_records import PairScores
-    from ragsieve.eval.qa import contains_answer
     from ragsieve.fit.config import SelectConfig
-    from dataclasses import replace
 
     from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection, choose
-    from ragsieve.prompts import first_line
     from ragsieve.prune import SentencePruner
     from ragsieve.registry import load_reranker, reranker_scores_key
     from ragsieve.retrieve.cached import build_or_load_index
@@ -272,18 +298,7 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
                           sentence_store=sent_store,
                           progress=lambda done, total: log.info("prune %s: answers %d / %d", dataset, done, total))
     selection.add_ranking(RETRIEVER, asked)
-    base_rows: dict[str, list[tuple[int, float]]] = {}
-    for n, q in enumerate(asked):
-        ids = [p.id for p in candidates[q.id]]
-        scores = cand_store.lookup(q.id, ids)
-        if scores is None:
-            scores = [float(s) for s in reranker.score(q.text, candidates[q.id])]
-            cand_store.add([(q.id, i, s) for i, s in zip(ids, scores)])
-        order = np.argsort(-np.asarray(scores), kind="stable")
-        base_rows[q.id] = [(int(i), float(scores[i])) for i in order]
-        if n % 50 == 0:
-            log.info("prune %s: reranked %d / %d", dataset, n, len(asked))
-    selection.rankings[config.reranker] = base_rows
+    selection.rankings[config.reranker] = _ranked_candidates(dataset, asked, candidates, reranker, cand_store)
     levels = selection.prune_levels([config.reranker], dev)
     log.info("prune %s: thresholds from dev sentence scores %s", dataset, levels)
 
@@ -307,11 +322,7 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     for choice, row in zip(choices, selection.evaluate(choices, test)):
         rows[choice.name] = _row(choice.name, row["correct"], row["tokens_each"])
         rows[choice.name]["choice"] = choice.to_dict()
-    gold = _gold_sentences(dataset, test, ds, config)
-    texts = [builder.with_context(q.text, gold[q.id]).text for q in test]
-    answers = cache.answers(texts)
-    correct = [int(contains_answer(first_line(a), q.answers)) for (a, _), q in zip(answers, test)]
-    rows["gold sentences"] = _row("gold sentences", correct, [builder.prompt_tokens(t) for t in texts])
+    rows["gold sentences"] = _gold_row(dataset, test, ds, config, builder, cache)
     base = rows[best_plain.name]
     for row in rows.values():
         if row is not base:
