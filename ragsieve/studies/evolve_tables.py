@@ -151,47 +151,73 @@ def _forgetting_cell(row: Mapping[str, Any], part: str, sample: Mapping[str, Any
 
 def markdown_tables(metrics: Mapping[str, Any]) -> str:
     """The study's tables: test curves, paired tests, targets, sweeps, pseudo-labels, forgetting, QA."""
-    cells = metrics.get("cells", {})
-    lines = [f"# Evolving reranker at scale: tables generated from metrics.json "
-             f"({cells.get('finished', '?')} of {cells.get('planned', '?')} cells finished)", "",
-             "Accuracy on each dataset's fixed test set (n per row in metrics.json → test_curves) with 95 % "
-             "intervals: Wilson where every test example is its own query (FEVER, ANLI, PubMedQA), else a "
-             "bootstrap over whole queries (BioASQ 150, HotpotQA 61, MultiRC 75 queries for 300 examples), since "
-             "a query's examples are not independent. AUROC ranks by the verdict margin. Paired, on the same test "
-             "examples: exact McNemar (right only with A / only with B) where every example is its own query, "
-             "else the paired bootstrap over queries; AUROC differences by the paired bootstrap over queries. "
-             "Verdicts on a target: \"met\" only when the 95 % interval clears it, \"met at the point estimate, "
-             "not shown\" when it straddles it, else \"missed\".", ""]
-    m0 = metrics.get("m0_test", {})
-    if m0:
-        lines += ["## M0 on the test set", ""]
-        lines += _table(["dataset", "n", "queries", "accuracy [95 % CI]", "vs chance", "p vs chance",
-                         "≥ chance + 10 pp", "AUROC [95 % CI]"], [
-            [ds, s["n"], s.get("queries", s["n"]), f"{s['accuracy']:.3f} {_ci(s['ci95'])}",
-             f"{s['above_chance_pp']:+.1f} pp", _p(s["p_value_vs_chance"], s.get("test")), s.get("verdict", ""),
-             f"{s['auroc']['auroc']:.3f} {_ci(s['auroc']['ci95'])}" if s.get("auroc") else ""]
-            for ds, s in m0.items()])
+    lines = _intro(metrics.get("cells", {}))
+    lines += _m0_section(metrics.get("m0_test", {}))
     lines += ["## Test accuracy after each round", ""]
     for ds, curves in metrics.get("test_curves", {}).items():
         lines += _curves(ds, curves)
-    paired = metrics.get("paired", {})
-    if paired:
-        lines += ["## Paired comparisons on the last round", "",
-                  "Holm: the p adjusted over the dataset's paired tests (the issue states two of them in "
-                  "advance, ReplayDPO vs DPO and CautiousDPO vs SFT-only; read the others through the Holm column).",
-                  "", *_paired_table(paired)]
-    targets = metrics.get("scale_targets")
-    if targets:
-        lines += ["## The issue's targets", ""]
-        m = targets["m0_above_chance_plus_10pp"]
-        r = targets["replay_ge_dpo_last_round"]
-        c = targets["cautious_gt_sft_only"]
-        def shown(per_dataset: Mapping[str, Any]) -> str:
-            met = sum(s.get("verdict") == "met" for s in per_dataset.values())
-            point = sum(s.get("verdict") == "met at the point estimate, not shown" for s in per_dataset.values())
-            return f"{met} met, {point} at the point estimate only"
+    lines += _paired_section(metrics.get("paired", {}))
+    lines += _targets_section(metrics.get("scale_targets"))
+    lines += _sweep_sections(metrics)
+    lines += _pseudo_label_section(metrics.get("pseudo_labels", {}))
+    lines += _collapse_section(metrics.get("collapse", {}))
+    lines += _forgetting_section(metrics.get("forgetting", {}), metrics.get("sizes", {}))
+    lines += _downstream_section(metrics.get("downstream_stats") or {})
+    return "\n".join(lines).rstrip() + "\n"
 
-        lines += _table(["target", "per dataset", "on the point estimate", "by the 95 % intervals", "verdict"], [
+
+def _intro(cells: Mapping[str, Any]) -> list[str]:
+    """The title (cells finished of planned) and how the intervals, paired tests and verdicts are made."""
+    return [f"# Evolving reranker at scale: tables generated from metrics.json "
+            f"({cells.get('finished', '?')} of {cells.get('planned', '?')} cells finished)", "",
+            "Accuracy on each dataset's fixed test set (n per row in metrics.json → test_curves) with 95 % "
+            "intervals: Wilson where every test example is its own query (FEVER, ANLI, PubMedQA), else a "
+            "bootstrap over whole queries (BioASQ 150, HotpotQA 61, MultiRC 75 queries for 300 examples), since "
+            "a query's examples are not independent. AUROC ranks by the verdict margin. Paired, on the same test "
+            "examples: exact McNemar (right only with A / only with B) where every example is its own query, "
+            "else the paired bootstrap over queries; AUROC differences by the paired bootstrap over queries. "
+            "Verdicts on a target: \"met\" only when the 95 % interval clears it, \"met at the point estimate, "
+            "not shown\" when it straddles it, else \"missed\".", ""]
+
+
+def _m0_section(m0: Mapping[str, Any]) -> list[str]:
+    """M0 against chance on each dataset's test set (``metrics.json → m0_test``)."""
+    if not m0:
+        return []
+    return ["## M0 on the test set", "", *_table(
+        ["dataset", "n", "queries", "accuracy [95 % CI]", "vs chance", "p vs chance", "≥ chance + 10 pp",
+         "AUROC [95 % CI]"], [
+            [ds, s["n"], s.get("queries", s["n"]), f"{s['accuracy']:.3f} {_ci(s['ci95'])}",
+             f"{s['above_chance_pp']:+.1f} pp", _p(s["p_value_vs_chance"], s.get("test")), s.get("verdict", ""),
+             f"{s['auroc']['auroc']:.3f} {_ci(s['auroc']['ci95'])}" if s.get("auroc") else ""]
+            for ds, s in m0.items()])]
+
+
+def _paired_section(paired: Mapping[str, Any]) -> list[str]:
+    """The last round's paired tests per dataset, with Holm's adjustment (``metrics.json → paired``)."""
+    if not paired:
+        return []
+    return ["## Paired comparisons on the last round", "",
+            "Holm: the p adjusted over the dataset's paired tests (the issue states two of them in "
+            "advance, ReplayDPO vs DPO and CautiousDPO vs SFT-only; read the others through the Holm column).",
+            "", *_paired_table(paired)]
+
+
+def _targets_section(targets: Mapping[str, Any] | None) -> list[str]:
+    """The issue's three targets: per dataset, on the point estimate and by the 95 % intervals."""
+    if not targets:
+        return []
+    m = targets["m0_above_chance_plus_10pp"]
+    r = targets["replay_ge_dpo_last_round"]
+    c = targets["cautious_gt_sft_only"]
+
+    def shown(per_dataset: Mapping[str, Any]) -> str:
+        met = sum(s.get("verdict") == "met" for s in per_dataset.values())
+        point = sum(s.get("verdict") == "met at the point estimate, not shown" for s in per_dataset.values())
+        return f"{met} met, {point} at the point estimate only"
+
+    return ["## The issue's targets", "", *_table(
+        ["target", "per dataset", "on the point estimate", "by the 95 % intervals", "verdict"], [
             ["M0 ≥ chance + 10 pp",
              ", ".join(f"{ds} {s['accuracy']:.3f} {_ci(s['ci95'])}" for ds, s in m["per_dataset"].items()),
              f"{m['hits']} of {len(m['per_dataset'])} (needs {m['needed']})", shown(m["per_dataset"]),
@@ -204,7 +230,12 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
              ", ".join(_diff_p(ds, s) for ds, s in c["per_dataset"].items()),
              f"{c['wins']} of {len(c['per_dataset'])} (needs {c['needed']}; {c['significant_wins']} with p < 0.05)",
              shown(c["per_dataset"]), c.get("verdict", "") if c["per_dataset"] else "not run yet"],
-        ])
+        ])]
+
+
+def _sweep_sections(metrics: Mapping[str, Any]) -> list[str]:
+    """Each sweep's curves per dataset (α, τ, the CautiousDPO variants), with their last-round paired tests."""
+    lines: list[str] = []
     sweep_paired = metrics.get("sweep_paired", {})
     for key, title in SWEEP_TITLES.items():
         for ds, curves in metrics.get(key, {}).items():
@@ -213,58 +244,73 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
             if tests:
                 lines += [f"Paired on the last round (p (Holm) over these {len(tests)} test{'s' * (len(tests) > 1)}):", "",
                           *_paired_table({ds: tests})]
-    labels = metrics.get("pseudo_labels", {})
-    if labels:
-        lines += ["## Accepted pseudo-labels per round (CautiousDPO cells)", "",
-                  "Accepted of the round's new examples; their accuracy against the gold labels (hidden from the "
-                  "method); the share labelled \"true\" among them, and the share that is \"true\" by gold; who "
-                  "labelled them (self: M_{t-1} confident ≥ τ; else the jury); the share M_{t-1} called \"true\" on "
-                  "the round. A collapse shows as a share \"true\" near 0 or 1 while the gold share stays near 0.5.",
-                  ""]
-        rows = []
-        for ds, by_cell in labels.items():
-            for name, per_round in by_cell.items():
-                for r in per_round:
-                    acc = r.get("accepted") or 0
-                    share = (lambda k: f"{r[k] / acc:.2f}" if acc and r.get(k) is not None else "")  # noqa: E731
-                    rows.append([ds, name, r["round"], f"{acc} of {r.get('n')}", _num(r.get("accuracy")),
-                                 share("accepted_true"), share("gold_true"), _source(r.get("self")),
-                                 _source(r.get("jury")), _num(r.get("model_positive_rate"), 2)])
-        lines += _table(["dataset", "cell", "round", "accepted", "accuracy", "share \"true\"", "gold share \"true\"",
-                         "self: n (accuracy)", "jury: n (accuracy)", "M_{t-1} share \"true\""], rows)
-    lines += _collapse_section(metrics.get("collapse", {}))
-    forgetting = metrics.get("forgetting", {})
-    if forgetting:
-        lines += ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", "",
-                  "\"by query\": the interval resamples whole queries (Wilson where each example is its own query). "
-                  "\"by query, conservative\": the record kept only its summaries (made before each outcome was "
-                  "stored), so whole queries cannot be resampled; the samples' query ids, rebuilt from the seed, "
-                  "widen its Wilson interval to the worst-case effective n = n / deff, deff = Σ m² / n over the "
-                  "queries' sizes m (Kish's design effect at an intra-query correlation of 1, the most a query's "
-                  "repeats can add to the variance). \"by example\": "
-                  "no query ids, so the Wilson interval takes the examples as independent. No verdict rests on "
-                  "these intervals.", ""]
-        rows = []
-        for ds, by_method in forgetting.items():
-            for name, curve in by_method.items():
-                if not curve:  # forgetting_per_split: 0
-                    continue
-                last = curve[-1]
-                sample = metrics.get("sizes", {}).get(ds, {}).get("forgetting_sample", {})
-                rows.append([ds, name, last["round"], *(_forgetting_cell(last, part, sample.get(part, {}))
-                                                        for part in ("seen", "earlier"))])
-        lines += _table(["dataset", "method", "round", "all splits seen", "splits before the last"], rows)
-    qa = metrics.get("downstream_stats") or {}
-    if qa.get("intervals"):
-        lines += [f"## Downstream QA (HotpotQA), paired bootstrap against {qa.get('vs')}", ""]
-        rows = []
-        for name, s in qa["intervals"].items():
-            vs = qa.get("paired", {}).get(name, {})
-            rows.append([name, s["n"], *[f"{s[k]['mean']:.3f} [{s[k]['low']:.3f}, {s[k]['high']:.3f}]" if k in s else ""
-                                         for k in ("support_recall", "em", "f1", "containment")],
-                         "; ".join(f"{k.replace('_', ' ')} {vs[k]['diff']:+.3f} p {_p(vs[k]['p_value'])}"
-                                   for k in ("support_recall", "f1", "containment") if k in vs)])
-        lines += ["Support recall: the share of a question's supporting sentences in the reranker's top k (what the "
-                  "reranker itself achieves); EM / F1 / containment: the generator's answer from those k sentences.", ""]
-        lines += _table(["context", "n", "support recall", "EM", "F1", "containment", f"vs {qa.get('vs')}"], rows)
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
+
+
+def _pseudo_label_section(labels: Mapping[str, Any]) -> list[str]:
+    """The CautiousDPO cells' accepted pseudo-labels per round: how many, how accurate, who labelled them."""
+    if not labels:
+        return []
+    lines = ["## Accepted pseudo-labels per round (CautiousDPO cells)", "",
+             "Accepted of the round's new examples; their accuracy against the gold labels (hidden from the "
+             "method); the share labelled \"true\" among them, and the share that is \"true\" by gold; who "
+             "labelled them (self: M_{t-1} confident ≥ τ; else the jury); the share M_{t-1} called \"true\" on "
+             "the round. A collapse shows as a share \"true\" near 0 or 1 while the gold share stays near 0.5.",
+             ""]
+    rows = []
+    for ds, by_cell in labels.items():
+        for name, per_round in by_cell.items():
+            for r in per_round:
+                acc = r.get("accepted") or 0
+                share = (lambda k: f"{r[k] / acc:.2f}" if acc and r.get(k) is not None else "")  # noqa: E731
+                rows.append([ds, name, r["round"], f"{acc} of {r.get('n')}", _num(r.get("accuracy")),
+                             share("accepted_true"), share("gold_true"), _source(r.get("self")),
+                             _source(r.get("jury")), _num(r.get("model_positive_rate"), 2)])
+    lines += _table(["dataset", "cell", "round", "accepted", "accuracy", "share \"true\"", "gold share \"true\"",
+                     "self: n (accuracy)", "jury: n (accuracy)", "M_{t-1} share \"true\""], rows)
+    return lines
+
+
+def _forgetting_section(forgetting: Mapping[str, Any], sizes: Mapping[str, Any]) -> list[str]:
+    """Accuracy after the last round on samples of the splits already trained on, per dataset and method;
+    ``sizes`` (``metrics.json → sizes``) holds each dataset's forgetting sample."""
+    if not forgetting:
+        return []
+    lines = ["## Forgetting: accuracy on samples of the splits already trained on, after the last round", "",
+             "\"by query\": the interval resamples whole queries (Wilson where each example is its own query). "
+             "\"by query, conservative\": the record kept only its summaries (made before each outcome was "
+             "stored), so whole queries cannot be resampled; the samples' query ids, rebuilt from the seed, "
+             "widen its Wilson interval to the worst-case effective n = n / deff, deff = Σ m² / n over the "
+             "queries' sizes m (Kish's design effect at an intra-query correlation of 1, the most a query's "
+             "repeats can add to the variance). \"by example\": "
+             "no query ids, so the Wilson interval takes the examples as independent. No verdict rests on "
+             "these intervals.", ""]
+    rows = []
+    for ds, by_method in forgetting.items():
+        for name, curve in by_method.items():
+            if not curve:  # forgetting_per_split: 0
+                continue
+            last = curve[-1]
+            sample = sizes.get(ds, {}).get("forgetting_sample", {})
+            rows.append([ds, name, last["round"], *(_forgetting_cell(last, part, sample.get(part, {}))
+                                                    for part in ("seen", "earlier"))])
+    lines += _table(["dataset", "method", "round", "all splits seen", "splits before the last"], rows)
+    return lines
+
+
+def _downstream_section(qa: Mapping[str, Any]) -> list[str]:
+    """Downstream HotpotQA per context (``metrics.json → downstream_stats``), paired against its reference."""
+    if not qa.get("intervals"):
+        return []
+    lines = [f"## Downstream QA (HotpotQA), paired bootstrap against {qa.get('vs')}", ""]
+    rows = []
+    for name, s in qa["intervals"].items():
+        vs = qa.get("paired", {}).get(name, {})
+        rows.append([name, s["n"], *[f"{s[k]['mean']:.3f} [{s[k]['low']:.3f}, {s[k]['high']:.3f}]" if k in s else ""
+                                     for k in ("support_recall", "em", "f1", "containment")],
+                     "; ".join(f"{k.replace('_', ' ')} {vs[k]['diff']:+.3f} p {_p(vs[k]['p_value'])}"
+                               for k in ("support_recall", "f1", "containment") if k in vs)])
+    lines += ["Support recall: the share of a question's supporting sentences in the reranker's top k (what the "
+              "reranker itself achieves); EM / F1 / containment: the generator's answer from those k sentences.", ""]
+    lines += _table(["context", "n", "support recall", "EM", "F1", "containment", f"vs {qa.get('vs')}"], rows)
+    return lines
