@@ -180,8 +180,7 @@ class ProbeExperiment:
         from ragsieve.models import load_local_llm
         from ragsieve.paths import cache_dir
         from ragsieve.probe.cache import StateCache
-        from ragsieve.probe.hidden import HiddenStateExtractor, resolve_layer
-        from ragsieve.probe.labels import LabelRequest, label_generations
+        from ragsieve.probe.hidden import HiddenStateExtractor
         from ragsieve.prompts import load_qa_prompts
         from ragsieve.prompts.builder import PromptBuilder
         from ragsieve.retrieve.cached import build_or_load_index
@@ -196,50 +195,15 @@ class ProbeExperiment:
         passages = ds.passage_by_id()
         llm = load_local_llm(cfg.llm)
         builder = PromptBuilder(llm, load_qa_prompts(), cfg.max_prompt_tokens)
-
-        # -- prompts: Q, Q+gold, Q+retrieved non-gold --------------------------------
-        requests, split_of = [], []
-        all_questions = [q for name in cfg.split for q in splits[name]]
-        hits = retriever.search_batch([q.text for q in all_questions], k=cfg.retrieval_depth)
-        question_split = {q.id: name for name in cfg.split for q in splits[name]}
-        for q, row in zip(all_questions, hits):
-            variants = [("closed", [])]
-            gold = [passages[pid] for pid in q.gold_passage_ids[: cfg.gold_per_question] if pid in passages]
-            if gold:  # NQ-open questions have none: closed-book and retrieved only
-                variants.append(("gold", gold))
-            non_gold = [h.passage for h in row if h.passage.id not in set(q.gold_passage_ids)]
-            variants += [("retrieved", [p]) for p in non_gold[: cfg.retrieved_per_question]]
-            for variant, ctx in variants:
-                requests.append(LabelRequest(q.id, q.text, q.answers, variant, ctx))
-                split_of.append(question_split[q.id])
+        requests, split_of = _label_requests(cfg, splits, retriever, passages)
 
         # States are captured while answering and cached; the extractor below then only
         # computes what an interrupted earlier run did not store.
         cache = StateCache(Path(cfg.state_cache) if cfg.state_cache else cache_dir() / "states.sqlite")
         extractor = HiddenStateExtractor(llm, cfg.layer, batch_size=cfg.batch_size, cache=cache)
-        sweep_layers: list[int] = []
-        if cfg.layer_sweep:
-            wanted = range(1, llm.num_layers + 1) if cfg.layer_sweep == "all" else cfg.layer_sweep
-            sweep_layers = sorted({resolve_layer(x, llm.num_layers) for x in wanted})
-        reused = 0
-        if cfg.reuse_generations_from:
-            from ragsieve.probe.labels import reuse_generations
-
-            sources = []
-            for folder in map(Path, cfg.reuse_generations_from):
-                if problem := answer_settings_differ(folder, cfg.llm, cfg.max_new_tokens, cfg.max_prompt_tokens):
-                    raise RagsieveError(f"reuse_generations_from: {problem}")
-                sources.append(folder / "generations.jsonl")
-            reused = reuse_generations(requests, out_dir / "generations.jsonl", sources)
-            console.print(f"{reused} of {len(requests)} answers come from {', '.join(map(str, sources))}")
-        with progress_bar(console) as bar:
-            task = bar.add_task("answer + label", total=len(requests))
-            generations = label_generations(
-                llm, builder, requests, out_dir / "generations.jsonl",
-                max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                progress=lambda n: bar.advance(task, n), state_layer=extractor.layer, state_cache=cache,
-                state_layers=sweep_layers or None,
-            )
+        sweep_layers = _sweep_layers(cfg, llm.num_layers)
+        reused, generations = _answer_and_label(cfg, out_dir, console, llm, builder, requests, extractor, cache,
+                                                sweep_layers)
         t_label = time.perf_counter() - t0
 
         prompts = [builder.chat_prompt(r.question, r.contexts) for r in requests]
@@ -247,44 +211,17 @@ class ProbeExperiment:
         kinds = np.array(["q" if r.variant == "closed" else "qc" for r in requests])
         split_arr = np.array(split_of)
         groups = np.array([r.question_id for r in requests])
-        sweep: dict = {}
         if sweep_layers:
-            from ragsieve.probe.hidden import fill_layer_cache, read_layer_states
-
-            with progress_bar(console) as bar:
-                task = bar.add_task(f"hidden states ({len(sweep_layers)} layers)", total=len(prompts))
-                recomputed = fill_layer_cache(extractor, prompts, sweep_layers,
-                                              progress=lambda n: bar.advance(task, n))
-            t_states = time.perf_counter() - t0 - t_label
-            sweep = self._layer_sweep(cfg, out_dir, console, llm, cache, prompts, sweep_layers,
-                                      labels, kinds, split_arr, groups)
-            sweep["seconds"] = time.perf_counter() - t0 - t_label - t_states  # this run's part only
-            layer = sweep["chosen_layer"]
-            states = read_layer_states(cache, llm.spec, layer, prompts)
-            sweep["states_recomputed"] = recomputed
+            layer, states, sweep, t_states = self._sweep_states(cfg, out_dir, console, llm, cache, extractor, prompts,
+                                                                sweep_layers, labels, kinds, split_arr, groups,
+                                                                t0, t_label)
         else:
-            layer = extractor.layer
-            states = np.zeros((len(prompts), extractor.dim), dtype=np.float32)
-            with progress_bar(console) as bar:
-                task = bar.add_task(f"hidden states (layer {extractor.layer})", total=len(prompts))
-                step = 256
-                for lo in range(0, len(prompts), step):
-                    states[lo : lo + step] = extractor.extract(prompts[lo : lo + step])
-                    bar.advance(task, len(prompts[lo : lo + step]))
+            layer, sweep = extractor.layer, {}
+            states = _extract_states(console, extractor, prompts)
             t_states = time.perf_counter() - t0 - t_label
 
-        if sweep:  # the chosen layer's head is the one the sweep kept, not a retrained copy
-            from ragsieve.probe.model import load_head
-            from ragsieve.probe.train import ProbeTrainResult
-
-            row = next(r for r in sweep["by_layer"] if r["layer"] == layer)
-            _, head = load_head(_head_dir(out_dir, layer))
-            chosen, train_idx = _subsamples(cfg, labels, split_arr)
-            fit = {"result": ProbeTrainResult(head, row["best_epoch"], row["history"]), "lr": row["lr"],
-                   "lr_search": row["lr_search"], "chosen": chosen, "train_idx": train_idx,
-                   "probs": head.predict_proba(states)}
-        else:
-            fit = _fit_head(cfg, states, labels, split_arr)
+        fit = _swept_fit(cfg, out_dir, sweep, layer, states, labels, split_arr) if sweep \
+            else _fit_head(cfg, states, labels, split_arr)
         out = self._evaluate(cfg, out_dir, console, llm, layer, fit, labels, kinds, split_arr, groups,
                              splits, requests, generations, source, sweep, cache)
         if cfg.reuse_generations_from:
@@ -292,15 +229,27 @@ class ProbeExperiment:
         out["seconds"] = {"label": t_label, "states": t_states, "total": time.perf_counter() - t0}
         out["config"] = cfg.model_dump()
         (out_dir / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
-        table = Table(title=f"probe on {cfg.dataset} (layer {layer}), held-out questions")
-        for col in ("states", "AUROC", "accuracy (balanced)"):
-            table.add_column(col)
-        table.add_row("Q (closed-book)", _fmt(out["auroc_q"], out.get("auroc_q_ci95")), _fmt(out["accuracy_q"]))
-        table.add_row("Q+C (with context)", _fmt(out["auroc_qc"], out.get("auroc_qc_ci95")), _fmt(out["accuracy_qc"]))
-        console.print(table)
-        console.print(f"LLM accuracy by prompt kind: {out['llm_accuracy_by_variant']}")
-        console.print(f"wrote {out_dir / 'metrics.json'} in {out['seconds']['total']:.0f}s")
+        _print_summary(cfg, out_dir, layer, out, console)
         return out
+
+    def _sweep_states(self, cfg, out_dir: Path, console: Console, llm, cache, extractor, prompts, sweep_layers,
+                      labels, kinds, split_arr, groups, t0: float, t_label: float) -> tuple:
+        """Every swept layer's states (cached; only what answering did not capture is computed), a head per
+        layer: the chosen layer, its states, the sweep's record and the seconds the states took."""
+        from ragsieve.probe.hidden import fill_layer_cache, read_layer_states
+
+        with progress_bar(console) as bar:
+            task = bar.add_task(f"hidden states ({len(sweep_layers)} layers)", total=len(prompts))
+            recomputed = fill_layer_cache(extractor, prompts, sweep_layers,
+                                          progress=lambda n: bar.advance(task, n))
+        t_states = time.perf_counter() - t0 - t_label
+        sweep = self._layer_sweep(cfg, out_dir, console, llm, cache, prompts, sweep_layers,
+                                  labels, kinds, split_arr, groups)
+        sweep["seconds"] = time.perf_counter() - t0 - t_label - t_states  # this run's part only
+        layer = sweep["chosen_layer"]
+        states = read_layer_states(cache, llm.spec, layer, prompts)
+        sweep["states_recomputed"] = recomputed
+        return layer, states, sweep, t_states
 
     # -- the layer sweep -------------------------------------------------------------------
     def _layer_sweep(self, cfg, out_dir: Path, console: Console, llm, cache, prompts, layers, labels, kinds,
@@ -522,6 +471,104 @@ def _diagnostics(cfg: ProbeExperimentConfig, labels, probs, test_idx, kinds, gro
                                         "answer_not_in_context": rate(y, ~in_context)})
         out[kind] = row
     return out
+
+
+def _label_requests(cfg: ProbeExperimentConfig, splits: dict[str, list], retriever, passages: dict) -> tuple:
+    """Per question, split by split: closed-book (Q), with its gold passages (Q+gold) when it has them, and with
+    retrieved non-gold passages (Q+C); each request's split alongside."""
+    from ragsieve.probe.labels import LabelRequest
+
+    requests, split_of = [], []
+    all_questions = [q for name in cfg.split for q in splits[name]]
+    hits = retriever.search_batch([q.text for q in all_questions], k=cfg.retrieval_depth)
+    question_split = {q.id: name for name in cfg.split for q in splits[name]}
+    for q, row in zip(all_questions, hits):
+        variants = [("closed", [])]
+        gold = [passages[pid] for pid in q.gold_passage_ids[: cfg.gold_per_question] if pid in passages]
+        if gold:  # NQ-open questions have none: closed-book and retrieved only
+            variants.append(("gold", gold))
+        non_gold = [h.passage for h in row if h.passage.id not in set(q.gold_passage_ids)]
+        variants += [("retrieved", [p]) for p in non_gold[: cfg.retrieved_per_question]]
+        for variant, ctx in variants:
+            requests.append(LabelRequest(q.id, q.text, q.answers, variant, ctx))
+            split_of.append(question_split[q.id])
+    return requests, split_of
+
+
+def _sweep_layers(cfg: ProbeExperimentConfig, num_layers: int) -> list[int]:
+    """The layers ``layer_sweep`` names (``all``: every one), resolved and sorted; [] without a sweep."""
+    from ragsieve.probe.hidden import resolve_layer
+
+    if not cfg.layer_sweep:
+        return []
+    wanted = range(1, num_layers + 1) if cfg.layer_sweep == "all" else cfg.layer_sweep
+    return sorted({resolve_layer(x, num_layers) for x in wanted})
+
+
+def _answer_and_label(cfg: ProbeExperimentConfig, out_dir: Path, console: Console, llm, builder, requests,
+                      extractor, cache, sweep_layers: list[int]) -> tuple:
+    """Every request answered and labelled (``generations.jsonl``, resumable), the states captured meanwhile;
+    first the answers ``reuse_generations_from`` holds are copied. How many were copied, and the generations."""
+    from ragsieve.probe.labels import label_generations
+
+    reused = 0
+    if cfg.reuse_generations_from:
+        from ragsieve.probe.labels import reuse_generations
+
+        sources = []
+        for folder in map(Path, cfg.reuse_generations_from):
+            if problem := answer_settings_differ(folder, cfg.llm, cfg.max_new_tokens, cfg.max_prompt_tokens):
+                raise RagsieveError(f"reuse_generations_from: {problem}")
+            sources.append(folder / "generations.jsonl")
+        reused = reuse_generations(requests, out_dir / "generations.jsonl", sources)
+        console.print(f"{reused} of {len(requests)} answers come from {', '.join(map(str, sources))}")
+    with progress_bar(console) as bar:
+        task = bar.add_task("answer + label", total=len(requests))
+        generations = label_generations(
+            llm, builder, requests, out_dir / "generations.jsonl",
+            max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+            progress=lambda n: bar.advance(task, n), state_layer=extractor.layer, state_cache=cache,
+            state_layers=sweep_layers or None,
+        )
+    return reused, generations
+
+
+def _extract_states(console: Console, extractor, prompts: list[str]) -> np.ndarray:
+    """The extractor's layer's states of every prompt (cached ones read, the rest computed)."""
+    states = np.zeros((len(prompts), extractor.dim), dtype=np.float32)
+    with progress_bar(console) as bar:
+        task = bar.add_task(f"hidden states (layer {extractor.layer})", total=len(prompts))
+        step = 256
+        for lo in range(0, len(prompts), step):
+            states[lo : lo + step] = extractor.extract(prompts[lo : lo + step])
+            bar.advance(task, len(prompts[lo : lo + step]))
+    return states
+
+
+def _swept_fit(cfg: ProbeExperimentConfig, out_dir: Path, sweep: dict, layer: int, states: np.ndarray,
+               labels: np.ndarray, split_arr: np.ndarray) -> dict:
+    """The chosen layer's head as the sweep kept it (not a retrained copy), in :func:`_fit_head`'s form."""
+    from ragsieve.probe.model import load_head
+    from ragsieve.probe.train import ProbeTrainResult
+
+    row = next(r for r in sweep["by_layer"] if r["layer"] == layer)
+    _, head = load_head(_head_dir(out_dir, layer))
+    chosen, train_idx = _subsamples(cfg, labels, split_arr)
+    return {"result": ProbeTrainResult(head, row["best_epoch"], row["history"]), "lr": row["lr"],
+            "lr_search": row["lr_search"], "chosen": chosen, "train_idx": train_idx,
+            "probs": head.predict_proba(states)}
+
+
+def _print_summary(cfg: ProbeExperimentConfig, out_dir: Path, layer: int, out: dict, console: Console) -> None:
+    """The held-out AUROC and balanced accuracy of Q and Q+C states, and the LLM's accuracy per prompt kind."""
+    table = Table(title=f"probe on {cfg.dataset} (layer {layer}), held-out questions")
+    for col in ("states", "AUROC", "accuracy (balanced)"):
+        table.add_column(col)
+    table.add_row("Q (closed-book)", _fmt(out["auroc_q"], out.get("auroc_q_ci95")), _fmt(out["accuracy_q"]))
+    table.add_row("Q+C (with context)", _fmt(out["auroc_qc"], out.get("auroc_qc_ci95")), _fmt(out["accuracy_qc"]))
+    console.print(table)
+    console.print(f"LLM accuracy by prompt kind: {out['llm_accuracy_by_variant']}")
+    console.print(f"wrote {out_dir / 'metrics.json'} in {out['seconds']['total']:.0f}s")
 
 
 def _fit_head(cfg: ProbeExperimentConfig, states: np.ndarray, labels: np.ndarray, split_arr: np.ndarray) -> dict:
