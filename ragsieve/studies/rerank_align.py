@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -223,15 +224,8 @@ class RerankAlignExperiment:
     def _rag_tables(self, cfg, out_dir: Path, nq, rankers: dict[str, BaseRanker], rank_keys: dict[str, str],
                     excluded: set[str], console: Console):
         """Table 2 (RAG accuracy per reranker) and Table 3 (CBDR + aligned reranker)."""
-        from ragsieve.data import load_dataset
-        from ragsieve.gate.cbdr import sweep_cbdr
         from ragsieve.models import load_local_llm
-        from ragsieve.prefs.build import state_cache_path
-        from ragsieve.probe.cache import StateCache
-        from ragsieve.probe.labels import LabelRequest, label_generations, reuse_generations
-        from ragsieve.studies.probe_nq import answer_settings_differ
-        from ragsieve.probe.model import ConfidenceProbe, load_head
-        from ragsieve.benchmarks.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
+        from ragsieve.probe.model import load_head
         from ragsieve.prompts import load_qa_prompts
         from ragsieve.prompts.builder import PromptBuilder
 
@@ -239,15 +233,7 @@ class RerankAlignExperiment:
         probe_config, _ = load_head(cfg.prefs.probe)
         llm = load_local_llm(probe_config.llm_spec)
         builder = PromptBuilder(llm, load_qa_prompts(probe_config.prompts), rc.max_prompt_tokens)
-        hotpot = load_dataset("hotpotqa-distractor", data_dir=cfg.prefs.data_dir)
-        # the held-out half of the distractor sample (the base reranker trained on the other half)
-        hotpot_source = cfg.base.sources.get("hotpotqa-distractor") or default_sources()["hotpotqa-distractor"]
-        _, hotpot_questions = split_questions(hotpot, hotpot_source, cfg.base.seed)
-        nq_questions = _nq_questions(cfg, nq, excluded)
-        sets = {  # (dataset, questions, how candidates are found)
-            "nq": (nq, nq_questions, retrieved_candidates(cfg.prefs.retriever)),  # the preference set's retriever
-            "hotpotqa": (hotpot, hotpot_questions[: rc.hotpotqa_questions], CANDIDATES["hotpotqa-distractor"]),
-        }
+        sets, nq_questions = _rag_sets(cfg, nq, excluded)
         grader = None
         rows = list(rankers)
         if rc.grader:
@@ -262,106 +248,180 @@ class RerankAlignExperiment:
             if not questions:
                 continue
             cands = find_candidates(ds, questions, rc.candidates)
-            closed = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions]
-            requests = list(closed) if set_name == "nq" else []
-            slots = []  # (row, k, index into requests)
-            gold_at_1: dict[str, float] = {}  # why a ranker helps or hurts: does it put the gold passage first?
             by_id = {p.id: p for c in cands for p in c}
-            graded_out: dict[int, list[int]] = {}  # k → passages the grader dropped per question
-            gold_dropped: dict[int, list[bool]] = {}  # k → per question with gold in the top k: was it dropped?
-            for rname in rows:
-                source = "aligned" if rname == "aligned+grader" else rname
-                order = ranked_ids(rankers[source], rank_keys[source], set_name, questions, cands,
-                                   out_dir / "work" / "rankings", console)
-                firsts = []
-                for i, (q, ids) in enumerate(zip(questions, order)):
-                    ranked = [by_id[pid] for pid in ids]
-                    firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
-                    if rname == "aligned+grader":  # one verdict per passage serves every top-k
-                        relevant = [r.relevant for r in grader.grade(q.text, ranked[: max(rc.top_ks)])]
-                    for k in rc.top_ks:
-                        slots.append((rname, k, len(requests)))
-                        top = ranked[:k]
-                        if rname == "aligned+grader":
-                            kept = [p for p, ok in zip(top, relevant) if ok]
-                            graded_out.setdefault(k, []).append(len(top) - len(kept))
-                            gold = set(q.gold_passage_ids)
-                            if gold & {p.id for p in top}:
-                                gold_dropped.setdefault(k, []).append(not gold & {p.id for p in kept})
-                            if not kept:  # the sieve answers closed-book when the grader drops every passage
-                                requests.append(closed[i])
-                                continue
-                            top = kept
-                        requests.append(LabelRequest(q.id, q.text, q.answers, "rag", top))
-                gold_at_1[rname] = float(np.mean(firsts))
-            bound_slots: list[tuple[str, int, int, int]] = []  # (order, k, question index, index into requests)
+            reqs = _ranker_requests(rc, set_name, questions, cands, by_id, rows, rankers, rank_keys, grader,
+                                    out_dir / "work" / "rankings", console)
             if rc.upper_bounds:
-                retriever_order = [[p.id for p in c] for c in cands]  # the candidates come in the retriever's order
                 shifts = read_test_shifts(out_dir / "prefs" / "shifts.jsonl") if set_name == "nq" else {}
-                for name, orders in upper_bound_orders(questions, retriever_order, shifts).items():
-                    for i, (q, ids) in enumerate(zip(questions, orders)):
-                        if ids is None:  # no shifts for this question
-                            continue
-                        for k in rc.top_ks:
-                            bound_slots.append((name, k, i, len(requests)))
-                            requests.append(LabelRequest(q.id, q.text, q.answers, "rag", [by_id[p] for p in ids[:k]]))
-            out_path = out_dir / f"generations_{set_name}.jsonl"
-            for folder in rc.reuse_from:
-                problem = answer_settings_differ(Path(folder), probe_config.llm_spec, rc.max_new_tokens,
-                                                 rc.max_prompt_tokens)
-                if problem:  # other settings give other answers: mixing them in would mix two runs
-                    console.print(f"[yellow]reuse_from: {problem}; not reused[/]")
-                    continue
-                served = reuse_generations(requests, out_path, [Path(folder) / "generations.jsonl"])
-                console.print(f"{set_name}: {served} answers available from {folder}")
-            with progress_bar(console) as bar:
-                task = bar.add_task(f"answer {set_name} ({len(requests)} requests, duplicates answered once)",
-                                    total=len(requests))
-                gens = label_generations(llm, builder, requests, out_path,
-                                         max_new_tokens=rc.max_new_tokens, batch_size=rc.batch_size,
-                                         progress=lambda k: bar.advance(task, k))
+                _add_upper_bounds(rc, reqs, questions, cands, by_id, shifts)
+            gens = _answer_requests(rc, llm, builder, probe_config.llm_spec, reqs.requests, set_name,
+                                    out_dir / f"generations_{set_name}.jsonl", console)
             by_slot: dict[tuple[str, int], list[int]] = {}
-            for rname, k, i in slots:
+            for rname, k, i in reqs.slots:
                 by_slot.setdefault((rname, k), []).append(gens[i].correct)
             for (rname, k), vals in by_slot.items():
                 correct[(set_name, rname, k)] = np.asarray(vals)
                 table2[rname][f"{set_name}_top{k}"] = float(np.mean(vals))
             if set_name == "nq":
                 correct[("nq", "closed", 0)] = np.asarray([g.correct for g in gens[: len(questions)]])
-            bounds = upper_bound_stats(bound_slots, gens, correct, set_name) if rc.upper_bounds else None
-            info[set_name] = {
-                "questions": len(questions),
-                "question_ids": [q.id for q in questions],
-                "unique_generations": len({r.key for r in requests}),
-                "gold_in_candidates": float(np.mean([bool(set(q.gold_passage_ids) & {p.id for p in c})
-                                                     for q, c in zip(questions, cands)])),
-                "gold_at_1": gold_at_1,
-            }
-            if bounds:
-                info[set_name]["upper_bounds"] = bounds
-            if graded_out:
-                info[set_name]["grader"] = {
-                    "spec": rc.grader,
-                    **{f"top{k}": {"graded_out_per_question": float(np.mean(v)),
-                                   "all_graded_out_rate": float(np.mean([d == k for d in v])),
-                                   # the reason a sieve cell falls below its ranker: gold passages dropped
-                                   "gold_in_top_k": len(gold_dropped.get(k, [])),
-                                   "gold_dropped_rate": float(np.mean(gold_dropped[k])) if gold_dropped.get(k) else None}
-                       for k, v in graded_out.items()}}
+            bounds = upper_bound_stats(reqs.bound_slots, gens, correct, set_name) if rc.upper_bounds else None
+            info[set_name] = _set_info(rc, questions, cands, reqs, bounds)
         info["stats"] = table2_stats(correct, rows, rc.top_ks, [s for s in sets if s in info])
-        # Table 3: Conf(Q) from the probe gates the aligned reranker's answers.
-        probe = ConfidenceProbe.load(cfg.prefs.probe, llm, cache=StateCache(state_cache_path(cfg.prefs)))
-        conf_q = probe.score_batch([q.text for q in nq_questions])
-        closed = correct[("nq", "closed", 0)]
-        aligned_correct = {k: correct[("nq", "aligned", k)] for k in rc.top_ks}
-        table3 = sweep_cbdr(conf_q, closed, aligned_correct, cfg.betas)
-        for q in cfg.beta_quantiles:
-            for row in sweep_cbdr(conf_q, closed, aligned_correct, [float(np.quantile(conf_q, q))]):
-                table3.append({**row, "beta_quantile": q})
-        info["nq"]["closed_book_accuracy"] = float(closed.mean())
-        info["nq"]["conf_q_quantiles"] = {str(p): float(np.quantile(conf_q, p)) for p in (0.1, 0.5, 0.9)}
+        table3 = _table3(cfg, llm, nq_questions, correct, info)
         console.print(metrics_table("Table 2: RAG accuracy (containment)", table2, list(next(iter(table2.values())))))
         return table2, table3, info
+
+
+@dataclass
+class _SetRequests:
+    """One evaluation set's generation requests and what their answers count for."""
+
+    requests: list  # LabelRequests; on NQ the closed-book ones first, one per question
+    slots: list[tuple[str, int, int]] = field(default_factory=list)  # (row, k, index into requests)
+    # (order, k, question index, index into requests) of the upper bounds' requests
+    bound_slots: list[tuple[str, int, int, int]] = field(default_factory=list)
+    gold_at_1: dict[str, float] = field(default_factory=dict)  # why a ranker helps or hurts: gold passage first?
+    graded_out: dict[int, list[int]] = field(default_factory=dict)  # k → passages the grader dropped per question
+    # k → per question with gold in the top k: did the grader drop it?
+    gold_dropped: dict[int, list[bool]] = field(default_factory=dict)
+
+
+def _rag_sets(cfg: RerankAlignConfig, nq, excluded: set[str]) -> tuple[dict, list]:
+    """Table 2's sets, name → (dataset, questions, how candidates are found), and the NQ questions."""
+    from ragsieve.benchmarks.relevance import CANDIDATES, default_sources, retrieved_candidates, split_questions
+    from ragsieve.data import load_dataset
+
+    hotpot = load_dataset("hotpotqa-distractor", data_dir=cfg.prefs.data_dir)
+    # the held-out half of the distractor sample (the base reranker trained on the other half)
+    hotpot_source = cfg.base.sources.get("hotpotqa-distractor") or default_sources()["hotpotqa-distractor"]
+    _, hotpot_questions = split_questions(hotpot, hotpot_source, cfg.base.seed)
+    nq_questions = _nq_questions(cfg, nq, excluded)
+    sets = {  # (dataset, questions, how candidates are found)
+        "nq": (nq, nq_questions, retrieved_candidates(cfg.prefs.retriever)),  # the preference set's retriever
+        "hotpotqa": (hotpot, hotpot_questions[: cfg.rag.hotpotqa_questions], CANDIDATES["hotpotqa-distractor"]),
+    }
+    return sets, nq_questions
+
+
+def _ranker_requests(rc: RAGEvalConfig, set_name: str, questions, cands, by_id: dict, rows: list[str],
+                     rankers: dict[str, BaseRanker], rank_keys: dict[str, str], grader, rankings_dir: Path,
+                     console: Console) -> _SetRequests:
+    """A request per (row, question, k): the row's top k of the candidates; "aligned+grader" keeps those the
+    grader calls relevant and answers closed-book when it drops them all. On NQ, closed-book requests first."""
+    from ragsieve.probe.labels import LabelRequest
+
+    closed = [LabelRequest(q.id, q.text, q.answers, "closed") for q in questions]
+    reqs = _SetRequests(list(closed) if set_name == "nq" else [])
+    for rname in rows:
+        source = "aligned" if rname == "aligned+grader" else rname
+        order = ranked_ids(rankers[source], rank_keys[source], set_name, questions, cands, rankings_dir, console)
+        firsts = []
+        for i, (q, ids) in enumerate(zip(questions, order)):
+            ranked = [by_id[pid] for pid in ids]
+            firsts.append(bool(ranked) and ranked[0].id in set(q.gold_passage_ids))
+            if rname == "aligned+grader":  # one verdict per passage serves every top-k
+                relevant = [r.relevant for r in grader.grade(q.text, ranked[: max(rc.top_ks)])]
+            for k in rc.top_ks:
+                reqs.slots.append((rname, k, len(reqs.requests)))
+                top = ranked[:k]
+                if rname == "aligned+grader":
+                    kept = [p for p, ok in zip(top, relevant) if ok]
+                    reqs.graded_out.setdefault(k, []).append(len(top) - len(kept))
+                    gold = set(q.gold_passage_ids)
+                    if gold & {p.id for p in top}:
+                        reqs.gold_dropped.setdefault(k, []).append(not gold & {p.id for p in kept})
+                    if not kept:  # the sieve answers closed-book when the grader drops every passage
+                        reqs.requests.append(closed[i])
+                        continue
+                    top = kept
+                reqs.requests.append(LabelRequest(q.id, q.text, q.answers, "rag", top))
+        reqs.gold_at_1[rname] = float(np.mean(firsts))
+    return reqs
+
+
+def _add_upper_bounds(rc: RAGEvalConfig, reqs: _SetRequests, questions, cands, by_id: dict,
+                      shifts: dict[str, dict[str, float]]) -> None:
+    """The requests of the reference orders that bound a reranker (gold-first; shift-order where ``shifts``
+    has the question), appended to ``reqs`` with their slots."""
+    from ragsieve.probe.labels import LabelRequest
+
+    retriever_order = [[p.id for p in c] for c in cands]  # the candidates come in the retriever's order
+    for name, orders in upper_bound_orders(questions, retriever_order, shifts).items():
+        for i, (q, ids) in enumerate(zip(questions, orders)):
+            if ids is None:  # no shifts for this question
+                continue
+            for k in rc.top_ks:
+                reqs.bound_slots.append((name, k, i, len(reqs.requests)))
+                reqs.requests.append(LabelRequest(q.id, q.text, q.answers, "rag", [by_id[p] for p in ids[:k]]))
+
+
+def _answer_requests(rc: RAGEvalConfig, llm, builder, llm_spec: str, requests: list, set_name: str, out_path: Path,
+                     console: Console) -> list:
+    """The LLM's labelled answers to the requests (``out_path``, resumable; duplicates answered once), first
+    copying those ``reuse_from`` holds when they were made with the same LLM and token budgets."""
+    from ragsieve.probe.labels import label_generations, reuse_generations
+    from ragsieve.studies.probe_nq import answer_settings_differ
+
+    for folder in rc.reuse_from:
+        problem = answer_settings_differ(Path(folder), llm_spec, rc.max_new_tokens, rc.max_prompt_tokens)
+        if problem:  # other settings give other answers: mixing them in would mix two runs
+            console.print(f"[yellow]reuse_from: {problem}; not reused[/]")
+            continue
+        served = reuse_generations(requests, out_path, [Path(folder) / "generations.jsonl"])
+        console.print(f"{set_name}: {served} answers available from {folder}")
+    with progress_bar(console) as bar:
+        task = bar.add_task(f"answer {set_name} ({len(requests)} requests, duplicates answered once)",
+                            total=len(requests))
+        return label_generations(llm, builder, requests, out_path,
+                                 max_new_tokens=rc.max_new_tokens, batch_size=rc.batch_size,
+                                 progress=lambda k: bar.advance(task, k))
+
+
+def _set_info(rc: RAGEvalConfig, questions, cands, reqs: _SetRequests, bounds: dict | None) -> dict:
+    """``rag.<set>`` of metrics.json: the questions, distinct generations, gold recall of the candidates and
+    at rank 1, the upper bounds, and what the grader dropped per top k."""
+    info = {
+        "questions": len(questions),
+        "question_ids": [q.id for q in questions],
+        "unique_generations": len({r.key for r in reqs.requests}),
+        "gold_in_candidates": float(np.mean([bool(set(q.gold_passage_ids) & {p.id for p in c})
+                                             for q, c in zip(questions, cands)])),
+        "gold_at_1": reqs.gold_at_1,
+    }
+    if bounds:
+        info["upper_bounds"] = bounds
+    if reqs.graded_out:
+        gold_dropped = reqs.gold_dropped
+        info["grader"] = {
+            "spec": rc.grader,
+            **{f"top{k}": {"graded_out_per_question": float(np.mean(v)),
+                           "all_graded_out_rate": float(np.mean([d == k for d in v])),
+                           # the reason a sieve cell falls below its ranker: gold passages dropped
+                           "gold_in_top_k": len(gold_dropped.get(k, [])),
+                           "gold_dropped_rate": float(np.mean(gold_dropped[k])) if gold_dropped.get(k) else None}
+               for k, v in reqs.graded_out.items()}}
+    return info
+
+
+def _table3(cfg: RerankAlignConfig, llm, nq_questions, correct: dict, info: dict) -> list[dict]:
+    """Table 3: Conf(Q) from the probe gates the aligned reranker's answers, on the β grid and at quantiles of
+    Conf(Q); the NQ closed-book accuracy and Conf(Q)'s quantiles go to ``info["nq"]``."""
+    from ragsieve.gate.cbdr import sweep_cbdr
+    from ragsieve.prefs.build import state_cache_path
+    from ragsieve.probe.cache import StateCache
+    from ragsieve.probe.model import ConfidenceProbe
+
+    probe = ConfidenceProbe.load(cfg.prefs.probe, llm, cache=StateCache(state_cache_path(cfg.prefs)))
+    conf_q = probe.score_batch([q.text for q in nq_questions])
+    closed = correct[("nq", "closed", 0)]
+    aligned_correct = {k: correct[("nq", "aligned", k)] for k in cfg.rag.top_ks}
+    table3 = sweep_cbdr(conf_q, closed, aligned_correct, cfg.betas)
+    for q in cfg.beta_quantiles:
+        for row in sweep_cbdr(conf_q, closed, aligned_correct, [float(np.quantile(conf_q, q))]):
+            table3.append({**row, "beta_quantile": q})
+    info["nq"]["closed_book_accuracy"] = float(closed.mean())
+    info["nq"]["conf_q_quantiles"] = {str(p): float(np.quantile(conf_q, p)) for p in (0.1, 0.5, 0.9)}
+    return table3
 
 
 def _nq_questions(cfg: RerankAlignConfig, nq, excluded: set[str] = frozenset()) -> list:
