@@ -17,10 +17,10 @@ Semantics, in order:
 5. **prune** (with a :class:`~ragsieve.prune.SentencePruner`): each kept passage is cut to its sentences
    scoring at least the prune threshold (always its best one), in their original order, under its title.
 
-The steps are separate methods so a caller that scores elsewhere (the server batches and
-chunks its model calls) still applies the same cut and the same verdicts:
-``decide(cut(ranked_from_scores(...)), grade scores of grade_pairs(...))``, then
-``decide_prune(result, sentence scores of prune_layout(result).pairs)``.
+The order lives in one place, :meth:`SieveStages.plan`: a generator that yields each model call the sieve
+needs (:class:`ModelCall`: rank, grade, prune) and takes back one score per pair. :meth:`SieveStages.apply`
+answers them with the stages' own models; the server answers the same calls with its batched, chunked model
+calls (``serve/routes/filter.py``), so both run the very same sieve.
 
 Example::
 
@@ -36,16 +36,30 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Sequence
+
+import numpy as np
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
 from ragsieve.grade.base import GradeResult, passage_texts
-from ragsieve.rerank.base import BaseRanker, RankedResult, RankedResults, RetrievalOrder
+from ragsieve.rerank.base import BaseRanker, RankedResult, RankedResults, RetrievalOrder, as_passages, ranked_from_scores
 
 if TYPE_CHECKING:
     from ragsieve.grade.base import Grader
     from ragsieve.prune import PrunedPassage, PruneLayout, SentencePruner
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """Model work the sieve needs, answered with one score per passage of ``passages`` for ``query``: ``step``
+    is ``"rank"`` (the reranker; a passage longer than its window by its best chunk), ``"grade"`` (the grader)
+    or ``"prune"`` (the pruner's sentence scorer; ``layout`` holds the sentences of the kept passages)."""
+
+    step: str
+    query: str
+    passages: tuple[Passage, ...]
+    layout: "PruneLayout | None" = None
 
 
 @dataclass(frozen=True)
@@ -211,15 +225,7 @@ class SieveStages:
 
     def grade(self, result: FilterResult) -> FilterResult:
         """``result`` with a verdict per selected passage (unchanged when nothing is graded)."""
-        if self.grader is not None and self.threshold is None:  # the grader's own verdicts
-            verdicts = tuple(self.grader.grade(result.ranked.query, result.selected))
-            return replace(result, verdicts=verdicts, threshold=getattr(self.grader, "threshold", None))
-        if self.grader is not None:
-            pairs = self.grade_pairs(result)
-            return self.decide(result, self.grader.score_pairs([q for q, _ in pairs], [t for _, t in pairs]))
-        if self.threshold is not None:  # the reranker is its own grader
-            return self.decide(result, [r.score for r in result.selected_results])
-        return result
+        return self.run(replace(self, pruner=None).plan(result.ranked.query, selected=result))
 
     def decide(self, result: FilterResult, scores: Sequence[float]) -> FilterResult:
         """``result`` with a verdict per selected passage from grade ``scores`` scored elsewhere (one per
@@ -248,13 +254,61 @@ class SieveStages:
     def prune(self, result: FilterResult) -> FilterResult:
         """``result`` with each kept passage cut to its sentences at or above the prune threshold (unchanged
         without a pruner)."""
-        if self.pruner is None or not result.kept_results:
-            return result
-        return self.decide_prune(result, self.pruner.score(self.prune_layout(result)))
+        return self.run(replace(self, grader=None, threshold=None).plan(result.ranked.query, selected=result))
+
+    # -- the one order of the steps ---------------------------------------------------------------------
+    def plan(self, query: str, passages: Sequence[Passage | str] = (), selected: FilterResult | None = None
+             ) -> Generator[ModelCall, Sequence[float], FilterResult]:
+        """Rerank → cut → grade → keep → prune as a generator: it yields each :class:`ModelCall`, is sent one
+        score per pair back, and returns the :class:`FilterResult` (``selected``: start after the cut)."""
+        if selected is None:
+            if not isinstance(query, str) or not query.strip():
+                raise RagsieveError("empty query")
+            items = as_passages(passages)
+            scores = (yield ModelCall("rank", query, tuple(items))) if items else []
+            selected = self.cut(ranked_from_scores(query, items, scores))
+        result = selected
+        if self.grader is not None and self.threshold is None and not hasattr(self.grader, "score_pairs"):
+            # a grader that only answers verdicts (duck-typed, no scores to batch): asked directly
+            verdicts = tuple(self.grader.grade(result.ranked.query, result.selected))
+            result = replace(result, verdicts=verdicts, threshold=getattr(self.grader, "threshold", None))
+        elif self.grader is not None:
+            texts = [t for _, t in self.grade_pairs(result)]
+            scores = (yield ModelCall("grade", result.ranked.query, tuple(as_passages(texts)))) if texts else []
+            result = self.decide(result, scores)
+        elif self.threshold is not None:  # the reranker is its own grader
+            result = self.decide(result, [r.score for r in result.selected_results])
+        if self.pruner is not None and result.kept_results:
+            layout = self.prune_layout(result)
+            scores = (yield ModelCall("prune", result.ranked.query, layout.pairs, layout)) if layout.pairs else []
+            result = self.decide_prune(result, scores)
+        return result
+
+    def score_call(self, call: ModelCall) -> np.ndarray:
+        """A :class:`ModelCall` answered by the stages' own models."""
+        from ragsieve.rerank.chunks import reading_whole
+
+        if call.step == "rank":
+            return np.asarray(reading_whole(self.reranker or RetrievalOrder()).score(call.query, call.passages), float)
+        if call.step == "grade":
+            return np.asarray(self.grader.score_pairs([call.query] * len(call.passages), call.passages), float)
+        return self.pruner.score(call.layout)
+
+    def run(self, flow: Generator[ModelCall, Sequence[float], FilterResult]) -> FilterResult:
+        """Drive a :meth:`plan` with :meth:`score_call`."""
+        try:
+            call = next(flow)
+            while True:
+                scores = np.asarray(self.score_call(call), dtype=float)
+                if scores.shape != (len(call.passages),):
+                    raise RagsieveError(f"{call.step}: {scores.shape} scores for {len(call.passages)} passages")
+                call = flow.send(scores)
+        except StopIteration as done:
+            return done.value
 
     def finish(self, selected: FilterResult) -> FilterResult:
         """Grade → keep → prune a selection (what :meth:`select` returned)."""
-        return self.prune(self.grade(selected))
+        return self.run(self.plan(selected.ranked.query, selected=selected))
 
     def select(self, query: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank and cut (no grading): what reaches the grader."""
@@ -262,4 +316,4 @@ class SieveStages:
 
     def apply(self, query: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank → cut to top_k → grade → keep → prune."""
-        return self.finish(self.select(query, passages))
+        return self.run(self.plan(query, passages))

@@ -13,14 +13,15 @@ scores out, a raw threshold in (what ``/v1/filter`` answered before it spoke [0,
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from dataclasses import replace
 
 import numpy as np
 from fastapi import APIRouter, Body, Depends, Request
 
-from ragsieve.pipeline.stages import SieveStages
+from ragsieve.pipeline.stages import ModelCall, SieveStages
 from ragsieve.prune import PrunedPassage, SentencePruner
-from ragsieve.rerank.base import as_passages, ranked_from_scores
 from ragsieve.serve.errors import ServeError, request_id
 from ragsieve.serve.models import ServedModels
 from ragsieve.serve.schemas import FilteredDocument, FilterRequest, FilterResponse, Meta, PrunedOut
@@ -56,25 +57,18 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
         threshold = body.threshold if body.raw_scores else grader.raw_threshold(body.threshold)
         shown = body.threshold  # as the client sent it, not a round trip through the inverse
     meta = Meta(request_id=request_id(request))
-    # the request's top_n and threshold override the sieve's
-    stages = SieveStages.from_config(state.config, served.ranker, served.grader).override(
-        top_k=body.top_n, threshold=threshold
-    )
-    scores = await state.scores(served, query, docs, meta)
-    result = stages.cut(ranked_from_scores(query, as_passages(docs), scores))
-    if threshold is None:  # a sieve fitted without a grader: its top_k, ungraded
-        pass
-    elif served.grade_batcher is not None:  # the grader's scores, batched with other requests'
-        result = stages.decide(result, finite(await served.grade_batcher.score(stages.grade_pairs(result))))
-    else:  # the ranker is its own grader: its scores against the threshold
-        result = stages.grade(result)
-    pruner = _request_pruner(body, served, stages)
-    if pruner is not None and result.kept_results:  # the kept documents cut to their sentences
-        stages = stages.override(pruner=pruner)
-        layout = stages.prune_layout(result)
-        # sentences are short: no chunking, and they are not traffic of their own
-        raw = await served.rank_batcher.score([(query, t) for t in layout.texts]) if layout.pairs else []
-        result = stages.decide_prune(result, finite(np.asarray(raw, dtype=float)))
+    # the request's top_n, threshold and pruning override the sieve's; the sieve itself is SieveStages.plan, its
+    # model calls answered by the server's chunked, batched ones
+    stages = SieveStages.from_config(state.config, served.ranker, served.grader)
+    stages = stages.override(top_k=body.top_n, threshold=threshold)
+    stages = replace(stages, pruner=_request_pruner(body, served, stages))
+    flow = stages.plan(query, docs)
+    try:
+        call = next(flow)
+        while True:
+            call = flow.send(await _scores(call, state, served, stages, docs, meta))
+    except StopIteration as done:
+        result = done.value
     pruned = {r.index: p for (r, _), p in zip(result.kept_results, result.pruned)}
     kept = result.kept_results
     rank_raw = np.array([r.score for r, _ in kept], dtype=float)
@@ -107,6 +101,19 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
             result.prune_threshold if body.raw_scores else served.ranker.unit_scores([result.prune_threshold])[0]),
         meta=meta,
     )
+
+
+async def _scores(call: ModelCall, state: ServeState, served: ServedModels, stages: SieveStages, docs: list[str],
+                  meta: Meta) -> np.ndarray:
+    """A model call of the sieve, answered as the server answers every request: batched with other requests'
+    pairs (and the documents chunked to the model window, as /v1/rerank reads them)."""
+    if call.step == "rank":
+        return await state.scores(served, call.query, docs, meta)
+    if call.step == "grade":
+        return finite(await served.grade_batcher.score([(call.query, p.text) for p in call.passages]))
+    if stages.pruner.scorer is served.ranker:  # sentences are short: no chunking, and not traffic of their own
+        return finite(np.asarray(await served.rank_batcher.score([(call.query, t) for t in call.layout.texts]), float))
+    return finite(await asyncio.to_thread(stages.pruner.score, call.layout))  # another sentence scorer (a keep head)
 
 
 def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStages) -> SentencePruner | None:
