@@ -126,3 +126,21 @@ def test_cascade_specs_resolve_in_the_registry_and_refuse_bad_sizes():
     for bad in ("cascade:0", "cascade:x", "cascade:"):
         with pytest.raises(RagsieveError, match="cascade"):
             load_reranker(bad)
+
+
+@pytest.mark.integration
+def test_the_cascade_chooses_among_passages_not_chunks_and_reads_the_chosen_by_best_chunk():
+    """A long passage is one candidate: the cascade (no window of its own, so nothing wraps it in best-chunk
+    reading) cross-encodes its top n passages as the default reads them, by their best window-sized chunk."""
+    from ragsieve.registry import load_reranker
+    from ragsieve.rerank.cascade import CascadeRanker
+
+    query = "who wrote hamlet shakespeare"
+    filler = " ".join(["The weather in the valley was mild that year and the harvest was good."] * 40)
+    long_passage = filler + " Hamlet is a tragedy written by William Shakespeare around 1600."
+    passages = PASSAGES + [long_passage]
+    fast = load_reranker("embedded:fast")
+    assert isinstance(fast, CascadeRanker) and not fast.pointwise  # not wrapped: it reads long passages itself
+    default = load_reranker("embedded:base")  # reads the long passage by its best chunk
+    everyone = CascadeRanker(load_reranker("embedded:base"), top=len(passages))
+    assert np.allclose(everyone.score(query, passages), default.score(query, passages), atol=1e-3)

@@ -459,6 +459,24 @@ def test_a_closed_batcher_refuses_new_work_instead_of_hanging():
         asyncio.run(batcher.score([(QUERY, DOCS[1])]))
 
 
+def test_a_list_level_ranker_scores_each_request_whole_and_alone():
+    """A cascade's scores depend on the list: the batcher neither slices a request nor mixes it with others."""
+    from ragsieve.registry import load_reranker
+    from ragsieve.serve.batcher import PairBatcher
+
+    cascade = load_reranker("cascade:2:bm25")
+    docs = [f"{d} {i}" for i, d in enumerate(DOCS * 3)]
+    batcher = PairBatcher(cascade, max_wait_ms=20, max_batch_pairs=2)  # a pointwise ranker would be sliced
+
+    async def both():
+        return await asyncio.gather(batcher.score([(QUERY, d) for d in docs]),
+                                    batcher.score([("paris france", d) for d in docs[:4]]))
+
+    first, second = asyncio.run(both())
+    batcher.close()
+    assert np.allclose(first, cascade.score(QUERY, docs)) and np.allclose(second, cascade.score("paris france", docs[:4]))
+
+
 def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_server, monkeypatch):
     import ragsieve.serve.state as served_app
 

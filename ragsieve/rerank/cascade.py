@@ -4,13 +4,16 @@ The default reranker (``embedded:base``) is a cross-encoder logit plus a weighte
 nearly free once passage vectors are stored (an index hit carries its vector) or cached, while the
 cross-encoder is the cost of every pair. :class:`CascadeRanker` scores each query's candidates by cosine,
 runs the cross-encoder on its ``top`` best only and gives those the full score (``logit + w · scale · cos``,
-exactly the reranker's), and ranks the rest below them in cosine order. ``embedded:fast`` is the shipped
+exactly the reranker's; a passage past the reranker's window by its best chunk, as ``load_reranker`` reads it),
+and ranks the rest below them in cosine order. It chooses among *passages*, not chunks, so it reads long
+passages itself (no window of its own) and its scores depend on the list (``pointwise = False``: a service
+scores one request's documents in one call). ``embedded:fast`` is the shipped
 default behind a cascade; ``cascade:<top>`` wraps ``embedded:base`` and ``cascade:<top>:<spec>`` any
 cross-encoder spec (a plain cross-encoder keeps its own logit for the top and MiniLM cosine to choose them).
 
 Example::
 
-    fast = CascadeRanker(load_reranker("embedded:base", whole_passages=False), top=10)
+    fast = CascadeRanker(load_reranker("embedded:base"), top=10)
     fast.rank("who wrote hamlet", passages).top_k(3)
 """
 
@@ -33,9 +36,10 @@ class CascadeRanker(BaseRanker):
     """Cosine for every candidate, ``reranker`` for the ``top`` best of each query (see the module doc)."""
 
     name = "cascade"
+    pointwise = False  # which candidates reach the cross-encoder depends on the others
 
     def __init__(self, reranker: BaseRanker, top: int, cosine: BaseRanker | None = None):
-        from ragsieve.rerank.chunks import BestChunkRanker
+        from ragsieve.rerank.chunks import BestChunkRanker, reading_whole
         from ragsieve.rerank.mixed import CosineMixRanker
 
         if top < 1:
@@ -50,10 +54,8 @@ class CascadeRanker(BaseRanker):
 
             self.cross, self.first, self.factor = inner, cosine or BiEncoderRanker(), 0.0
         self.calibration = getattr(inner, "calibration", None)  # the top's scores are the reranker's own
+        self.whole = reading_whole(inner)  # the top's full score, a long passage by its best chunk
         self.score_is_probability = False  # logit scale, like the mix
-
-    def window(self):
-        return self.reranker.window()
 
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         if len(queries) != len(passages):
@@ -67,10 +69,9 @@ class CascadeRanker(BaseRanker):
             by_query.setdefault(q, []).append(i)
         chosen = {q: sorted(idx, key=lambda i: (-cos[i], i))[: self.top] for q, idx in by_query.items()}
         todo = [i for idx in chosen.values() for i in idx]
-        logits = np.asarray(self.cross.logit_scores(self.cross.score_pairs([queries[i] for i in todo],
-                                                                           [items[i] for i in todo])), float)
         out = np.empty(len(items))
-        out[todo] = logits + self.factor * cos[todo]
+        if todo:  # the reranker's own score (cross logit + its cosine term), exactly as it ranks alone
+            out[todo] = self._full_scores([queries[i] for i in todo], [items[i] for i in todo])
         for q, idx in by_query.items():
             top = set(chosen[q])
             rest = [i for i in idx if i not in top]
@@ -78,3 +79,9 @@ class CascadeRanker(BaseRanker):
                 floor = out[chosen[q]].min() - 1.0
                 out[rest] = floor - max(self.factor, 1.0) * (cos[rest].max() - cos[rest])
         return out
+
+    def _full_scores(self, queries: list[str], items: list[Passage]) -> np.ndarray:
+        """The wrapped reranker's logit-scale score (a mix: its cross logit + its cosine term)."""
+        if self.factor:  # a CosineMixRanker: its score is already logit + w · scale · cos
+            return np.asarray(self.whole.score_pairs(queries, items), float)
+        return np.asarray(self.whole.logit_scores(self.whole.score_pairs(queries, items)), float)

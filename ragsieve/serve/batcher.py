@@ -208,6 +208,13 @@ class PairBatcher:
                 self._drop(job)
         if not self._unserved:  # a new round
             self._unserved, self._served = self._served, self._unserved
+        if not self.ranker.pointwise:  # its scores depend on the list (a cascade): one request, whole, per call
+            jobs = self._unserved if self._unserved else self._served
+            if not jobs:
+                return []
+            job = jobs.popleft()
+            batch, job.taken = [(job, job.taken, len(job.pairs))], len(job.pairs)
+            return batch
         batch, budget = [], self.max_batch_pairs
         # requests not served yet this round go alone (with each other): a big one's next slice would only
         # make them wait for it; the served ones follow in the next batch
