@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test check-docs check-results bench clean-venv
+.PHONY: install demo test test-fast check-docs check-results bench clean-venv
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the slow tier (PostgreSQL, Ray, whole fits, studies; tests/conftest.py).
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
 
 # Every number in README.md's Results section, re-derived from the committed JSON (tools/results_sources.yaml).
 check-results: install

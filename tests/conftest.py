@@ -24,6 +24,20 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Test tiers: `make test-fast` runs what is not `slow`; `make test` (CI) runs everything. One place decides
+# what is slow — tests that start PostgreSQL or Ray, run a whole fit or a study end to end — so a new test of
+# that kind is slow without anyone remembering a marker.
+SLOW_FIXTURES = {"postgres", "pg"}
+SLOW_FILES = {"test_fit.py", "test_fit_hotpotqa.py", "test_fit_ray.py", "test_serve_ray.py", "test_experiments.py",
+              "test_pgvector.py", "test_feedback_store.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"benchmark data not found at {SHARED_DATA}")
 
 
