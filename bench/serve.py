@@ -3,7 +3,10 @@
 ≥ 50 concurrent loopback clients send rerank requests of 20 documents of ~100 words
 (NQ-oracle passages, else synthetic text; ``--documents multirc``: MultiRC passages of ≥ 240 words, longer
 than the default's 256-token window, so both the service and the offline ranker read each by its best
-chunk; writes ``serve_long.json``) for a bounded time. The server runs in its own
+chunk; writes ``serve_long.json``; ``--documents trace``: a replayed RAG trace, NQ questions each with the
+passages BM25 retrieves for it from the demo's pool, so documents recur as in real traffic and the reranker's
+passage-vector cache is exercised — its hit ratio is read from ``/metrics``; writes ``serve_trace.json``) for a
+bounded time. The server runs in its own
 process and serves exactly what ``ragsieve serve`` serves by default (``ServeConfig().reranker``,
 today ``embedded:base`` with its cosine mix and calibration), unless ``--model`` names another
 spec. Reported: pairs/s, request latency p50/p95/p99, errors (must be 0), and the
@@ -51,7 +54,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -62,6 +64,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -94,11 +97,42 @@ def resolve_model(spec: str, workdir: Path) -> tuple[str, str | None]:
 
 # passage length in words per document source: NQ's ~100-word passages fit the default's 256-token window;
 # MultiRC's longest (~300+ words) do not, so serve and the offline ranker read them by their best chunk
-DOCUMENT_SOURCES = {"nq-oracle": (60, 160), "multirc": (240, 10_000)}
+DOCUMENT_SOURCES = {"nq-oracle": (60, 160), "multirc": (240, 10_000), "trace": (0, 10_000)}
+
+
+def trace_requests(n: int, docs: int, seed: int = 0) -> tuple[list[dict], str]:
+    """A replayed RAG trace: ``n`` NQ questions, each with the top ``docs`` passages BM25 retrieves for it from
+    the demo's passage pool (NQ-oracle), so documents recur across requests as they do in real traffic."""
+    from ragsieve.data import load_dataset
+    from ragsieve.retrieve.bm25 import BM25Retriever
+
+    ds = load_dataset("nq-oracle")
+    questions = random.Random(seed).sample([q.text for q in ds.questions], min(n, len(ds.questions)))
+    hits = BM25Retriever.build(ds.passages).search_batch(questions, k=docs)
+    bodies = [{"model": "bench", "query": q, "documents": [h.passage.full_text for h in row]}
+              for q, row in zip(questions, hits)]
+    return bodies, "nq-oracle trace (BM25 top-k of the demo's pool)"
+
+
+def cache_counts(url: str) -> dict | None:
+    """The served reranker's passage-vector cache, from ``/metrics`` (None: it encodes no passages)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, s.labels.get("outcome")): s.value
+               for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text) for s in f.samples}
+    hits = samples.get(("ragsieve_embedding_cache_lookups_total", "hit"))
+    misses = samples.get(("ragsieve_embedding_cache_lookups_total", "miss"))
+    if hits is None or misses is None:
+        return None
+    return {"hits": hits, "misses": misses, "hit_ratio": hits / (hits + misses) if hits + misses else 0.0}
 
 
 def make_requests(n: int, docs: int, seed: int = 0, dataset: str = "nq-oracle") -> list[dict]:
-    """Rerank bodies: a question and `docs` passages of ``dataset`` in its length range (DOCUMENT_SOURCES)."""
+    """Rerank bodies: a question and `docs` passages of ``dataset`` in its length range (DOCUMENT_SOURCES);
+    ``trace``: :func:`trace_requests`."""
+    if dataset == "trace":
+        return trace_requests(n, docs, seed)
     rng = random.Random(seed)
     low, high = DOCUMENT_SOURCES[dataset]
     try:
@@ -512,7 +546,7 @@ def fairness(args, spec: str) -> None:
     result = {"small_alone": alone, "small_beside_one_big_client": beside_big, "served_spec": spec,
               "setup": {"seconds": args.seconds, "max_batch_pairs": args.max_batch_pairs,
                         "big_request": "40 documents x 49,000 characters (~2 MB)", "small_request": "1 document"},
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "machine": machine_info(),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     out = Path(args.out or "bench/results/serve_fairness.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -531,7 +565,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20)
     parser.add_argument("--documents", choices=sorted(DOCUMENT_SOURCES), default="nq-oracle",
                         help="where documents come from: multirc's are longer than the default's window "
-                        "(writes serve_long.json)")
+                        "(writes serve_long.json); trace: a replayed RAG trace (serve_trace.json)")
     parser.add_argument("--requests", type=int, default=400, help="distinct request bodies, cycled")
     parser.add_argument("--offline-pairs", type=int, default=2000)
     parser.add_argument("--max-batch-pairs", type=int, default=32)
@@ -575,7 +609,7 @@ def main() -> None:
         result = ray_bench(args, spec, bodies, source, workdir)
         result.update({"errors": sum(run["errors"] for run in result["runs"].values()),
                        "torch_threads": torch.get_num_threads(),
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                       "machine": machine_info(),
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         postgres = result["feedback"]["store"]["kind"] == "postgresql"
         out = Path(args.out or f"bench/results/serve_ray{'_postgres' if postgres else ''}.json")
@@ -612,6 +646,7 @@ def main() -> None:
     )
     try:
         served = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
+        served["embedding_cache"] = cache_counts(url)
     finally:
         stop_server(proc)
     served["ratio_to_offline"] = served["pairs_per_s"] / off["pairs_per_s"]
@@ -659,10 +694,11 @@ def main() -> None:
             "model": args.model,
         },
         "torch_threads": torch.get_num_threads(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine_info(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    out = Path(args.out or f"bench/results/serve{'_long' if args.documents == 'multirc' else ''}.json")
+    suffix = {"multirc": "_long", "trace": "_trace"}.get(args.documents, "")
+    out = Path(args.out or f"bench/results/serve{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("pairs_per_s", "errors", "ratio_to_offline")}))
