@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
+from ragsieve.machine import machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -42,7 +42,7 @@ from collections.abc import Collection
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
+from ragsieve.machine import machine_info
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

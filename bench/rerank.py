@@ -50,7 +50,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from machine import machine_info  # bench/machine.py: the script's folder is on sys.path
+from ragsieve.machine import machine_info
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,4 +1,4 @@
-"""What every bench result records about the machine it ran on (one shape for every bench/*.py)."""
+"""What a measurement records about the machine it ran on: one shape for every bench/*.py result."""
 
 from __future__ import annotations
 
