@@ -32,9 +32,26 @@ SLOW_FILES = {"test_fit.py", "test_fit_hotpotqa.py", "test_fit_ray.py", "test_se
               "test_pgvector.py", "test_feedback_store.py"}
 
 
+# tests elsewhere that run a study or a whole fit end to end, resume a killed training, or load the real default
+# on every backend (≥ 10 s each on 2 cores; `pytest --durations=40` finds new ones)
+SLOW_TESTS = {
+    "test_experiment_smoke_config_on_tiny_model_resumes_per_cell", "test_the_default_reranker_scores_a_pair_the_same_in_any_batch",
+    "test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done", "test_eval_retrieval_small",
+    "test_gguf_cache_concurrent_conversion", "test_train_cross_encoder_resumes_after_kill",
+    "test_fit_and_index_print_progress_lines_to_a_log",
+    "test_racing_drops_what_something_cheaper_beats_and_keeps_the_choice_and_the_frontier",
+    "test_distill_study_trains_evaluates_and_ships_a_student", "test_endpoint_only_fit_with_smollm2_on_loopback",
+    "test_guard_study_end_to_end_tiny_and_resumes", "test_experiment_end_to_end_and_resumable_per_config",
+    "test_shipped_default_on_a_cpu_without_bf16_runs_its_fallback_backends",
+    "test_a_killed_cell_resumes_after_its_last_checkpointed_round",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SLOW_FILES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        name = getattr(item, "originalname", None) or item.name
+        if (item.path.name in SLOW_FILES or name in SLOW_TESTS
+                or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)
 
 
