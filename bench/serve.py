@@ -42,7 +42,7 @@ rows would join that store's next round). Writes ``bench/results/serve_ray.json`
 another for ``--seconds``, first alone, then while one client keeps sending 2 MB requests (40 documents of
 49,000 characters); p50/p99 of the small requests in both runs. Writes ``bench/results/serve_fairness.json``.
 
-    python bench/serve.py --fairness --seconds 60 --max-batch-pairs 32
+    python bench/serve.py --fairness --seconds 60
 
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
@@ -568,7 +568,7 @@ def main() -> None:
                         "(writes serve_long.json); trace: a replayed RAG trace (serve_trace.json)")
     parser.add_argument("--requests", type=int, default=400, help="distinct request bodies, cycled")
     parser.add_argument("--offline-pairs", type=int, default=2000)
-    parser.add_argument("--max-batch-pairs", type=int, default=32)
+    parser.add_argument("--max-batch-pairs", type=int, default=128)
     parser.add_argument("--fairness", action="store_true",
                         help="small requests' p50/p99 alone and beside one client sending 2 MB requests")
     parser.add_argument("--max-wait-ms", type=float, default=5.0)

@@ -58,8 +58,10 @@ class ServeConfig(StrictConfig):
     # dynamic batching: concurrent requests are scored together in one score_pairs call
     max_wait_ms: float = Field(5.0, ge=0.0, description="how long the first request of a batch waits for company")
     # pairs per model call, taken round-robin across requests: a small request waits for at most one such slice of
-    # a big one (32 windows of 256 tokens ≈ 1-2 s on 2 cores), and the model batches 32 at a time anyway
-    max_batch_pairs: int = Field(32, ge=1)
+    # a big one. 128 windows keep the service at 0.96x the same reranker offline on a replayed RAG trace (32: 0.57x:
+    # batch-invariant scores batch one padded width at a time, so small slices make small model calls), and one
+    # slice is ~1.5 s of scoring on 2 cores (bench/results/serve_trace.json, serve_fairness.json)
+    max_batch_pairs: int = Field(128, ge=1)
     # passage vectors of the reranker's cosine half, shared by every request of the process (one per Ray replica):
     # RAG traffic reranks one corpus, so a document seen before is not encoded again (0: no cache)
     embedding_cache_mb: float = Field(DEFAULT_CACHE_MB, ge=0.0)
