@@ -167,6 +167,18 @@ class PairBatcher:
     def _pending_pairs(self) -> int:
         return sum(job.remaining for job in (*self._unserved, *self._served))
 
+    def _take(self, timeout: float | None) -> bool | None:
+        """Admit the next queued job, waiting up to ``timeout`` (None: not at all): True if one was admitted,
+        False if none came, None for the stop marker."""
+        try:
+            job = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+        except queue.Empty:
+            return False
+        if job is None:
+            return None
+        self._admit(job)
+        return True
+
     def _wait_for_work(self) -> bool:
         """Block until a job is waiting (then wait up to ``max_wait`` for company); False once stopped and idle."""
         stop = False
@@ -178,23 +190,15 @@ class PairBatcher:
             deadline = time.perf_counter() + self.max_wait
             while self._pending_pairs() < self.max_batch_pairs:
                 remaining = deadline - time.perf_counter()
-                try:
-                    job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-                except queue.Empty:
+                taken = self._take(remaining if remaining > 0 else None)
+                if taken is not True:
+                    stop = taken is None
                     break
-                if job is None:
-                    stop = True
-                    break
-                self._admit(job)
-        while True:  # whoever arrived while the last batch was scored joins this round
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
+        while not stop:  # whoever arrived while the last batch was scored joins this round
+            taken = self._take(None)
+            if taken is not True:
+                stop = taken is None
                 break
-            if job is None:
-                stop = True
-                break
-            self._admit(job)
         if stop:
             self._stopping = True
         return True
