@@ -81,7 +81,5 @@ class CascadeRanker(BaseRanker):
         return out
 
     def _full_scores(self, queries: list[str], items: list[Passage]) -> np.ndarray:
-        """The wrapped reranker's logit-scale score (a mix: its cross logit + its cosine term)."""
-        if self.factor:  # a CosineMixRanker: its score is already logit + w · scale · cos
-            return np.asarray(self.whole.score_pairs(queries, items), float)
+        """The wrapped reranker's score on the logit scale (a mix's is already: cross logit + its cosine term)."""
         return np.asarray(self.whole.logit_scores(self.whole.score_pairs(queries, items)), float)
