@@ -326,19 +326,12 @@ class Selection:
         stored = [self.sentence_store.lookup(q.id, [p.id for p in lay.pairs]) if self.sentence_store else None
                   for (q, _), lay in zip(todo, layouts)]
         missing = [j for j, got in enumerate(stored) if got is None]
-        queries = [layouts[j].query for j in missing for _ in layouts[j].pairs]
-        pairs = [p for j in missing for p in layouts[j].pairs]
-        fresh = np.asarray(self.pruner.scorer.score_pairs(queries, pairs), float) if pairs else np.zeros(0)
-        if self.sentence_store is not None and pairs:
-            owners = [todo[j][0].id for j in missing for _ in layouts[j].pairs]
-            self.sentence_store.add([(qid, p.id, float(x)) for qid, p, x in zip(owners, pairs, fresh)])
-        lo = 0
-        for j, ((q, i), lay) in enumerate(zip(todo, layouts)):
-            if stored[j] is not None:
-                self._sentence_scores[q.id, i] = np.asarray(stored[j], float)
-            else:
-                self._sentence_scores[q.id, i] = fresh[lo : lo + len(lay.pairs)]
-                lo += len(lay.pairs)
+        fresh = dict(zip(missing, self.pruner.score_many([layouts[j] for j in missing])))
+        if self.sentence_store is not None and missing:
+            self.sentence_store.add([(todo[j][0].id, p.id, float(x)) for j in missing
+                                     for p, x in zip(layouts[j].pairs, fresh[j])])
+        for j, (q, i) in enumerate(todo):
+            self._sentence_scores[q.id, i] = np.asarray(stored[j], float) if stored[j] is not None else fresh[j]
 
     def placement_variants(self, rows: Sequence[dict[str, Any]]) -> list[Choice]:
         """The other placements of the ``refine_top`` most accurate answered configurations with k >= 2 that

@@ -156,6 +156,17 @@ class SentencePruner:
             return np.asarray(self.scorer.score_layout(layout), float)
         return np.asarray(self.scorer.score_pairs([layout.query] * len(layout.pairs), list(layout.pairs)), float)
 
+    def score_many(self, layouts: Sequence[PruneLayout]) -> list[np.ndarray]:
+        """:meth:`score` of each layout: a pair scorer's pairs of every layout in one batch, a keep head's
+        passages read whole (a sentence scored alone would lose the passage it sits in)."""
+        if hasattr(self.scorer, "score_layout"):
+            return [self.score(layout) for layout in layouts]
+        queries = [layout.query for layout in layouts for _ in layout.pairs]
+        pairs = [p for layout in layouts for p in layout.pairs]
+        flat = np.asarray(self.scorer.score_pairs(queries, pairs), float) if pairs else np.zeros(0)
+        bounds = np.cumsum([0] + [len(layout.pairs) for layout in layouts])
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
     def decide(self, layout: PruneLayout, scores: Sequence[float], threshold: float | None = None
                ) -> list[PrunedPassage]:
         """Each passage pruned by sentence ``scores`` (one per ``layout.pairs``) against ``threshold``
