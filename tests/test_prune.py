@@ -203,18 +203,22 @@ def test_a_sentence_cap_keeps_the_best_ones_in_their_order(bm25):
 
 
 def test_the_keep_head_scores_every_sentence_in_one_forward_per_batch_of_passages(tiny_cross_encoder_dir, tmp_path):
+    import torch
+
     from ragsieve.errors import ModelNotAvailable
-    from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, read_head, write_head
+    from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, read_head
     from ragsieve.registry import load_reranker
 
-    weight = np.random.default_rng(0).normal(size=4 * 32).astype(np.float32)  # four blocks of the hidden size
-    write_head(tmp_path / HEAD_FILE, weight, 0.5)
-    got_w, got_b = read_head(tmp_path / HEAD_FILE)
-    assert np.allclose(got_w, weight) and got_b == 0.5
     with pytest.raises(ModelNotAvailable, match="no prune head"):
-        read_head(tmp_path / "missing.safetensors")
+        SentenceKeepHead(tiny_cross_encoder_dir)
+    head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(head.branch.classifier.weight)  # an untrained classifier is zero: every logit ties
+    head.save(tmp_path / HEAD_FILE)
+    read = read_head(tmp_path / HEAD_FILE, tiny_cross_encoder_dir)
+    assert all(torch.allclose(a, b.float(), atol=1e-3) for a, b in
+               zip(read.state_dict().values(), head.branch.state_dict().values()))  # float16 on disk
 
-    head = SentenceKeepHead(tiny_cross_encoder_dir, head=(weight, 0.5))
     forwards = []
     head.encoder.register_forward_hook(lambda *_: forwards.append(1))
     passages = [Passage(f"d{i}", text, f"t{i}") for i, text in enumerate(DOCS[:2])]
@@ -227,6 +231,54 @@ def test_the_keep_head_scores_every_sentence_in_one_forward_per_batch_of_passage
     assert not np.isclose(alone[0], scores[1])
     cut = pruner.decide(layout, scores)
     assert all(c.n_kept >= 1 for c in cut) and [c.passage.id for c in cut] == ["d0", "d1"]
-    # a spec, as a sieve's pruner names it
-    spec_head = load_reranker(f"prune-head:{tiny_cross_encoder_dir}", head=(weight, 0.5))
-    assert np.allclose(SentencePruner(spec_head).score(layout), scores, atol=1e-5)
+    # a spec, as a sieve's pruner names it, reads the head shipped beside the cross-encoder
+    (tiny_cross_encoder_dir / HEAD_FILE).write_bytes((tmp_path / HEAD_FILE).read_bytes())
+    try:
+        spec_head = load_reranker(f"prune-head:{tiny_cross_encoder_dir}")
+        assert np.allclose(SentencePruner(spec_head).score(layout), scores, atol=1e-2)
+    finally:
+        (tiny_cross_encoder_dir / HEAD_FILE).unlink()
+
+
+def test_an_untrained_keep_branch_carries_on_exactly_where_the_cross_encoder_would(tiny_cross_encoder_dir):
+    """The trunk stops at the branch point and the branch's layers are copies of the top ones: together they
+    give the cross-encoder's own last hidden states, so training starts from what the reranker reads."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from ragsieve.prune.head import SentenceKeepHead
+
+    full = AutoModel.from_pretrained(tiny_cross_encoder_dir, dtype=torch.float32).eval()
+    enc = AutoTokenizer.from_pretrained(tiny_cross_encoder_dir)([QUERY] * 2, DOCS[:2], padding=True,
+                                                               return_tensors="pt")
+    head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    mask = enc["attention_mask"].bool()
+    with torch.no_grad():
+        states = head.encoder(**enc).last_hidden_state
+        for layer in head.branch.layers:
+            states = layer(states, src_key_padding_mask=~mask)
+        expected = full(**enc).last_hidden_state
+    assert torch.allclose(states[mask], expected[mask], atol=1e-4)
+
+
+def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch(tiny_cross_encoder_dir, tmp_path):
+    from ragsieve.prune import split_sentences
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.prune.training import KeepExample, KeepHeadTrainer, KeepHeadTrainingConfig
+
+    examples = []
+    for n in range(12):
+        for i, text in enumerate(DOCS):
+            spans = tuple(split_sentences(text))
+            labels = tuple(int("Shakespeare" in text[a:b]) for a, b in spans)
+            examples.append(KeepExample(f"q{n}", QUERY, Passage(f"d{i}", text, f"t{i}"), spans, labels))
+    config = KeepHeadTrainingConfig(epochs=1, batch_size=8, dev_share=0.25)
+    head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    first = KeepHeadTrainer(head, config, tmp_path).train(examples)
+    assert len(first["epochs"]) == 1 and np.isfinite(first["epochs"][0]["train_loss"])
+    assert first["n_dev_passages"] == 3 * len(DOCS) and first["n_questions"] == 12
+    # a second run with more epochs reads the cached trunk states and goes on after epoch 1
+    again = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    second = KeepHeadTrainer(again, config.model_copy(update={"epochs": 2}), tmp_path).train(examples)
+    assert [e["epoch"] for e in second["epochs"]] == [1, 2]
+    assert second["epochs"][0] == first["epochs"][0]

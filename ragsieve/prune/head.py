@@ -2,15 +2,12 @@
 
 Zero-shot pruning scores every ``(query, title: sentence)`` pair with the reranker: one forward per sentence,
 and each sentence read without the passage around it. :class:`SentenceKeepHead` reads ``(query, title: passage)``
-once through the shipped cross-encoder (the same weights, frozen: its rerank logit does not change) and scores
-each sentence by a linear layer over its tokens' hidden states averaged over the sentence — the last layer's,
-a middle layer's, and the last layer's multiplied elementwise by the query's mean state and by the pair's
-``[CLS]`` state, so the head weighs a sentence against the question it is read with (linear in the token
-states for a given query, so the average of token logits is the logit of the averaged features). The layer is
-trained on sentence
-labels (HotpotQA supporting facts, the NQ sentences holding the answer, FEVER evidence sentences) by
-``ragsieve run experiments/prune_head.yaml``; its weights ship as ``prune_head.safetensors`` beside the
-cross-encoder.
+once. The shipped cross-encoder's lower layers (frozen: its rerank logit does not change) carry the pair up to
+the branch point; a :class:`~ragsieve.prune.branch.KeepBranch` — a trained copy of the top layers and a linear
+token classifier — scores every token, and a sentence's keep logit is the mean over its tokens. The branch is
+trained on sentence labels (HotpotQA supporting facts, the NQ sentences holding the answer, FEVER evidence
+sentences) by :class:`~ragsieve.prune.training.KeepHeadTrainer` (``ragsieve run experiments/prune_head.yaml``)
+and ships as ``prune_head.safetensors`` beside the cross-encoder.
 
 A :class:`~ragsieve.prune.pruner.SentencePruner` uses it through :meth:`SentenceKeepHead.score_layout`; the
 head is a :class:`~ragsieve.rerank.base.BaseRanker` too, so scoring a lone (query, sentence) pair also works
@@ -25,8 +22,9 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -35,11 +33,13 @@ from ragsieve.errors import ModelNotAvailable
 from ragsieve.rerank.base import BaseRanker, as_passages
 
 if TYPE_CHECKING:
+    import torch
+
+    from ragsieve.prune.branch import KeepBranch
     from ragsieve.prune.pruner import PruneLayout
 
 HEAD_FILE = "prune_head.safetensors"
-#: the blocks of a sentence's features, each ``hidden_size`` wide, in the order the head's weight reads them
-FEATURE_BLOCKS = ("last", "middle", "last*query", "last*cls")
+HEAD_FORMAT = "keep-branch-1"
 
 
 def _default_folder() -> Path:
@@ -48,103 +48,165 @@ def _default_folder() -> Path:
     return ASSET_DIR
 
 
-class SentenceKeepHead(BaseRanker):
-    """The cross-encoder in ``folder`` read token by token, and a linear keep head over its last hidden states.
+@dataclass
+class TrunkStates:
+    """One passage read by the frozen trunk: its tokens' hidden states at the branch point, and the sentence
+    each token belongs to (-1: query, title, special tokens)."""
 
-    ``head``: ``(weight, bias)`` to use instead of ``folder``'s ``prune_head.safetensors``; ``"untrained"`` for
-    training, which only needs :meth:`sentence_features`.
+    states: "torch.Tensor"  # (tokens, hidden), float16 to keep many of them in memory while training
+    sentence_of_token: np.ndarray
+    n_sentences: int
+
+
+class SentenceKeepHead(BaseRanker):
+    """The cross-encoder in ``folder`` read token by token up to the branch point, and its keep branch.
+
+    ``head``: a :class:`~ragsieve.prune.branch.KeepBranch` to use instead of ``folder``'s
+    ``prune_head.safetensors``. :meth:`untrained` gives a head to train.
     """
 
     name = "prune-head"
 
-    def __init__(self, folder: str | Path | None = None, head: "tuple[np.ndarray, float] | str | None" = None,
+    def __init__(self, folder: str | Path | None = None, head: "KeepBranch | None" = None,
                  max_length: int = 512, batch_size: int = 8):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
         self.folder = Path(folder) if folder is not None else _default_folder()
         if not (self.folder / "config.json").is_file():
             raise ModelNotAvailable(f"prune head: no cross-encoder in {self.folder}")
-        if head is None:
-            head = read_head(self.folder / HEAD_FILE)
-        self.weight, self.bias = (None, 0.0) if head == "untrained" else (np.asarray(head[0], np.float32),
-                                                                          float(head[1]))
-        from ragsieve.models.quiet import quiet_transformers
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        with quiet_transformers():  # the encoder alone: the reranker's classifier is expected to go unused
-            self.encoder = AutoModel.from_pretrained(self.folder, dtype=torch.float32).eval()
+        self.branch = head if head is not None else read_head(self.folder / HEAD_FILE, self.folder)
+        self._load_trunk(len(self.branch.layers))
+        self.branch.eval()
         self.max_length, self.batch_size = max_length, batch_size
 
+    @classmethod
+    def untrained(cls, folder: str | Path | None = None, branch_layers: int = 2, **kwargs: Any) -> SentenceKeepHead:
+        """A head whose branch is a copy of the cross-encoder's top ``branch_layers`` layers and a zero
+        classifier: what :class:`~ragsieve.prune.training.KeepHeadTrainer` starts from."""
+        from ragsieve.prune.branch import KeepBranch
+
+        bert = _read_bert(Path(folder) if folder is not None else _default_folder())
+        if not 0 <= branch_layers < bert.config.num_hidden_layers:
+            raise ModelNotAvailable(f"prune head: branch_layers must be in [0, {bert.config.num_hidden_layers})")
+        return cls(folder, head=KeepBranch.from_bert(bert, branch_layers), **kwargs)
+
+    def _load_trunk(self, branch_layers: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.encoder = _read_bert(self.folder)
+        # the trunk stops at the branch point: the branch replaces the top layers, so they are not run
+        kept = len(self.encoder.encoder.layer) - branch_layers
+        self.encoder.encoder.layer = self.encoder.encoder.layer[:kept]
+
     # -- the forward --------------------------------------------------------------------------------
-    def sentence_features(self, query: str, passages: Sequence[Passage],
-                          spans: Sequence[Sequence[tuple[int, int]]]) -> list[np.ndarray]:
-        """Per passage, one row per sentence span (character offsets into ``passage.text``): the sentence's
-        features (:data:`FEATURE_BLOCKS`), read in one forward of ``(query, title: passage)``. A sentence past
-        the window (truncated) gets a row of NaN."""
+    def trunk_states(self, query: str | Sequence[str], passages: Sequence[Passage],
+                     spans: Sequence[Sequence[tuple[int, int]]]) -> list[TrunkStates]:
+        """Each passage read as ``(query, title: passage)`` up to the branch point, batched, with the sentence
+        (a span of character offsets into ``passage.text``) each token falls in. A sentence past the window
+        has no token. ``query``: one for all passages, or one per passage."""
         import torch
 
-        out: list[np.ndarray] = []
+        queries = [query] * len(passages) if isinstance(query, str) else list(query)
+        out: list[TrunkStates] = []
         for lo in range(0, len(passages), self.batch_size):
             batch = list(passages[lo: lo + self.batch_size])
             texts = [p.full_text for p in batch]
-            enc = self.tokenizer([query] * len(batch), texts, truncation="only_second", max_length=self.max_length,
+            enc = self.tokenizer(queries[lo: lo + len(batch)], texts, truncation="only_second", max_length=self.max_length,
                                  padding=True, return_offsets_mapping=True, return_tensors="pt")
             offsets = enc.pop("offset_mapping").numpy()
             with torch.inference_mode():
-                hidden = self.encoder(**enc, output_hidden_states=True).hidden_states
-            last, middle = hidden[-1].numpy(), hidden[len(hidden) // 2].numpy()
+                states = self.encoder(**enc).last_hidden_state
+            lengths = enc["attention_mask"].sum(1).tolist()
             for j, (passage, text) in enumerate(zip(batch, texts)):
                 shift = len(text) - len(passage.text)  # the title prefix before the passage's own text
                 sequence = np.array([-1 if s is None else s for s in enc.sequence_ids(j)])
-                query_state, cls_state = last[j, sequence == 0].mean(0), last[j, 0]
                 starts, ends = offsets[j, :, 0] - shift, offsets[j, :, 1] - shift
-                rows = []
-                for a, b in spans[lo + j]:
-                    tokens = (sequence == 1) & (ends > a) & (starts < b) & (ends > starts)
-                    if not tokens.any():
-                        rows.append(np.full(4 * last.shape[-1], np.nan))
-                        continue
-                    own = last[j, tokens].mean(0)
-                    rows.append(np.concatenate([own, middle[j, tokens].mean(0), own * query_state, own * cls_state]))
-                out.append(np.asarray(rows, dtype=np.float32).reshape(len(rows), 4 * last.shape[-1]))
+                index = np.full(len(sequence), -1, dtype=np.int32)
+                for k, (a, b) in enumerate(spans[lo + j]):
+                    index[(sequence == 1) & (ends > a) & (starts < b) & (ends > starts)] = k
+                n = lengths[j]
+                out.append(TrunkStates(states[j, :n].to(torch.float16).clone(), index[:n], len(spans[lo + j])))
         return out
 
-    def logits(self, features: np.ndarray) -> np.ndarray:
-        """The head's keep logit of each sentence's features; a truncated sentence (NaN) scores -inf."""
-        if self.weight is None:
-            raise ModelNotAvailable("this keep head is untrained: load one, or give head=(weight, bias)")
-        scores = features @ self.weight + self.bias
-        return np.where(np.isnan(scores), -np.inf, scores)
+    def sentence_logits(self, read: Sequence[TrunkStates]) -> list[np.ndarray]:
+        """Each passage's sentence keep logits from its trunk states (-inf: a sentence past the window)."""
+        import torch
+
+        from ragsieve.prune.branch import sentence_logits
+
+        out: list[np.ndarray] = []
+        for lo in range(0, len(read), self.batch_size):
+            part = read[lo: lo + self.batch_size]
+            with torch.inference_mode():
+                got = sentence_logits(self.branch, [r.states for r in part], [r.sentence_of_token for r in part],
+                                      [r.n_sentences for r in part])
+            out += [g.numpy().astype(np.float64) for g in got]
+        return out
 
     # -- what a SentencePruner calls -----------------------------------------------------------------
     def score_layout(self, layout: "PruneLayout") -> np.ndarray:
         """One keep logit per sentence pair of ``layout``, each passage read whole in one forward."""
         if not layout.pairs:
             return np.zeros(0)
-        features = self.sentence_features(layout.query, layout.passages, layout.spans)
-        return np.concatenate([self.logits(f) for f in features]) if features else np.zeros(0)
+        logits = self.sentence_logits(self.trunk_states(layout.query, layout.passages, layout.spans))
+        return np.concatenate(logits) if logits else np.zeros(0)
 
     def score(self, query: str, passages: Sequence[Passage | str]) -> np.ndarray:
         """A passage's keep logit read as one sentence (what scoring a lone (query, sentence) pair means here)."""
         items = as_passages(passages)
-        features = self.sentence_features(query, items, [[(0, len(p.text))] for p in items])
-        return np.array([float(self.logits(f)[0]) for f in features])
+        read = self.trunk_states(query, items, [[(0, len(p.text))] for p in items])
+        return np.array([float(s[0]) for s in self.sentence_logits(read)])
+
+    def save(self, path: str | Path) -> None:
+        """Write this head's branch as ``path`` (``prune_head.safetensors`` beside its cross-encoder ships it)."""
+        write_head(path, self.branch, self.folder)
 
 
-def read_head(path: str | Path) -> tuple[np.ndarray, float]:
-    """``(weight, bias)`` of a keep head file."""
-    from safetensors.numpy import load_file
+def _read_bert(folder: Path):
+    import torch
+    from transformers import AutoModel
+
+    from ragsieve.models.quiet import quiet_transformers
+
+    with quiet_transformers():  # the encoder alone: the reranker's classifier is expected to go unused
+        model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    if model.config.model_type != "bert":
+        raise ModelNotAvailable(f"prune head: {folder} is a {model.config.model_type}, the keep branch copies "
+                                f"BERT layers")
+    return model
+
+
+def read_head(path: str | Path, folder: str | Path) -> "KeepBranch":
+    """The keep branch in ``path``, trained on the cross-encoder in ``folder`` (refused for other weights)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    from ragsieve.artifacts import weights_key
+    from ragsieve.prune.branch import KeepBranch
 
     if not Path(path).is_file():
         raise ModelNotAvailable(f"no prune head at {path}: train one with `ragsieve run experiments/prune_head.yaml`")
-    tensors = load_file(str(path))
-    return tensors["weight"].reshape(-1), float(tensors["bias"].reshape(-1)[0])
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("format") != HEAD_FORMAT:
+        raise ModelNotAvailable(f"{path}: not a keep branch ({HEAD_FORMAT}); retrain it with "
+                                f"`ragsieve run experiments/prune_head.yaml`")
+    if meta.get("encoder") != weights_key(folder):
+        raise ModelNotAvailable(f"{path} was trained on other cross-encoder weights than {folder}'s")
+    branch = KeepBranch.like(AutoConfig.from_pretrained(folder), int(meta["branch_layers"]))
+    branch.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return branch.eval()
 
 
-def write_head(path: str | Path, weight: np.ndarray, bias: float) -> None:
-    """Save a keep head as safetensors (``weight`` over :data:`FEATURE_BLOCKS` × the hidden size, ``bias``)."""
-    from safetensors.numpy import save_file
+def write_head(path: str | Path, branch: "KeepBranch", folder: str | Path) -> None:
+    """Save a keep branch (float16) with the key of the cross-encoder weights it reads."""
+    import torch
+    from safetensors.torch import save_file
 
-    save_file({"weight": np.asarray(weight, np.float32).reshape(-1), "bias": np.array([bias], np.float32)},
-              str(path))
+    from ragsieve.artifacts import weights_key
+    from ragsieve.atomic import atomic_file
+
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in branch.state_dict().items()}
+    meta = {"format": HEAD_FORMAT, "branch_layers": str(len(branch.layers)), "encoder": weights_key(folder)}
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)

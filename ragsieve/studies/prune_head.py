@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from ragsieve.config import StrictConfig
+from ragsieve.prune.training import KeepExample, KeepHeadTrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,8 @@ class PruneHeadStudyConfig(StrictConfig):
     max_train_questions: int = Field(1200, ge=1)  # per training dataset
     hotpot_negatives: int = Field(1, ge=0)  # distractor paragraphs per HotpotQA question (all sentences: drop)
     fever_window: int = Field(3, ge=0)  # sentences of the article on each side of the evidence
-    c_grid: list[float] = [0.01, 0.1, 1.0]  # logistic regression's inverse regularisation, chosen by grouped CV
-    cv_folds: int = Field(3, ge=2)
+    branch_layers: int = Field(2, ge=0)  # the cross-encoder's top layers the keep branch copies and trains
+    training: KeepHeadTrainingConfig = KeepHeadTrainingConfig()
     max_length: int = Field(512, ge=32)
     prune_results: str = "results/prune"  # the prune study: its splits' test questions, levels, zero-shot scores
     n_boot: int = 2000
@@ -80,8 +81,8 @@ def _excluded(dataset: str, config: PruneHeadStudyConfig) -> set[str]:
     return out
 
 
-def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[tuple[str, str, Any, list, list[int]]]:
-    """``(question id, query, passage, sentence spans, labels)`` of ``dataset``'s training questions."""
+def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepExample]:
+    """The keep head's training passages of ``dataset``'s training questions, a label per sentence."""
     from ragsieve.data import held_out_questions, load_dataset
     from ragsieve.data.records import Passage
     from ragsieve.eval.qa import contains_answer
@@ -108,7 +109,8 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[tuple[
                 kept = [(i, s) for i, s in enumerate(sents) if s.strip()]
                 text, spans = _spans_of([s for _, s in kept])
                 labels = [int(i in facts.get(title, ())) for i, _ in kept]
-                out.append((row["_id"], row["question"], Passage(title, text, title), spans, labels))
+                out.append(KeepExample(row["_id"], row["question"], Passage(title, text, title), tuple(spans),
+                                       tuple(labels)))
         return out
     if dataset == "nq":
         ds = load_dataset("nq-oracle", data_dir=config.data_dir)
@@ -118,7 +120,7 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[tuple[
                 spans = split_sentences(p.text)
                 labels = [int(contains_answer(p.text[a:b], q.answers)) for a, b in spans]
                 if any(labels):
-                    out.append((q.id, q.text, p, spans, labels))
+                    out.append(KeepExample(q.id, q.text, p, tuple(spans), tuple(labels)))
         return out
     ds = load_dataset("fever", data_dir=config.data_dir)
     skip |= {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
@@ -141,56 +143,9 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[tuple[
         n += 1
         text, spans = _spans_of([p.text for _, p in window])
         title = window[0][1].title
-        out.append((q.id, q.text, Passage(docid, text, title), spans, [int(i in evidence) for i, _ in window]))
+        out.append(KeepExample(q.id, q.text, Passage(docid, text, title), tuple(spans),
+                               tuple(int(i in evidence) for i, _ in window)))
     return out
-
-
-def sentence_features(head, examples, cache: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per sentence of every example: the mean last hidden state (``X``), the label, the question id; cached in
-    ``cache`` (an ``.npz``) so a rerun reads instead of encoding."""
-    if cache.is_file():
-        got = np.load(cache, allow_pickle=False)
-        if len(got["y"]) == sum(len(e[4]) for e in examples):
-            return got["X"], got["y"], got["qid"]
-    X, y, qid = [], [], []
-    for n, (q, query, passage, spans, labels) in enumerate(examples):
-        states = head.sentence_features(query, [passage], [spans])[0]
-        X.append(states)
-        y += labels
-        qid += [q] * len(labels)
-        if n % 500 == 0:
-            log.info("prune head: encoded %d / %d passages", n, len(examples))
-    X = np.concatenate(X)
-    y, qid = np.asarray(y), np.asarray(qid, dtype=str)
-    np.savez(cache, X=X, y=y, qid=qid)
-    return X, y, qid
-
-
-def train_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, config: PruneHeadStudyConfig
-               ) -> tuple[np.ndarray, float, dict[str, Any]]:
-    """A logistic regression on standardised sentence states, C chosen by grouped CV (AUROC), folded back into
-    ``(weight, bias)`` over the raw states."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
-    from sklearn.model_selection import GroupKFold
-
-    ok = ~np.isnan(X).any(1)
-    X, y, groups = X[ok], y[ok], groups[ok]
-    mu, sigma = X.mean(0), X.std(0) + 1e-6
-    Z = (X - mu) / sigma
-    cv: dict[str, float] = {}
-    for c in config.c_grid:
-        aucs = []
-        for tr, va in GroupKFold(config.cv_folds).split(Z, y, groups):
-            model = LogisticRegression(C=c, max_iter=2000).fit(Z[tr], y[tr])
-            aucs.append(roc_auc_score(y[va], model.decision_function(Z[va])))
-        cv[str(c)] = float(np.mean(aucs))
-    best = max(config.c_grid, key=lambda c: cv[str(c)])
-    model = LogisticRegression(C=best, max_iter=2000).fit(Z, y)
-    w = model.coef_[0] / sigma
-    b = float(model.intercept_[0] - np.sum(model.coef_[0] * mu / sigma))
-    return w, b, {"C": best, "cv_auroc": cv, "n_sentences": int(len(y)), "positives": int(y.sum()),
-                  "n_questions": int(len(set(groups.tolist())))}
 
 
 def _kept(pruner, layout, scores, counts=None):
@@ -274,14 +229,18 @@ def write_report(out_dir: Path, result: dict[str, Any]) -> None:
     t = result["training"]
     lines = ["# A keep head on the reranker's forward vs zero-shot sentence scoring (issue #61)", "",
              "Generated by `ragsieve run experiments/prune_head.yaml` (`ragsieve/studies/prune_head.py`); numbers "
-             "from `metrics.json`. The head: a linear layer over the shipped cross-encoder's last hidden states, "
-             "averaged over each sentence's tokens, one forward of (query, title: passage) per passage; the encoder "
-             "is frozen, so the rerank logit (and nDCG@10) is today's exactly "
-             f"(weights key `{result['reranker_weights']}`).", "",
-             f"Training: {t['n_sentences']} sentences ({t['positives']} to keep) of {t['n_questions']} training "
-             f"questions ({', '.join(f'{k} {v}' for k, v in result['train_passages'].items())} passages); "
-             f"C = {t['C']} by {len(t['cv_auroc'])}-way grouped CV (AUROC by C: "
-             + ", ".join(f"{c}: {a:.3f}" for c, a in t["cv_auroc"].items()) + ").", "",
+             "from `metrics.json`. The head (`ragsieve.prune.head.SentenceKeepHead`): one forward of (query, title: "
+             "passage) per passage through the shipped cross-encoder's lower layers, frozen — so the rerank logit "
+             f"(and nDCG@10) is today's exactly (weights key `{result['reranker_weights']}`) — then a keep branch: a "
+             f"trained copy of its top {result['branch_layers']} layers and a linear token classifier; a sentence's "
+             "keep logit is the mean over its tokens.", "",
+             f"Training (`ragsieve.prune.training.KeepHeadTrainer`): {t['n_sentences']} sentences ({t['positives']} "
+             f"to keep) of {t['n_questions']} training questions "
+             f"({', '.join(f'{k} {v}' for k, v in result['train_passages'].items())} passages); pointwise + "
+             "listwise loss; the epoch with the best dev MAP of gold sentences within their passage "
+             f"({t['n_dev_passages']} dev passages, questions apart from training): epoch {t['chosen_epoch']} of "
+             f"{len(t['epochs'])} (dev MAP by epoch: " + ", ".join(f"{e['dev_map']:.3f}" for e in t["epochs"]) + ").",
+             "",
              "Held-out: the prune study's test questions (none trained the head or `embedded:base`). Gold-sentence "
              "recall inside the gold passages at **equal compression**: at each level the head keeps, in each "
              "passage, exactly as many sentences as zero-shot scoring kept there. Intervals: bootstrap over "
@@ -306,7 +265,8 @@ class PruneHeadStudy:
 
     def run(self, config: PruneHeadStudyConfig, out_dir: Path, console) -> dict:
         from ragsieve.artifacts import weights_key
-        from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, write_head
+        from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead, read_head
+        from ragsieve.prune.training import KeepHeadTrainer
         from ragsieve.registry import load_reranker
         from ragsieve.rerank.shipped import ASSET_DIR
         from ragsieve.studies.common import write_json
@@ -314,23 +274,20 @@ class PruneHeadStudy:
         out_dir.mkdir(parents=True, exist_ok=True)
         work = Path.home() / ".cache" / "ragsieve" / "prune_head"
         work.mkdir(parents=True, exist_ok=True)
-        head = SentenceKeepHead(ASSET_DIR, head="untrained", max_length=config.max_length)
-        parts, counts = [], {}
+        examples, counts = [], {}
         for dataset in config.train_datasets:
-            examples = training_examples(dataset, config)
-            counts[dataset] = len(examples)
-            log.info("prune head: %s, %d training passages", dataset, len(examples))
-            parts.append(sentence_features(head, examples, work / f"features4-{dataset}-{config.max_train_questions}"
-                                           f"-{config.hotpot_negatives}-{config.fever_window}.npz"))
-        X = np.concatenate([p[0] for p in parts])
-        y = np.concatenate([p[1] for p in parts])
-        groups = np.concatenate([np.char.add(f"{d}:", p[2]) for d, p in zip(config.train_datasets, parts)])
-        w, b, training = train_head(X, y, groups, config)
-        write_head(work / HEAD_FILE, w, b)
-        head.weight, head.bias = w.astype(np.float32), b
+            got = training_examples(dataset, config)
+            counts[dataset] = len(got)
+            log.info("prune head: %s, %d training passages", dataset, len(got))
+            examples += got
+        head = SentenceKeepHead.untrained(ASSET_DIR, config.branch_layers, max_length=config.max_length)
+        training = KeepHeadTrainer(head, config.training, work / "train").train(examples)
+        head.save(work / HEAD_FILE)
+        # evaluate what would ship: the saved (float16) branch, read back as a spec would read it
+        head = SentenceKeepHead(ASSET_DIR, head=read_head(work / HEAD_FILE, ASSET_DIR), max_length=config.max_length)
         zero_shot = load_reranker("embedded:base")
-        result: dict[str, Any] = {"reranker_weights": weights_key(ASSET_DIR), "train_passages": counts,
-                                  "training": training, "eval": {}}
+        result: dict[str, Any] = {"reranker_weights": weights_key(ASSET_DIR), "branch_layers": config.branch_layers,
+                                  "train_passages": counts, "training": training, "eval": {}}
         for dataset in config.eval_datasets:
             result["eval"][dataset] = evaluate(dataset, config, head, zero_shot)
             log.info("prune head: %s %s", dataset, {k: v["head_minus_zero_shot"]
@@ -340,7 +297,7 @@ class PruneHeadStudy:
         result["beats_zero_shot_everywhere"] = wins
         result["shipped"] = False
         if config.ship_to and wins:
-            write_head(Path(config.ship_to) / HEAD_FILE, w, b)
+            head.save(Path(config.ship_to) / HEAD_FILE)
             result["shipped"] = str(Path(config.ship_to) / HEAD_FILE)
         write_json(out_dir / "metrics.json", result)
         write_report(out_dir, result)

@@ -1,0 +1,229 @@
+"""Training a keep head: :class:`KeepHeadTrainingConfig` + :class:`KeepHeadTrainer`.
+
+The trunk (the cross-encoder's frozen lower layers) reads every training passage once; its states are cached in
+``work_dir`` so a rerun or a resumed run reads instead of encoding. Only the branch trains: a pointwise loss
+(binary cross-entropy of each sentence's keep logit) and a listwise one (softmax over the sentences of one
+passage against its gold sentences), since a pruner keeps a passage's best sentences. The epoch with the best
+mean average precision of the gold sentences within their passage, on a dev share of the questions, is kept.
+Each epoch is checkpointed: a run killed with ``kill -9`` goes on from its last finished epoch.
+
+Example::
+
+    head = SentenceKeepHead.untrained(branch_layers=2)
+    examples = [KeepExample("q1", "who wrote hamlet?", Passage("p", "Hamlet is a play. Shakespeare wrote it.",
+                                                            "Hamlet"), ((0, 17), (18, 39)), (0, 1))]
+    KeepHeadTrainer(head, KeepHeadTrainingConfig(epochs=1)).train(examples)
+    head.save("prune_head.safetensors")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from ragsieve.config import StrictConfig
+from ragsieve.data.records import Passage
+from ragsieve.prune.head import SentenceKeepHead, TrunkStates
+
+log = logging.getLogger(__name__)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class KeepExample:
+    """One training passage: its sentences' character spans in ``passage.text`` and a keep label each.
+    ``group`` (the question) keeps a question's passages on one side of the dev split."""
+
+    group: str
+    query: str
+    passage: Passage
+    spans: tuple[tuple[int, int], ...]
+    labels: tuple[int, ...]
+
+
+class KeepHeadTrainingConfig(StrictConfig):
+    epochs: int = Field(3, ge=1)
+    learning_rate: float = Field(3e-5, gt=0)  # the branch's copied layers
+    classifier_learning_rate: float = Field(1e-3, gt=0)  # its token classifier, which starts at zero
+    batch_size: int = Field(16, ge=1)
+    listwise_weight: float = Field(1.0, ge=0)
+    dev_share: float = Field(0.1, gt=0, lt=1)  # of the questions (groups), for choosing the epoch
+    seed: int = 0
+
+
+class KeepHeadTrainer:
+    """Trains ``head``'s branch in place on :class:`KeepExample` rows; ``work_dir`` holds the trunk-state cache
+    and the per-epoch checkpoints (none: no cache, no resume)."""
+
+    def __init__(self, head: SentenceKeepHead, config: KeepHeadTrainingConfig | None = None,
+                 work_dir: str | Path | None = None):
+        self.head, self.config = head, config or KeepHeadTrainingConfig()
+        self.work_dir = Path(work_dir) if work_dir is not None else None
+
+    def train(self, examples: Sequence[KeepExample]) -> dict[str, Any]:
+        """Train, keep the best epoch's branch in ``head``, and say how each epoch did on dev."""
+        import torch
+
+        read = self._trunk_states(examples)
+        train, dev = self._split(examples)
+        branch = self.head.branch
+        classifier = list(branch.classifier.parameters())
+        layers = [p for p in branch.parameters() if all(p is not c for c in classifier)]
+        groups = [{"params": classifier, "lr": self.config.classifier_learning_rate}]
+        if layers:
+            groups.append({"params": layers, "lr": self.config.learning_rate})
+        optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
+        state = self._resume(optimizer)
+        for epoch in range(state["epoch"], self.config.epochs):
+            branch.train()
+            losses = [self._step(optimizer, [examples[i] for i in batch], [read[i] for i in batch])
+                      for batch in self._batches(train, read, epoch)]
+            branch.eval()
+            score = self._dev_map([examples[i] for i in dev], [read[i] for i in dev])
+            state["history"].append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "dev_map": score})
+            log.info("keep head: epoch %d, loss %.4f, dev MAP %.4f", epoch + 1, np.mean(losses), score)
+            if score > state["best_map"]:
+                state["best_map"], state["best"] = score, {k: v.clone() for k, v in branch.state_dict().items()}
+            state["epoch"] = epoch + 1
+            self._checkpoint(state, optimizer)
+        branch.load_state_dict(state["best"])
+        branch.eval()
+        best = max(state["history"], key=lambda h: h["dev_map"])
+        return {"epochs": state["history"], "chosen_epoch": best["epoch"], "dev_map": best["dev_map"],
+                "n_train_passages": len(train), "n_dev_passages": len(dev),
+                "n_sentences": int(sum(len(e.labels) for e in examples)),
+                "positives": int(sum(sum(e.labels) for e in examples)),
+                "n_questions": len({e.group for e in examples})}
+
+    # -- the steps ---------------------------------------------------------------------------------
+    def _step(self, optimizer, batch: list[KeepExample], read: list[TrunkStates]) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        from ragsieve.prune.branch import sentence_logits
+
+        logits = sentence_logits(self.head.branch, [r.states for r in read], [r.sentence_of_token for r in read],
+                                 [r.n_sentences for r in read])
+        pointwise, listwise = [], []
+        for example, s in zip(batch, logits):
+            y = torch.tensor(example.labels, dtype=torch.float32)
+            ok = torch.isfinite(s)
+            if not ok.any():
+                continue
+            pointwise.append(F.binary_cross_entropy_with_logits(s[ok], y[ok], reduction="sum"))
+            if y[ok].sum() > 0:
+                target = y[ok] / y[ok].sum()
+                listwise.append(-(target * torch.log_softmax(s[ok], 0)).sum())
+        if not pointwise:
+            return 0.0
+        n_sentences = sum(int(torch.isfinite(s).sum()) for s in logits)
+        loss = torch.stack(pointwise).sum() / max(n_sentences, 1)
+        if listwise and self.config.listwise_weight:
+            loss = loss + self.config.listwise_weight * torch.stack(listwise).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.head.branch.parameters(), 1.0)
+        optimizer.step()
+        return float(loss.detach())
+
+    def _dev_map(self, examples: list[KeepExample], read: list[TrunkStates]) -> float:
+        """Mean average precision of the gold sentences within each dev passage that has one."""
+        from sklearn.metrics import average_precision_score
+
+        scores = self.head.sentence_logits(read)
+        aps = [average_precision_score(e.labels, np.nan_to_num(s, neginf=-1e9))
+               for e, s in zip(examples, scores) if 0 < sum(e.labels) < len(e.labels)]
+        return float(np.mean(aps)) if aps else 0.0
+
+    def _split(self, examples: Sequence[KeepExample]) -> tuple[list[int], list[int]]:
+        groups = sorted({e.group for e in examples})
+        rng = np.random.default_rng(self.config.seed)
+        dev_groups = set(rng.choice(groups, size=max(1, int(len(groups) * self.config.dev_share)), replace=False))
+        dev = [i for i, e in enumerate(examples) if e.group in dev_groups]
+        return [i for i, e in enumerate(examples) if e.group not in dev_groups], dev
+
+    def _batches(self, indices: list[int], read: list[TrunkStates], epoch: int) -> list[list[int]]:
+        """Batches of passages of similar length (less padding), in a shuffled order that depends on the epoch."""
+        rng = np.random.default_rng(self.config.seed + epoch)
+        lengths = np.array([len(read[i].states) for i in indices]) + rng.uniform(0, 8, len(indices))
+        ordered = [indices[i] for i in np.argsort(lengths)]
+        size = self.config.batch_size
+        batches = [ordered[k: k + size] for k in range(0, len(ordered), size)]
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    # -- the cache and the checkpoints ---------------------------------------------------------------
+    def _trunk_states(self, examples: Sequence[KeepExample]) -> list[TrunkStates]:
+        import torch
+
+        from ragsieve.artifacts import weights_key
+
+        if self.work_dir is None:
+            return self._read_all(examples)
+        key = _digest([weights_key(self.head.folder), len(self.head.encoder.encoder.layer), self.head.max_length]
+                      + [[e.group, e.query, e.passage.id, e.passage.title, len(e.passage.text), e.spans]
+                         for e in examples])
+        # a checkpoint belongs to these states, this config (but for the epochs: a run may be extended) and
+        # the branch's shape
+        self._run_key = _digest([key, self.config.model_dump(exclude={"epochs"}), len(self.head.branch.layers)])
+        cache = self.work_dir / f"trunk-{key}.pt"
+        if cache.is_file():
+            return [TrunkStates(**r) for r in torch.load(cache, weights_only=False)]
+        read = self._read_all(examples)
+        from ragsieve.atomic import atomic_file
+
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_file(cache) as tmp:
+            torch.save([r.__dict__ for r in read], tmp)
+        return read
+
+    def _read_all(self, examples: Sequence[KeepExample]) -> list[TrunkStates]:
+        """Every example through the trunk, in batches of similar length (less padding)."""
+        order = sorted(range(len(examples)), key=lambda i: len(examples[i].query) + len(examples[i].passage.full_text))
+        out: list[TrunkStates | None] = [None] * len(examples)
+        step = self.head.batch_size * 16
+        for lo in range(0, len(order), step):
+            part = [examples[i] for i in order[lo: lo + step]]
+            got = self.head.trunk_states([e.query for e in part], [e.passage for e in part], [e.spans for e in part])
+            for i, r in zip(order[lo: lo + step], got):
+                out[i] = r
+            log.info("keep head: read %d / %d training passages", min(lo + step, len(order)), len(order))
+        return out  # type: ignore[return-value]
+
+    def _checkpoint_path(self) -> Path | None:
+        key = getattr(self, "_run_key", None)
+        return self.work_dir / f"checkpoint-{key}.pt" if self.work_dir is not None and key else None
+
+    def _resume(self, optimizer) -> dict[str, Any]:
+        import torch
+
+        path = self._checkpoint_path()
+        if path is not None and path.is_file():
+            saved = torch.load(path, weights_only=False)
+            self.head.branch.load_state_dict(saved["branch"])
+            optimizer.load_state_dict(saved["optimizer"])
+            log.info("keep head: resuming after epoch %d", saved["state"]["epoch"])
+            return saved["state"]
+        return {"epoch": 0, "history": [], "best_map": -1.0,
+                "best": {k: v.clone() for k, v in self.head.branch.state_dict().items()}}
+
+    def _checkpoint(self, state: dict[str, Any], optimizer) -> None:
+        import torch
+
+        from ragsieve.atomic import atomic_file
+
+        path = self._checkpoint_path()
+        if path is None:
+            return
+        with atomic_file(path) as tmp:
+            torch.save({"state": state, "branch": self.head.branch.state_dict(),
+                        "optimizer": optimizer.state_dict()}, tmp)
