@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ragsieve.errors import ModelNotAvailable
+from ragsieve.specs import embedded_name
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -36,14 +37,14 @@ def shipped_name(kind: str, text: str) -> bool:
 def resolve_artifact(kind: str, spec: str | Path) -> Path:
     """``embedded:<name>`` → ``assets/<kind>/<name>`` or ``$RAGSIEVE_CACHE/<kind>/<name>``; else a path."""
     text = str(spec)
-    if not text.startswith("embedded:"):
+    name = embedded_name(text)
+    if name is None:
         path = Path(text).expanduser()
         if path.exists():
             return path
         if shipped_name(kind, text):  # a bare shipped name: `--grader default`
             return ASSETS_DIR / kind / text
         raise ModelNotAvailable(f"no {kind[:-1]} at {path}; {_HOW_TO_BUILD.get(kind, 'build it first')}")
-    name = text.partition(":")[2] or "default"
     for root in (ASSETS_DIR / kind, cache_dir() / kind):
         if (root / name).is_dir():
             return root / name
