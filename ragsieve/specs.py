@@ -47,7 +47,8 @@ def _schemes(*rows: tuple[str, str, str]) -> dict[str, Scheme]:
 
 
 #: every scheme a spec may start with → the kinds of spec it is valid for. Kinds: llm, encoder, reranker,
-#: probe, grader, sieve, judge (an evolve judge), store (an evolve store's database), index (a retrieval index).
+#: probe, grader, sieve, judge (an evolve judge), store (an evolve store's database), index (a retrieval index),
+#: service (an HTTP service's URL: a remote reranker, the base URL of an ``openai:`` endpoint).
 SCHEMES: dict[str, Scheme] = _schemes(
     (EMBEDDED, "llm encoder reranker probe grader sieve", "shipped with ragsieve (see EMBEDDED)"),
     ("hf", "llm encoder reranker", "an HF model id or folder"),
@@ -57,8 +58,8 @@ SCHEMES: dict[str, Scheme] = _schemes(
     ("bm25", "reranker", "BM25 over the candidate list"),
     ("pointwise", "reranker", "a causal LM's P(true) under a verdict template"),
     ("evolve", "reranker", "the evolving reranker of an evolve store"),
-    ("http", "reranker", "a ragsieve serve / Cohere-compatible endpoint"),
-    ("https", "reranker", "a ragsieve serve / Cohere-compatible endpoint"),
+    ("http", "reranker service", "a ragsieve serve / Cohere-compatible endpoint"),
+    ("https", "reranker service", "a ragsieve serve / Cohere-compatible endpoint"),
     ("none", "reranker", "the retriever's order"),
     ("cascade", "reranker", "cosine first, a cross-encoder on the best n"),
     ("prune-head", "reranker", "a pruner's sentence scorer (a cross-encoder + its keep head)"),
@@ -94,8 +95,7 @@ def is_url(text: object) -> bool:
 
 def is_service_url(spec: object) -> bool:
     """An ``http(s)://`` service URL (a remote reranker, an OpenAI-compatible base URL)."""
-    return isinstance(spec, str) and spec.startswith(tuple(f"{s}://" for s in schemes_for("reranker")
-                                                          if s.startswith("http")))
+    return isinstance(spec, str) and spec.startswith(tuple(f"{s}://" for s in schemes_for("service")))
 
 
 def is_database_url(value: object) -> bool:

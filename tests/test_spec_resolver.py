@@ -54,11 +54,12 @@ def _reranker_cases(folder: str):
 
 
 def test_every_reranker_spec_form_resolves_to_its_loader(tmp_path):
-    from ragsieve.registry import RERANKERS, parse_reranker_spec
+    from ragsieve.registry import RERANKERS, is_url, parse_reranker_spec
 
     for spec, parsed, loader in _reranker_cases(str(tmp_path)):
         assert parse_reranker_spec(spec) == parsed, spec
         assert RERANKERS[parsed[0]] is loader, spec
+    assert is_url("https://h:8080") and not is_url("bm25") and not is_url("ftp://h") and not is_url(None)
 
 
 def test_bad_reranker_specs_are_one_line_errors():
@@ -188,6 +189,7 @@ def test_the_scheme_table_is_the_registry_s():
     from ragsieve.rerank.shipped import CARD
 
     assert set(RERANKERS) == set(schemes_for("reranker"))
+    assert set(schemes_for("service")) == {"http", "https"}
     shipped = {p.name for p in ASSETS_DIR.iterdir() if (p / CARD).is_file()}
     assert shipped <= set(EMBEDDED_RERANKERS.values())  # every shipped reranker folder has its embedded: name
 
