@@ -213,7 +213,7 @@ def reranker_folder(spec: str, what: str = "init") -> str:
     if argument and Path(argument).is_dir():
         return argument
     start = reranker_start(spec)
-    if start != spec:
+    if start != spec:  # embedded:base: its shipped folder
         return start
     raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or {DEFAULT_RERANKER}")
 

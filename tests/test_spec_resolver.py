@@ -89,6 +89,7 @@ def test_reranker_folders_resolve_through_the_embedded_table(tmp_path):
 
 def test_every_model_spec_form_parses():
     from ragsieve.models.encoder import resolve_encoder_path
+    from ragsieve.models.llm import OpenAIChatLLM, load_llm, resolve_llm_path
     from ragsieve.registry import EMBEDDED_MODELS, ModelSpec
 
     cases = {  # LLM / encoder spec → (scheme, target, model), endpoint?
@@ -109,6 +110,10 @@ def test_every_model_spec_form_parses():
             ModelSpec.parse(bad)
     assert {m.kind for m in EMBEDDED_MODELS.values()} == {"gguf-llm", "sentence-transformers"}
     assert resolve_encoder_path("hf:org/enc") == "org/enc"
+    assert resolve_llm_path("hf:/models/x") == "/models/x" == resolve_llm_path("/models/x")
+    assert isinstance(load_llm("openai:http://127.0.0.1:9/v1#m"), OpenAIChatLLM)  # a client: nothing connects yet
+    with pytest.raises(ModelNotAvailable, match="is an endpoint, not a local model"):
+        resolve_llm_path("openai:http://h/v1#m")
     with pytest.raises(ModelNotAvailable, match="encoders must be local"):
         resolve_encoder_path("openai:http://h/v1#m")
 
