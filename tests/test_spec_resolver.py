@@ -199,6 +199,15 @@ def test_the_scheme_table_is_the_registry_s():
     assert shipped <= set(EMBEDDED_RERANKERS.values())  # every shipped reranker folder has its embedded: name
 
 
+def test_the_embedded_table_lists_every_shipped_artifact():
+    from ragsieve.paths import ASSETS_DIR
+    from ragsieve.registry import EMBEDDED_TABLE
+
+    for kind in ("probe", "grader", "sieve"):
+        on_disk = {f"{kind}s/{p.name}" for p in (ASSETS_DIR / f"{kind}s").iterdir() if p.is_dir()}
+        assert set(EMBEDDED_TABLE[kind].values()) == on_disk, kind
+
+
 # --------------------------------------------------------------------------- (b) nobody else parses specs
 
 #: the resolver: the registry and its parser half
