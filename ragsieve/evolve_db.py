@@ -52,6 +52,7 @@ from sqlalchemy.pool import NullPool
 
 from ragsieve.artifacts import STORE_REBUILD, sqlite_error
 from ragsieve.errors import RagsieveError
+from ragsieve.specs import is_database_url, is_postgres_backend, sqlite_url
 
 __all__ = [
     "DB_FILE", "DB_POINTER", "SCHEMA_VERSION", "StoreLocation", "close_engines", "database_error", "finished_adapters",
@@ -131,25 +132,17 @@ live_traffic = Table(
 
 # --------------------------------------------------------------------------- naming a store
 
-_POSTGRES_SCHEMES = ("postgresql", "postgres")
-
-
-def is_database_url(value: str | os.PathLike[str]) -> bool:
-    """Whether a store name is a database URL (``postgresql://...``) rather than a folder."""
-    return isinstance(value, str) and value.split(":", 1)[0].split("+", 1)[0].lower() in _POSTGRES_SCHEMES + ("sqlite",)
-
-
 def _postgres_url(url: str) -> str:
     """``postgresql://`` / ``postgres://`` / ``postgresql+psycopg://`` → the psycopg 3 driver; others refused."""
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise RagsieveError(f"{url!r}: not a database URL (postgresql://user@host:port/database)") from None
-    backend = parsed.get_backend_name()
-    if backend not in _POSTGRES_SCHEMES:
+    if not is_postgres_backend(parsed.get_backend_name()):
         raise RagsieveError(f"{_without_password(url)}: the feedback store's database is PostgreSQL "
                             "(postgresql://user@host:port/database); SQLite is the store folder's evolve.sqlite")
-    if parsed.drivername.split("+")[-1] not in ("postgresql", "postgres", "psycopg"):
+    driver = parsed.drivername.split("+")[-1]  # postgresql+psycopg → psycopg; no +driver → the backend itself
+    if driver != "psycopg" and not is_postgres_backend(driver):
         raise RagsieveError(f"{_without_password(url)}: the PostgreSQL driver is psycopg (postgresql+psycopg://...)")
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
@@ -160,7 +153,7 @@ def _without_password(url: str) -> str:
         parsed = make_url(url)
     except ArgumentError:
         return url
-    if parsed.get_backend_name() in _POSTGRES_SCHEMES:
+    if is_postgres_backend(parsed.get_backend_name()):
         parsed = parsed.set(drivername="postgresql")
     # URL.set(password=None) keeps the password ("None: unchanged"): build the URL without one
     return URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database,
@@ -184,7 +177,7 @@ class StoreLocation:
         return _without_password(self.url) if self.url else str(self.dir / DB_FILE)
 
     def engine_url(self) -> str:
-        return self.url if self.url else f"sqlite:///{self.dir / DB_FILE}"
+        return self.url if self.url else sqlite_url(self.dir / DB_FILE)
 
     def need_dir(self, why: str) -> Path:
         if self.dir is None:

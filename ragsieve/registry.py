@@ -1,4 +1,9 @@
-"""The one registry: spec strings → rerankers, graders, probes (real class references, no strings).
+"""The one resolver: spec strings → rerankers, graders, probes (real class references, no strings).
+
+This module is the resolver: it maps every scheme to its loader. Its parser half, the grammar and the
+``embedded:`` table, is :mod:`ragsieve.specs` (re-exported here): the layers below this one (``models``,
+``probe``, ``retrieve``, ``evolve_db``) must read specs too and may not import this module, so the parser sits at
+the bottom of the layers and loads nothing. Nothing else splits a spec string (``tests/test_spec_resolver.py``).
 
 Every loader the CLI, the pipeline, the studies and the judges use goes through here, so
 a spec means the same thing everywhere (``load_reranker(spec, calibration=path)`` adds a calibration fitted
@@ -33,6 +38,23 @@ Named artifacts resolve like ``embedded:base``: ``embedded:<name>`` is looked up
 package's ``assets/`` folder, then in ``$RAGSIEVE_CACHE``; anything else is a path. A
 missing artifact is one line that says how to build it.
 
+Every other kind of spec, and where its scheme → loader table is (:data:`~ragsieve.specs.SCHEMES` lists every
+scheme and the kinds it is valid for; ``tests/test_spec_resolver.py`` holds the tables to it):
+
+=================  =====================================  ============================================================
+kind               parsed by (:mod:`ragsieve.specs`)      loaded by
+=================  =====================================  ============================================================
+reranker           :func:`parse_reranker_spec`            :func:`load_reranker` (:data:`RERANKERS`)
+grader             :func:`embedded_name` / a folder       :func:`load_grader`, :func:`new_grader` (:data:`GRADERS`)
+probe, sieve       :func:`embedded_name` / a folder       :func:`load_probe`, :func:`sieve_folder`
+LLM, encoder       :class:`ModelSpec`                     ``ragsieve.models.load_llm`` / ``load_encoder``: below this
+                                                          layer, since rerankers, probes and indexes load models too
+judge              :func:`parse_judge_spec`               ``ragsieve.evolve.judges.JUDGES``: above this layer (a
+                                                          judge is built from rerankers and LLMs)
+evolve store       :func:`is_database_url`                ``ragsieve.evolve_db.locate_store``
+index              :func:`is_index_url`                   ``ragsieve.retrieve.load_index``
+=================  =====================================  ============================================================
+
 Example::
 
     from ragsieve.registry import load_reranker, load_grader, new_grader
@@ -51,7 +73,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.grade.base import WEIGHTS_FILE, Grader, GraderConfig, read_grader_config
 from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, LoraGrader, PromptedGrader
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
-from ragsieve.paths import resolve_artifact
+from ragsieve.paths import resolve_artifact, shipped_name
 from ragsieve.prune.head import SentenceKeepHead
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
 from ragsieve.rerank.chunks import reading_key, reading_whole
@@ -61,21 +83,28 @@ from ragsieve.rerank.neural import BiEncoderRanker
 from ragsieve.rerank.pointwise import PointwiseLLMReranker
 from ragsieve.rerank.remote import RemoteRanker
 from ragsieve.rerank.shipped import base_reranker_dir, load_cross_encoder, load_embedded_reranker
+from ragsieve.specs import (  # noqa: F401  (re-exported: the registry is where a spec is resolved)
+    EMBEDDED_MODELS, EMBEDDED_RERANKERS, EMBEDDED_TABLE, SCHEMES, ModelSpec, cross_encoder_argument,
+    embedded_name, embedded_reranker_asset, is_database_url, is_index_url, is_service_url, parse_cascade,
+    parse_judge_spec, parse_reranker_spec, schemes_for, split_spec,
+)
 
 if TYPE_CHECKING:
     from ragsieve.models.llm import LocalLLM
     from ragsieve.rerank.calibration import Calibration
     from ragsieve.probe.model import ConfidenceProbe
 
+#: the reranker a cascade cross-encodes with, and what fine-tuning starts from, when none is named
+DEFAULT_RERANKER = "embedded:base"
+
+
 def load_cascade(arg: str, **kwargs: Any) -> BaseRanker:
     """``cascade:<n>`` (over ``embedded:base``) or ``cascade:<n>:<reranker spec>``: a
     :class:`~ragsieve.rerank.cascade.CascadeRanker` cross-encoding the best ``n`` candidates by cosine."""
     from ragsieve.rerank.cascade import CascadeRanker
 
-    top, _, inner = (arg or "").partition(":")
-    if not top.isdigit() or int(top) < 1:
-        raise RagsieveError(f"cascade:{arg}: use cascade:<n>[:<reranker spec>] with n >= 1 candidates to cross-encode")
-    return CascadeRanker(load_reranker(inner or "embedded:base", whole_passages=False, **kwargs), int(top))
+    top, inner = parse_cascade(arg)
+    return CascadeRanker(load_reranker(inner or DEFAULT_RERANKER, whole_passages=False, **kwargs), top)
 
 
 #: reranker spec scheme → class or factory; a spec "scheme:arg" passes arg as the first argument
@@ -107,19 +136,8 @@ GRADERS: dict[str, type[Grader]] = {
     "cross-encoder": CrossEncoderGrader,
 }
 
-def is_url(spec: object) -> bool:
-    """An ``http(s)://`` service URL (a :class:`~ragsieve.rerank.remote.RemoteRanker` spec)."""
-    return isinstance(spec, str) and spec.startswith(("http://", "https://"))
-
-
-def parse_reranker_spec(spec: str) -> tuple[str, str | None]:
-    """``(scheme, argument)`` of a reranker spec: a URL is its own argument, a bare folder a cross-encoder."""
-    if is_url(spec):
-        return spec.partition(":")[0], spec
-    if spec and ":" not in spec and Path(spec).is_dir():
-        return "cross-encoder", spec
-    name, sep, arg = (spec or "").partition(":")
-    return name, arg if sep else None
+#: an ``http(s)://`` service URL (a :class:`~ragsieve.rerank.remote.RemoteRanker` spec)
+is_url = is_service_url
 
 
 def load_reranker(spec: "str | BaseRanker", *, whole_passages: bool = True, **kwargs: Any) -> BaseRanker:
@@ -143,7 +161,8 @@ def load_reranker(spec: "str | BaseRanker", *, whole_passages: bool = True, **kw
     try:
         factory = RERANKERS[name]
     except KeyError:
-        raise RagsieveError(f"unknown reranker '{name}'; known: {', '.join(sorted(RERANKERS))}") from None
+        raise RagsieveError(f"unknown reranker spec '{spec}': known schemes are {', '.join(sorted(RERANKERS))}, "
+                            "or a cross-encoder folder") from None
     calibration = read_calibration(calibration_file, spec) if calibration_file else None  # refused before loading
     ranker = factory(arg, **kwargs) if arg is not None else factory(**kwargs)
     if whole_passages:
@@ -190,12 +209,33 @@ def reranker_folder(spec: str, what: str = "init") -> str:
     """
     if Path(spec).is_dir():
         return spec
-    name, arg = parse_reranker_spec(spec)
-    if name in ("cross-encoder", "hf") and arg and Path(arg).is_dir():
-        return arg
-    if spec == "embedded:base":
+    argument = cross_encoder_argument(spec)
+    if argument and Path(argument).is_dir():
+        return argument
+    start = reranker_start(spec)
+    if start != spec:  # embedded:base: its shipped folder
+        return start
+    raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or {DEFAULT_RERANKER}")
+
+
+def reranker_start(spec: str) -> str:
+    """What fine-tuning starts from: the shipped base's folder for ``embedded:base``; any other spec (a folder, an
+    HF id, an encoder spec for a new head) as given.
+
+    Example::
+
+        reranker_start("embedded:base")       # '.../ragsieve/assets/base-reranker'
+    """
+    if embedded_reranker_asset(spec) == EMBEDDED_RERANKERS["base"]:
         return str(base_reranker_dir())
-    raise RagsieveError(f"{what} '{spec}': give a cross-encoder folder or embedded:base")
+    return spec
+
+
+def local_reranker_folder(spec: str) -> Path | None:
+    """The folder on disk a ``cross-encoder:`` / ``hf:`` spec (or a bare folder) names; None for anything else
+    (a registry name such as ``bm25`` or ``embedded:base``, an HF id)."""
+    argument = cross_encoder_argument(spec)
+    return Path(argument) if argument and Path(argument).is_dir() else None
 
 
 def grader_class(kind: str) -> type[Grader]:
@@ -215,7 +255,7 @@ def _build(cls: type[Grader], config: GraderConfig) -> Grader:
             raise RagsieveError(f"grader threshold {config.threshold} was set on {config.base} weights {calibrated}, "
                                 f"which are now {weights}: fit the threshold again (e.g. python bench/fit.py "
                                 "--regrade for the shipped sieve, experiments/grader_scale.yaml for the default)")
-        grader = cls(config, load_reranker(cls.ranker_spec(config, known=tuple(RERANKERS))))
+        grader = cls(config, load_reranker(cls.ranker_spec(config)))
         grader.ranker_weights = weights
         return grader
     return cls.create(config)
@@ -286,6 +326,15 @@ def load_grader(spec: str | Path, base: str | None = None) -> Grader:
     with reading_artifact(weights, GRADER_REBUILD):
         grader._load_weights(path)
     return grader
+
+
+def sieve_folder(spec: str | Path) -> Path:
+    """A sieve's folder: ``embedded:<name>`` (shipped or cached), a bare shipped name, or a path as given (a
+    missing one is reported by :func:`~ragsieve.pipeline.sieve_config.read_sieve_config`, which knows the file)."""
+    text = str(spec)
+    if embedded_name(text) is not None or shipped_name("sieves", text):
+        return resolve_artifact("sieves", spec)
+    return Path(spec).expanduser()
 
 
 def load_probe(spec: str | Path, llm: "LocalLLM", **kwargs: Any) -> "ConfidenceProbe":

@@ -46,7 +46,7 @@ def test_bm25_ranker_and_factory_errors():
     assert res.results[0].passage.id == "p1"
     dup = load_reranker("bm25").rank("hamlet", [POOL[1], POOL[0], POOL[1]])
     assert sorted(r.index for r in dup.results[:2]) == [0, 2]
-    with pytest.raises(RagsieveError, match="unknown reranker 'nope'"):
+    with pytest.raises(RagsieveError, match="unknown reranker spec 'nope'"):
         load_reranker("nope")
     with pytest.raises(ModelNotAvailable, match="cross-encoder needs a model"):
         load_reranker("cross-encoder")

@@ -395,7 +395,7 @@ def test_schemathesis_finds_no_server_error(ce_server):
 
 def test_cli_bad_spec_is_one_line_error(cli):
     result = cli("serve", "--reranker", "nonsense")
-    assert result.code == 2 and "unknown reranker 'nonsense'" in result.err
+    assert result.code == 2 and "unknown reranker spec 'nonsense'" in result.err
 
 
 def test_cli_serve_answers_the_cohere_client_on_loopback(tmp_path):

@@ -148,11 +148,9 @@ def rerank_train_cmd(
     from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig, train_cross_encoder
 
     values = read_mapping(config) if config else {}
-    if init == "embedded:base":
-        from ragsieve.rerank.shipped import base_reranker_dir
+    from ragsieve.registry import reranker_start
 
-        init = str(base_reranker_dir())
-    values["init"] = init
+    values["init"] = reranker_start(init)  # embedded:base → its folder; a folder, HF id or encoder spec as given
     options = {"distill_weight": distill_weight, "replay_ratio": replay_ratio, "lora_r": lora_r,
                "eval_steps": eval_steps, "cosine_mix": cosine_mix, "checkpoint_steps": checkpoint_steps}
     values.update({k: v for k, v in options.items() if v is not None})

@@ -35,6 +35,7 @@ from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 from ragsieve.data.records import LabeledPair
 from ragsieve.prompts.verdicts import VerdictTemplate, get_template
+from ragsieve.specs import judge_spec, parse_judge_spec, reranker_spec_or
 
 Vote = Optional[int]
 
@@ -62,15 +63,12 @@ class JudgeSpec(StrictConfig):
 
     @staticmethod
     def parse_fields(text: str) -> dict[str, str]:
-        kind, sep, rest = text.strip().partition(":")
-        if not sep or not rest:
-            raise ValueError(f"judge spec '{text}' should look like kind:model, e.g. llm:embedded:smollm2-135m-instruct")
-        # An endpoint spec keeps its own scheme: openai:<url>#<model>.
-        return {"kind": kind, "model": text.strip() if kind == "openai" else rest}
+        kind, model = parse_judge_spec(text)  # an endpoint keeps its own scheme: openai:<url>#<model>
+        return {"kind": kind, "model": model}
 
     @property
     def label(self) -> str:
-        return f"{self.kind}:{self.model}" if self.kind != "openai" else self.model
+        return judge_spec(self.kind, self.model)
 
 
 class Judge(ABC):
@@ -114,13 +112,11 @@ class ScoreJudge(Judge):
     @staticmethod
     def reranker_args(spec: JudgeSpec, template: VerdictTemplate) -> tuple[str, dict[str, Any]]:
         """The registry spec and keyword arguments of the ranker behind this judge."""
-        from ragsieve.registry import RERANKERS
-
         if spec.kind == "llm":
             # the template object, not its name: a user's own template is in no packaged file
             return "pointwise", {"template": template, "llm": spec.model, "max_prompt_tokens": spec.max_prompt_tokens}
-        if spec.kind == "cross-encoder" and spec.model.partition(":")[0] not in RERANKERS:
-            return f"cross-encoder:{spec.model}", {}
+        if spec.kind == "cross-encoder":  # a folder or HF id, or already a reranker spec (embedded:base)
+            return reranker_spec_or(spec.model, "cross-encoder"), {}
         return spec.model, {}
 
     def compute_scores(self, examples: Sequence[LabeledPair]) -> np.ndarray:

@@ -56,10 +56,10 @@ class FitState:
     sieve: SieveConfig  # evaluate
 
     def __init__(self, config: FitConfig, progress: Optional[Progress] = None):
-        from ragsieve.models.specs import ModelSpec
+        from ragsieve.specs import ModelSpec
 
         # an endpoint only: answers, no hidden states (no probe, no gate, preferences from answers)
-        self.endpoint_only = ModelSpec.parse(config.llm).scheme == "openai"
+        self.endpoint_only = ModelSpec.parse(config.llm).is_endpoint
         self.config = config
         self.progress = progress or (lambda phase, done, total: None)
         self.out = Path(config.out)

@@ -31,7 +31,7 @@ from ragsieve.grade.train import (
     GraderTrainConfig, ProgressFn, TrainResult, make_loss, resample_indices, run_trainer,
 )
 from ragsieve.models.quiet import quiet_transformers
-from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
+from ragsieve.specs import DEFAULT_LLM, ModelSpec
 from ragsieve.models.verdict import answer_logits, left_pad, two_way_logits
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class LMGrader(Grader):
 
     @classmethod
     def create(cls, config: GraderConfig) -> "LMGrader":
-        if ModelSpec.parse(config.base).scheme == "openai":
+        if ModelSpec.parse(config.base).is_endpoint:
             raise RagsieveError(f"'{config.base}' is an endpoint; graders need a local LLM (embedded:, hf: or a path)")
         model, tokenizer = load_base(config.base, cls.head)
         return cls(model, tokenizer, config)

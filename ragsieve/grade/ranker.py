@@ -16,7 +16,7 @@ import numpy as np
 
 from ragsieve.errors import RagsieveError
 from ragsieve.grade.base import Grader, GraderConfig
-from ragsieve.models.specs import DEFAULT_ENCODER, ModelSpec
+from ragsieve.specs import DEFAULT_ENCODER, ModelSpec, join_spec, reranker_spec_or
 from ragsieve.rerank.base import BaseRanker
 
 
@@ -53,14 +53,9 @@ class RankerGrader(Grader):
         self.ranker_weights: str | None = None
 
     @classmethod
-    def ranker_spec(cls, config: GraderConfig, known: Sequence[str] = ()) -> str:
-        """The reranker spec this grader wraps; ``known`` are the registry's ranker names."""
-        base = config.base
-        if config.kind == "cosine":
-            return f"bi-encoder:{base}"
-        if config.kind == "cross-encoder" and base.partition(":")[0] not in known:
-            return f"cross-encoder:{base}"
-        return base
+    def ranker_spec(cls, config: GraderConfig) -> str:
+        """The reranker spec this grader wraps: ``base`` itself (any reranker spec)."""
+        return config.base
 
     @classmethod
     def create(cls, config: GraderConfig) -> "RankerGrader":
@@ -99,8 +94,18 @@ class CosineGrader(RankerGrader):
     def normalize_base(cls, base: str) -> str:
         return str(ModelSpec.parse(base))
 
+    @classmethod
+    def ranker_spec(cls, config: GraderConfig) -> str:
+        """``bi-encoder:<base>``: ``base`` is an encoder spec, never a reranker's."""
+        return join_spec("bi-encoder", config.base)
+
 
 class CrossEncoderGrader(RankerGrader):
     """A cross-encoder reranker (a folder, HF id or reranker spec such as ``embedded:base``) with a tuned threshold."""
 
     kind: ClassVar[str] = "cross-encoder"
+
+    @classmethod
+    def ranker_spec(cls, config: GraderConfig) -> str:
+        """``base`` when it is a reranker spec (``embedded:base``), else ``cross-encoder:<folder or HF id>``."""
+        return reranker_spec_or(config.base, "cross-encoder")

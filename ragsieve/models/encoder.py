@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ragsieve.errors import ModelNotAvailable
-from ragsieve.models.embedded import get_embedded
-from ragsieve.models.specs import DEFAULT_ENCODER, ModelSpec
+from ragsieve.specs import DEFAULT_ENCODER, ModelSpec, get_embedded
 
 if TYPE_CHECKING:  # keep `import ragsieve` light: torch loads only when a model does
     from sentence_transformers import SentenceTransformer
@@ -19,9 +18,9 @@ if TYPE_CHECKING:  # keep `import ragsieve` light: torch loads only when a model
 def resolve_encoder_path(spec: str) -> str:
     """Turn an encoder spec into something ``SentenceTransformer()`` accepts."""
     parsed = ModelSpec.parse(spec)
-    if parsed.scheme == "embedded":
+    if parsed.is_embedded:
         return str(get_embedded(parsed.target, kind="sentence-transformers").path())
-    if parsed.scheme == "openai":
+    if parsed.is_endpoint:
         raise ModelNotAvailable(f"'{spec}': encoders must be local (embedded:, hf: id or path)")
     return parsed.target
 

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 from ragsieve.artifacts import cache_rebuild, check_model_folder
 from ragsieve.atomic import atomic_directory
 from ragsieve.errors import ModelNotAvailable, RagsieveError
-from ragsieve.models.embedded import get_embedded
-from ragsieve.models.specs import DEFAULT_LLM, ModelSpec
+from ragsieve.specs import DEFAULT_LLM, ModelSpec, get_embedded
 from ragsieve.paths import cache_dir
 from ragsieve.progress import report
 
@@ -283,7 +282,7 @@ class OpenAIChatLLM:
         self, spec: str, *, timeout: float | None = None, retries: int | None = None, backoff: float = 1.0
     ):
         parsed = ModelSpec.parse(spec)
-        if parsed.scheme != "openai":
+        if not parsed.is_endpoint:
             raise ModelNotAvailable(f"'{spec}' is not an openai:<url>#<model> spec")
         self.spec = str(parsed)
         self.base_url = parsed.target
@@ -458,9 +457,9 @@ def chat_prompt(tokenizer: "PreTrainedTokenizerBase", user_message: str, system:
 def resolve_llm_path(spec: str) -> str:
     """The local folder or HF id that ``from_pretrained`` should read for ``spec``."""
     parsed = ModelSpec.parse(spec)
-    if parsed.scheme == "embedded":
+    if parsed.is_embedded:
         return str(_convert_gguf_to_cache(parsed.target))
-    if parsed.scheme == "hf":
+    if not parsed.is_endpoint:
         return parsed.target
     raise ModelNotAvailable(f"'{spec}' is an endpoint, not a local model")
 
@@ -482,8 +481,7 @@ def load_llm(
         llm = load_llm("embedded:smollm2-135m-instruct")
         llm = load_llm("openai:http://localhost:11434/v1#llama3")
     """
-    parsed = ModelSpec.parse(spec)
-    if parsed.scheme == "openai":
+    if ModelSpec.parse(spec).is_endpoint:
         return OpenAIChatLLM(spec, timeout=timeout, retries=retries)
     return load_local_llm(spec, device=device, dtype=dtype)
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ragsieve.config import StrictConfig, build_config
 from ragsieve.errors import RagsieveError
-from ragsieve.models.specs import DEFAULT_LLM
+from ragsieve.specs import DEFAULT_LLM
 
 SIEVE_FILE = "sieve.json"
 FORMAT_VERSION = 3  # 2: top_k may be 0 (closed book) and passage_order (issue #39); 3: sentence pruning (#61)
@@ -42,13 +42,11 @@ class SieveConfig(StrictConfig):
 
 
 def sieve_folder(spec: str | Path) -> Path:
-    """A sieve's folder: ``embedded:<name>`` (shipped or cached), a bare shipped name, or a path as given."""
-    from ragsieve.paths import resolve_artifact, shipped_name
+    """A sieve's folder: ``embedded:<name>`` (shipped or cached), a bare shipped name, or a path as given
+    (resolved by :func:`ragsieve.registry.sieve_folder`)."""
+    from ragsieve.registry import sieve_folder as resolve
 
-    text = str(spec)
-    if text.startswith("embedded:") or shipped_name("sieves", text):
-        return resolve_artifact("sieves", spec)
-    return Path(spec).expanduser()  # read_sieve_config says what is missing
+    return resolve(spec)
 
 
 def read_sieve_config(path: str | Path) -> SieveConfig:

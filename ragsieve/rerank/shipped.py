@@ -36,8 +36,9 @@ from ragsieve.data.records import Passage
 from ragsieve.errors import ModelNotAvailable, RagsieveError
 from ragsieve.paths import PACKAGE_DIR
 from ragsieve.rerank.base import BaseRanker, as_passages
+from ragsieve.specs import EMBEDDED_RERANKERS
 
-ASSET_DIR = PACKAGE_DIR / "assets" / "base-reranker"
+ASSET_DIR = PACKAGE_DIR / "assets" / EMBEDDED_RERANKERS["base"]
 CARD = "ragsieve_reranker.json"
 ONNX_FILE = "model.int8.onnx"
 
@@ -194,11 +195,6 @@ def load_cross_encoder(model: str = "", max_length: int | None = None, batch_siz
 
     return CrossEncoderRanker(model, max_length=max_length or 512, batch_size=batch_size or 32,
                               backend=backend or "torch")
-
-
-#: the rerankers ``embedded:<name>`` names → their folder under ``ragsieve/assets/``. ``fast`` is ``base`` behind a
-#: cascade (:mod:`ragsieve.rerank.cascade`) until ``experiments/rerank_distill.yaml`` ships a student into its folder.
-EMBEDDED_RERANKERS = {"base": "base-reranker", "fast": "fast-reranker"}
 
 
 def embedded_reranker_dir(name: str) -> Path:

@@ -44,7 +44,7 @@ import numpy as np
 
 from ragsieve.data.records import Passage, with_stored_vector
 from ragsieve.errors import RagsieveError
-from ragsieve.models.specs import DEFAULT_ENCODER
+from ragsieve.specs import DEFAULT_ENCODER, is_index_url
 from ragsieve.retrieve.base import Hit, Retriever, _check_k, check_passages
 from ragsieve.retrieve.dense import (
     DEFAULT_BATCH_SIZE, DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_M, embed_texts, report_truncated,
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     import psycopg
     from sentence_transformers import SentenceTransformer
 
-STORE_SCHEMES = ("postgresql://", "postgres://")
 DEFAULT_TABLE = "ragsieve_passages"
 MANIFESTS_TABLE = "ragsieve_indexes"
 FORMAT_VERSION = 1
@@ -72,7 +71,7 @@ def is_store_url(spec: object) -> bool:
 
         is_store_url("postgresql://me@localhost/rag")  # True
     """
-    return isinstance(spec, str) and spec.strip().lower().startswith(STORE_SCHEMES)
+    return is_index_url(spec)
 
 
 @dataclass(frozen=True)

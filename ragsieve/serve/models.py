@@ -35,11 +35,10 @@ def refuse_pickled_weights(spec: str) -> None:
     from pathlib import Path
 
     from ragsieve.errors import ModelNotAvailable
-    from ragsieve.registry import parse_reranker_spec
+    from ragsieve.registry import local_reranker_folder
 
-    name, arg = parse_reranker_spec(spec)
-    folder = Path(arg if name in ("cross-encoder", "hf") and arg else spec)
-    if not folder.is_dir():
+    folder = local_reranker_folder(spec)
+    if folder is None:
         return  # a registry name (bm25, embedded:base, ...) or an HF id: nothing user-supplied on disk
     pickled = any(folder.rglob("*.bin")) or any(folder.rglob("*.pt"))
     if pickled and not any(folder.rglob("*.safetensors")):

@@ -46,6 +46,7 @@ from ragsieve.rerank.base import BaseRanker
 from ragsieve.serve.batcher import BatchStats, score_jobs
 from ragsieve.serve.config import ServeConfig
 from ragsieve.serve.errors import ServeError
+from ragsieve.specs import is_url
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -351,7 +352,7 @@ def deployment(
 def _local_path(value: str | None) -> str | None:
     """An existing relative path made absolute (replicas may not share the caller's working folder);
     anything else (a URL, a registry name) passes through untouched."""
-    if value and "://" not in value and Path(value).exists():
+    if value and not is_url(value) and Path(value).exists():
         return str(Path(value).resolve())
     return value
 
