@@ -6,8 +6,9 @@ Modules: ``hidden`` (batched early-exit extraction), ``cache`` (SQLite state cac
 
 Example::
 
-    from ragsieve.probe import ConfidenceProbe
-    probe = ConfidenceProbe.load("embedded:probe", load_local_llm())
+    from ragsieve.models import load_local_llm
+    from ragsieve.registry import load_probe
+    probe = load_probe("embedded:smollm2-nq", load_local_llm())  # the shipped probe (a folder works too)
     probe.score("who wrote hamlet?")             # Conf(Q)
     probe.score("who wrote hamlet?", passage)    # Conf(Q+C)
 """
