@@ -38,6 +38,9 @@ class PruneStudyConfig(StrictConfig):
     datasets: list[Literal["nq", "hotpotqa"]] = ["nq", "hotpotqa"]
     llm: str = "embedded:smollm2-135m-instruct"
     reranker: str = "embedded:base"
+    # the sentence scorer (a spec); None: the reranker, zero-shot on (query, title: sentence). ``prune-head``: the
+    # keep head on the reranker's forward (experiments/prune_head.yaml trains it)
+    pruner: str | None = None
     encoder: str = DEFAULT_ENCODER  # the index's (and HotpotQA's chunking's), as bench/fit.py builds it
     candidates: int = Field(20, ge=1)
     # passages per prompt: NQ questions are answered from one passage (top-3 halves SmolLM2's accuracy), HotpotQA
@@ -252,6 +255,20 @@ def _gold_row(dataset: str, test, ds, config: PruneStudyConfig, builder, cache) 
     return _row("gold sentences", correct, [builder.prompt_tokens(t) for t in texts])
 
 
+def _sentence_scores_key(config: PruneStudyConfig, scorer) -> str | None:
+    """What the sentence scores are keyed by when another scorer than the reranker prunes: its head's weights."""
+    if not config.pruner:
+        return None
+    from ragsieve.artifacts import file_sha256
+    from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead
+
+    if isinstance(scorer, SentenceKeepHead):
+        return f"prune-head-{file_sha256(scorer.folder / HEAD_FILE)[:12]}"
+    from ragsieve.registry import reranker_scores_key
+
+    return reranker_scores_key(config.pruner)
+
+
 def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, builder,
                 shipped: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every row of the study on ``dataset``'s test questions (thresholds from its dev questions).
@@ -285,8 +302,11 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
 
     reranker = load_reranker(config.reranker)
     key = reranker_scores_key(config.reranker)
+    scorer = load_reranker(config.pruner) if config.pruner else reranker
+    sentence_key = _sentence_scores_key(config, scorer) or key
     cand_store = PairScores(records / "scores", "candidates", {"scoring_key": key})
-    sent_store = PairScores(records / "sentences", "sentences", {"scoring_key": key, "unit": "title: sentence"})
+    sent_store = PairScores(records / "sentences", "sentences",
+                            {"scoring_key": sentence_key, "unit": "title: sentence"})
     cache = AnswerCache(work / "answers.sqlite", llm, builder, max_new_tokens=config.max_new_tokens,
                         batch_size=config.batch_size, records=records / "answers.jsonl")
     fit_answers = Path(config.fit_records.get(dataset, "")) / "answers.jsonl"
@@ -294,7 +314,7 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     ks = config.ks[dataset]
     select = SelectConfig(ks=ks, plain_ks=ks, prune_quantiles=config.prune_quantiles,
                           prune_max_sentences=config.prune_max_sentences, race=False)
-    selection = Selection(builder, cache, candidates, select, pruner=SentencePruner(reranker),
+    selection = Selection(builder, cache, candidates, select, pruner=SentencePruner(scorer),
                           sentence_store=sent_store,
                           progress=lambda done, total: log.info("prune %s: answers %d / %d", dataset, done, total))
     selection.add_ranking(RETRIEVER, asked)
@@ -328,8 +348,8 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
         if row is not base:
             row["vs_best_plain"] = _vs(row, base, config)
     cache.close()
-    recall = sentence_recall(dataset, test, ds, config, SentencePruner(reranker), levels,
-                             PairScores(records / "gold-sentences", "sentences", {"scoring_key": key}))
+    recall = sentence_recall(dataset, test, ds, config, SentencePruner(scorer), levels,
+                             PairScores(records / "gold-sentences", "sentences", {"scoring_key": sentence_key}))
     chosen_row = rows.get(chosen["name"]) if chosen["prune"] != "off" else rows[default.name]
     return {"n_questions": {k: len(v) for k, v in splits.items()}, "n_test": len(test),
             "best_plain": best_plain.name, "best_plain_from": "dev accuracy (ties: fewer tokens)",
@@ -341,7 +361,7 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
                                      "dev": [{k: r[k] for k in ("name", "n", "accuracy", "ci95", "prompt_tokens")}
                                              for r in dev_default]},
             "prune_levels": [{"name": name, "max_sentences": n, "raw": t,
-                              "unit": None if t is None else float(reranker.unit_scores([t])[0])}
+                              "unit": None if t is None else float(scorer.unit_scores([t])[0])}
                              for t, n, name in levels],
             "dev_plain": {r["name"]: {"accuracy": r["accuracy"], "n": r["n"]} for r in dev_plain},
             "default_pruned_on_test": chosen_row["name"],
@@ -356,10 +376,18 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "rows": rows}
 
 
-def write_report(out_dir: Path, results: dict[str, dict[str, Any]]) -> None:
+def config_path(config: PruneStudyConfig) -> str:
+    """The experiment file that ran this configuration (the report names it)."""
+    return "experiments/prune_with_head.yaml" if config.pruner else "experiments/prune.yaml"
+
+
+def write_report(out_dir: Path, results: dict[str, dict[str, Any]], config: PruneStudyConfig) -> None:
+    scorer = (f"`{config.pruner}`" if config.pruner
+              else f"zero-shot `{config.reranker}` on (query, title: sentence)")
     lines = ["# Sentence pruning against plain retrieval (issue #61)", "",
-             "Generated by `ragsieve run experiments/prune.yaml` (`ragsieve/studies/prune.py`); numbers from "
-             "`metrics.json`. SmolLM2-135M-Instruct answers; containment accuracy; prompt tokens in its tokenizer. "
+             f"Generated by `ragsieve run {config_path(config)}` (`ragsieve/studies/prune.py`); numbers from "
+             f"`metrics.json`. Sentences scored by {scorer}. "
+             "SmolLM2-135M-Instruct answers; containment accuracy; prompt tokens in its tokenizer. "
              "Each row against the best plain configuration (the retriever's top k best on dev): accuracy "
              "difference and relative prompt-token change with paired-bootstrap 95 % intervals over questions, "
              "exact McNemar p.", ""]
@@ -381,7 +409,7 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]]) -> None:
             lines.append(f"| {name} | {acc} | {r['prompt_tokens']:.0f} | {d} |")
         rec = res.get("gold_sentence_recall")
         if rec:
-            lines += ["", f"Gold-sentence recall inside the gold passages (zero-shot `embedded:base` sentence scores, "
+            lines += ["", f"Gold-sentence recall inside the gold passages ({scorer}, "
                       f"{rec['n_questions']} test questions; a gold sentence is kept when kept spans cover half of it):",
                       "", "| level | recall [95 % CI] | share of the passage kept [95 % CI] |", "|---|---|---|"]
             for name, r in rec["levels"].items():
@@ -432,7 +460,8 @@ def shipped_rows(results: dict[str, dict[str, Any]], ship_from: str) -> dict[str
     return out
 
 
-def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str | Path) -> dict[str, Any]:
+def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str | Path,
+                 pruner: str | None = None) -> dict[str, Any]:
     """The default sieve in ``folder`` with the prune level ``ship_from``'s dev chose, recorded with the test
     comparison on every dataset, unless it answers measurably worse than the best plain configuration on any of
     them (then the sieve is left as it is). Returns what was decided."""
@@ -451,7 +480,8 @@ def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str
         config = read_sieve_config(folder)
         metrics = {**config.metrics, "prune": decision}
         updated = config.model_copy(update={"format_version": 3, "prune_threshold": choice["prune_threshold"],
-                                            "prune_max_sentences": choice["prune_max"], "metrics": metrics})
+                                            "prune_max_sentences": choice["prune_max"], "pruner": pruner,
+                                            "metrics": metrics})
         path = Path(folder) / SIEVE_FILE
         path.write_text(updated.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return decision
@@ -481,9 +511,9 @@ class PruneStudy:
                     f.write(json.dumps({k: r[k] for k in ("name", "correct", "tokens_each")}) + "\n")
             results[dataset] = public(result)
             write_json(out_dir / "metrics.json", results)
-            write_report(out_dir, results)
+            write_report(out_dir, results, config)
         if config.ship_to and config.ship_from in results:
-            results["shipped"] = ship_default(results, config.ship_from, config.ship_to)
+            results["shipped"] = ship_default(results, config.ship_from, config.ship_to, config.pruner)
             write_json(out_dir / "metrics.json", results)
-            write_report(out_dir, results)
+            write_report(out_dir, results, config)
         return results
