@@ -16,7 +16,7 @@ def demo_cmd(
 ) -> None:
     """Run the main job on embedded defaults (what `make demo` runs)."""
     from ragsieve.config import load_config
-    from ragsieve.studies.demo import DemoConfig, run_demo
+    from ragsieve.pipeline.demo import DemoConfig, run_demo
 
     cfg = load_config(DemoConfig, config) if config else DemoConfig()
     run_demo(cfg, console)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ragsieve.studies.common import markdown_rows
+from ragsieve.eval.tables import markdown_rows
 from ragsieve.studies.evolve_stats import CONSERVATIVE_BY_QUERY
 
 

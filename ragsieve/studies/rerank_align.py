@@ -24,7 +24,8 @@ from ragsieve.benchmarks.base_reranker import BaseRerankerConfig
 from ragsieve.benchmarks.relevance import RankingQuery
 from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 from ragsieve.rerank.base import RetrievalOrder
-from ragsieve.studies.common import baseline_rankers, metrics_table, plot_sweep, progress_bar
+from ragsieve.eval.tables import metrics_table
+from ragsieve.studies.common import baseline_rankers, plot_sweep, progress_bar
 
 
 # --- rerank_align -----------------------------------------------------------------------------
