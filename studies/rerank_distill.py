@@ -323,7 +323,7 @@ def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[li
     held out) with the candidate lists the held-out evaluation uses; other rows (the HotpotQA 1,517 pool)
     keep their mined groups.
     """
-    from ragsieve.studies.rerank_base import dev_pairs
+    from studies.rerank_base import dev_pairs
 
     if cfg.calibration == "dev-groups":
         return dev_pairs(dev)
@@ -801,7 +801,7 @@ class RerankDistillStudy:
         from ragsieve.data.score_records import PairScores
         from ragsieve.rerank.mixed import CosineMixRanker
         from ragsieve.rerank.shipped import load_shipped_reranker, read_card
-        from ragsieve.studies.rerank_base import CosineOverCandidates
+        from studies.rerank_base import CosineOverCandidates
 
         card = read_card(teacher)
         cosine = CosineOverCandidates(cfg.encoder, queries)
