@@ -10,7 +10,8 @@ from typing import Any, Sequence
 from rich.table import Table
 
 
-def metrics_table(title: str, rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> Table:
+def metrics_table(title: str, rows: dict[str, dict[str, float]], columns: Sequence[str],
+                  first: str = "reranker") -> Table:
     """A rich table of ``rows[name][column]`` floats, three decimals."""
     table = Table(title=title)
     table.add_column(first)
