@@ -28,6 +28,16 @@ def test_run_outside_a_checkout_is_one_line_and_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cascade.yaml"]  # refused before anything is written
 
 
+def test_a_checkouts_study_config_runs_from_any_folder(tmp_path):
+    """`ragsieve run /path/to/checkout/experiments/x.yaml` from elsewhere loads that checkout's studies (here up to
+    cascade's answer that it has no report mode: the study registry was found and read)."""
+    proc = subprocess.run([sys.executable, "-m", "ragsieve.cli", "run", str(REPO / "experiments" / "cascade.yaml"),
+                           "--report-only"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "error: experiment 'cascade' has no report-only mode; run it without --report-only"
+
+
 def test_a_study_config_finds_the_checkout_it_belongs_to(tmp_path):
     """The config's own checkout first (run from anywhere), else the working folder's; None outside any."""
     from ragsieve.cli.studies import checkout_root

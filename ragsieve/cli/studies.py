@@ -32,7 +32,7 @@ def checkout_root(config: Path, cwd: Path | None = None) -> Path | None:
 def _runner_of(root: Path):
     """``studies.runner`` of the checkout at ``root``, importable once ``root`` is on ``sys.path``."""
     if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+        sys.path.append(str(root))  # last: the checkout's tools/, tests/ ... must not shadow installed packages
     runner = importlib.import_module("studies.runner")
     found = Path(runner.__file__).resolve()
     if found != (root / STUDY_RUNNER).resolve():  # another `studies` package imported first would run instead
