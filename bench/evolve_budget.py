@@ -72,7 +72,7 @@ def dataset_counts(cfg, ds: str, cells) -> dict[str, float]:
 
 def estimate(path: str, eval_ms: float, train_ms: float) -> dict:
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
+    from studies.evolve import EvolveExperimentConfig, plan_cells
 
     spec = read_mapping(path)
     cfg = build_config(EvolveExperimentConfig, spec["params"])

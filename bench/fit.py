@@ -292,7 +292,7 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
         return f"[{lo:.3f}, {hi:.3f}]"
 
     from ragsieve.eval.stats import verdict_in_words
-    from ragsieve.studies.common import markdown_rows
+    from ragsieve.eval.tables import markdown_rows
 
     lines = [f"# `ragsieve fit`'s grid and test comparison: {folder.name} (`bench/fit.py` writes it from `sieve.json`)",
              "",

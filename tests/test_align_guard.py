@@ -203,7 +203,7 @@ def _variant(name: str, p1: float, p3: float, mrr_diff: float, high: float, verd
 
 
 def test_best_guard_rule_and_tables():
-    from ragsieve.studies.rerank_align_guard import choose_best, markdown_table, preference_table
+    from studies.rerank_align_guard import choose_best, markdown_table, preference_table
 
     variants = {
         "unguarded": _variant("unguarded", 0.95, 0.8, -0.30, -0.2, "B better"),  # best P@1, forgets
@@ -273,7 +273,7 @@ def test_guard_study_end_to_end_tiny_and_resumes(tmp_path):
     import shutil
 
     from ragsieve.prefs import read_preferences, write_preferences
-    from ragsieve.studies.runner import run_experiment_file
+    from studies.runner import run_experiment_file
     from tests.conftest import REPO
 
     committed = REPO / "results" / "rerank_align_guard" / "prefs"

@@ -36,3 +36,15 @@ def test_type_checking_mirror_matches_the_lazy_exports():
     guarded = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     mirrored = {(imp.module, a.name) for imp in guarded.body for a in imp.names}
     assert mirrored == {(module, name) for name, module in ragsieve._EXPORTS.items()}
+
+
+def test_no_function_runs_over_100_lines():
+    """A function too long to read at once is split into its steps (issue #64): the library's and the studies'."""
+    import ast
+
+    long = []
+    for path in sorted([*(REPO / "ragsieve").rglob("*.py"), *(REPO / "studies").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long, "\n".join(long)

@@ -239,7 +239,7 @@ def test_verdict_dpo_loss_formula_and_doc_example():
     from ragsieve.evolve import verdict_dpo
     from ragsieve.evolve.verdict_dpo import verdict_dpo_loss
     from ragsieve.models import training, verdict
-    from ragsieve.studies import evolve_m0_sweep, evolve_stats, evolve_tables
+    from studies import evolve_m0_sweep, evolve_stats, evolve_tables
 
     for module in (verdict_dpo, verdict, training, evolve_stats, evolve_tables, evolve_m0_sweep):
         assert doctest.testmod(module).failed == 0
@@ -426,7 +426,7 @@ def test_the_model_after_epoch_k_is_the_k_epoch_model_and_a_kill_in_the_hook_rep
 
 def test_two_m0s_are_paired_on_the_test_examples_both_scored():
     """A run that held downstream questions out has a partly different test set: pair the shared ones."""
-    from ragsieve.studies.evolve_stats import paired_m0
+    from studies.evolve_stats import paired_m0
 
     a = {"m0": "mixed", "test_ids": ["x", "y", "z", "w"], "test_query_ids": ["q1", "q1", "q2", "q3"],
          "test": {"correct": "1101", "pred": "1100", "margins": [2.0, 1.0, -1.0, -2.0]}}
@@ -441,7 +441,7 @@ def test_two_m0s_are_paired_on_the_test_examples_both_scored():
 
 def test_test_sets_with_repeated_queries_are_tested_by_query():
     """HotpotQA's 300 test sentences come from 61 questions: intervals and paired tests resample questions."""
-    from ragsieve.studies.evolve_stats import m0_vs_chance, paired_outcomes
+    from studies.evolve_stats import m0_vs_chance, paired_outcomes
 
     queries = [f"q{i // 5}" for i in range(100)]
     a, b = [1] * 70 + [0] * 30, [1] * 60 + [0] * 40
@@ -473,9 +473,9 @@ def test_forgetting_keeps_each_outcome_and_query_so_intervals_resample_queries()
     samples' query ids can be rebuilt, else marked "by example" in metrics and TABLES.md."""
     from ragsieve.eval import accuracy_interval
     from ragsieve.eval.stats import bootstrap_ci, conservative_query_interval
-    from ragsieve.studies.evolve import forgetting_eval, forgetting_ids
-    from ragsieve.studies.evolve_stats import CONSERVATIVE_BY_QUERY, forgetting_curve
-    from ragsieve.studies.evolve_tables import markdown_tables
+    from studies.evolve import forgetting_eval, forgetting_ids
+    from studies.evolve_stats import CONSERVATIVE_BY_QUERY, forgetting_curve
+    from studies.evolve_tables import markdown_tables
 
     # two splits (the SFT set, D_1) of 6 examples, 2 per query; M_1 is right on the first 4 of each split
     samples = [[LabeledPair(f"s{s}x{i}", f"s{s}q{i // 2}", "q", "p", i % 2, {}) for i in range(6)] for s in range(2)]
@@ -738,7 +738,7 @@ def test_cli_init_step_feedback_ingest_status(tiny_llm_dir, tmp_path, cli):
 
 def test_full_experiment_config_validates_and_plans_every_cell():
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
+    from studies.evolve import EvolveExperimentConfig, plan_cells
 
     spec = read_mapping(REPO / "experiments" / "evolve_small.yaml")
     assert spec["experiment"] == "evolve" and spec["out_dir"] == "results/evolve_small"
@@ -753,7 +753,7 @@ def test_full_experiment_config_validates_and_plans_every_cell():
 def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
     """Stage 0 (M0s) → stage 1 (3 datasets) → full matrix reuse each other's cells, so their settings must agree."""
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.studies.evolve import EvolveExperimentConfig, plan_cells
+    from studies.evolve import EvolveExperimentConfig, plan_cells
 
     plans, params = {}, {}
     for name in ("evolve_scale_m0", "evolve_scale_stage1", "evolve_scale"):
@@ -802,8 +802,8 @@ def test_scale_configs_share_one_out_dir_and_plan_the_issue_matrix():
 @requires_data
 def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tmp_path, monkeypatch):
     """experiments/evolve_smoke.yaml with the tiny LLM: every output key, plots, per-cell resume."""
-    from ragsieve.studies import runner as experiments
-    from ragsieve.studies.evolve import PAIRED_TESTS, EvolveExperiment
+    from studies import runner as experiments
+    from studies.evolve import PAIRED_TESTS, EvolveExperiment
     out = tmp_path / "out"
     cfg = tmp_path / "evolve_smoke.yaml"
     raw = (REPO / "experiments" / "evolve_smoke.yaml").read_text()
@@ -928,8 +928,8 @@ def test_experiment_smoke_config_on_tiny_model_resumes_per_cell(tiny_llm_dir, tm
 
 _CELL_KILL_SCRIPT = """
 import sys, time
-from ragsieve.studies import evolve as ev
-from ragsieve.studies import runner
+from studies import evolve as ev
+from studies import runner
 write = ev.write_json
 def write_then_hang(path, data, indent=1):
     write(path, data, indent)
@@ -946,7 +946,7 @@ def test_a_killed_cell_resumes_after_its_last_checkpointed_round(tiny_llm_dir, t
     """kill -9 inside a cell: the rerun rebuilds M_2 from M0 + saved deltas and trains round 3 only,
     ending where an uninterrupted run ends."""
     from ragsieve.evolve import methods
-    from ragsieve.studies import runner
+    from studies import runner
 
     def config(out, methods="[dpo]"):
         path = tmp_path / f"{out.name}.yaml"
@@ -1004,8 +1004,8 @@ def test_m0_sweep_scores_every_epoch_on_a_dev_set_chooses_and_skips_what_is_done
 
     from ragsieve.evolve.tasks import select_dev
     from ragsieve.evolve.train import VerdictSFTTrainer
-    from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
-    from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
+    from studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
+    from studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
 
     params = {"llm": str(tiny_llm_dir), "datasets": ["bioasq"], "rounds": 1, "sizes": {"initial": 8, "per_round": 4},
               "test_size": 6, "max_prompt_tokens": 300, "m0_train": {"lr": 1e-2, "epochs": 2, "batch_size": 4},
@@ -1057,9 +1057,9 @@ def test_m0_sweep_report_only_rebuilds_metrics_from_the_cells_with_intervals_ove
 
     from ragsieve.eval.stats import bootstrap_ci
     from ragsieve.evolve.tasks import select_dev
-    from ragsieve.studies import runner
-    from ragsieve.studies.evolve import EvolveExperiment
-    from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
+    from studies import runner
+    from studies.evolve import EvolveExperiment
+    from studies.evolve_m0_sweep import EvolveM0Sweep, EvolveM0SweepConfig
 
     params = {"llm": "not-loaded", "datasets": ["multirc"], "rounds": 1, "sizes": {"initial": 8, "per_round": 4},
               "test_size": 6, "m0_train": {"lr": 1e-2, "epochs": 2, "batch_size": 4}, "lrs": [1e-2, 3e-2],
@@ -1105,7 +1105,7 @@ def test_mixed_m0_is_one_adapter_for_every_dataset_scored_on_each_test_set(tiny_
     from ragsieve.config import build_config
     from rich.console import Console
 
-    from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
+    from studies.evolve import EvolveExperiment, EvolveExperimentConfig, plan_cells
 
     cfg = build_config(EvolveExperimentConfig, {
         "llm": str(tiny_llm_dir), "datasets": ["pubmedqa", "hotpotqa-distractor"], "methods": ["sft-only"],

@@ -346,8 +346,8 @@ def test_own_data_study_runs_resumes_and_reports_on_tiny_sizes(tmp_path, tiny_ll
     from rich.console import Console
 
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.studies.evolve_own_data import EvolveOwnDataConfig, EvolveOwnDataStudy
-    from ragsieve.studies.runner import run_experiment_file
+    from studies.evolve_own_data import EvolveOwnDataConfig, EvolveOwnDataStudy
+    from studies.runner import run_experiment_file
 
     params = read_mapping(REPO / "experiments" / "evolve_own_data.yaml")["params"]
     build_config(EvolveOwnDataConfig, params)  # the committed config validates

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from ragsieve.errors import RagsieveError
-from ragsieve.studies.runner import run_experiment_file
+from studies.runner import run_experiment_file
 from tests.conftest import requires_data
 
 
@@ -27,7 +27,7 @@ def test_unknown_experiment_and_bad_params(tmp_path):
 def test_every_experiment_file_validates():
     """Each experiments/*.yaml naming a study is valid for that study's config (nothing runs, nothing is written)."""
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.studies.runner import ExperimentFile, load_experiment
+    from studies.runner import ExperimentFile, load_experiment
     from tests.conftest import REPO
 
     checked = []
@@ -188,7 +188,7 @@ STUDY_CONFIGS = ("probe_nq", "cbdr_nq", "probe_hotpotqa", "cbdr_hotpotqa", "rera
 def test_study_configs_validate(name):
     """The committed configs parse into their study's config and keep the issue's sizes."""
     from ragsieve.config import build_config, read_mapping
-    from ragsieve.studies.runner import ExperimentFile, load_experiment
+    from studies.runner import ExperimentFile, load_experiment
     from tests.conftest import REPO
 
     path = REPO / "experiments" / f"{name}.yaml"

@@ -316,7 +316,7 @@ def test_experiment_judge_teacher_relabels_and_reports_agreement(judge_server, t
     from rich.console import Console
 
     from ragsieve.grade.dataset import GradingPair
-    from ragsieve.studies.grader import GraderExperiment, GraderExperimentConfig
+    from studies.grader import GraderExperiment, GraderExperimentConfig
 
     texts = ["relevant: yes", "off topic", "unclear", "off again"]
     gold = [1, 1, 0, 0]
@@ -364,8 +364,8 @@ def test_experiment_end_to_end_and_resumable_per_config(tmp_path, tiny_llm_dir, 
     from rich.console import Console
 
     from ragsieve.config import build_config
-    from ragsieve.studies import grader as experiment_module
-    from ragsieve.studies.grader import GraderExperiment, GraderExperimentConfig
+    from studies import grader as experiment_module
+    from studies.grader import GraderExperiment, GraderExperimentConfig
 
     monkeypatch.setenv("RAGSIEVE_CACHE", str(index_cache))
     params = {
@@ -520,7 +520,7 @@ def test_experiment_selects_and_ships_the_default_grader_at_a_precision_floor(tm
 
     from ragsieve.config import build_config
     from ragsieve.registry import load_grader
-    from ragsieve.studies.grader import GraderExperiment, GraderExperimentConfig
+    from studies.grader import GraderExperiment, GraderExperimentConfig
 
     monkeypatch.setenv("RAGSIEVE_CACHE", str(index_cache))
     params = {
@@ -612,7 +612,7 @@ def test_report_recomputes_intervals_by_query_from_stored_scores(tmp_path):
     from rich.console import Console
 
     from ragsieve.config import build_config
-    from ragsieve.studies.grader import RATES, GraderExperiment, GraderExperimentConfig
+    from studies.grader import RATES, GraderExperiment, GraderExperimentConfig
 
     cfg = build_config(GraderExperimentConfig, {
         "configs": {}, "loss_comparison": [], "sampling_comparison": [], "lora_grid": None, "cross_encoder": None,

@@ -431,7 +431,7 @@ def test_embedded_base_loads_shipped_asset_without_training():
 
 
 def test_study_bootstrap_intervals_and_dev_pairs():
-    from ragsieve.studies.rerank_base import bootstrap_ci, dev_pairs, paired_diff
+    from studies.rerank_base import bootstrap_ci, dev_pairs, paired_diff
 
     rng = np.random.default_rng(0)
     a = rng.random(200)

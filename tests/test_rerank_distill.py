@@ -96,7 +96,7 @@ def test_teacher_records_carry_scores_to_another_machine(tmp_path, teacher_dir, 
     from ragsieve.data.score_records import PairScores
     from ragsieve.rerank.neural import CrossEncoderRanker
     from ragsieve.rerank.training.distill import cache_teacher_scores
-    from ragsieve.studies.rerank_distill import teacher_identity
+    from studies.rerank_distill_common import teacher_identity
     from tests.test_repo_hygiene import file_problems
 
     rows = _mined_rows()
@@ -216,7 +216,7 @@ def test_embedded_fast_is_the_default_behind_a_cascade_until_a_student_ships():
 
 def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_dir):
     from ragsieve.rerank.shipped import load_shipped_reranker
-    from ragsieve.studies.runner import run_experiment_file
+    from studies.runner import run_experiment_file
 
     from ragsieve.benchmarks.mining import held_out_sources
     from ragsieve.benchmarks.relevance import split_questions
@@ -266,7 +266,7 @@ def test_distill_study_trains_evaluates_and_ships_a_student(tmp_path, teacher_di
 
     # the ship step on its own (a 2-step student rarely meets a target): dev labels its own top passage
     from ragsieve.rerank.neural import CrossEncoderRanker
-    from ragsieve.studies.rerank_distill import RerankDistillStudy
+    from studies.rerank_distill import RerankDistillStudy
 
     study, config = RerankDistillStudy(), RerankDistillStudy.Config(**{
         "teacher": str(teacher_dir), "students": [{"name": "fast", "layers": 1, "tolerance": 0.02}],
@@ -314,7 +314,7 @@ def test_calibration_pairs_use_the_dev_questions_candidate_lists():
     from ragsieve.benchmarks.mining import held_out_sources
     from ragsieve.benchmarks.relevance import ranking_queries
     from ragsieve.data import load_dataset
-    from ragsieve.studies.rerank_distill import RerankDistillConfig, calibration_pairs
+    from studies.rerank_distill import RerankDistillConfig, calibration_pairs
 
     ds = load_dataset("fever")
     real = ranking_queries(ds, [q for q in ds.questions if q.gold_passage_ids][:5], held_out_sources()["fever"])[0]
@@ -345,7 +345,8 @@ def test_checkpoints_are_chosen_only_on_lists_that_can_tell_rankers_apart():
 def test_the_teachers_cross_encoder_alone_is_its_mix_minus_the_cosine_term(teacher_dir):
     from ragsieve.benchmarks.forgetting import heldout_queries
     from ragsieve.rerank.neural import CrossEncoderRanker
-    from ragsieve.studies.rerank_distill import CROSS_ALONE, RerankDistillStudy
+    from studies.rerank_distill import RerankDistillStudy
+    from studies.rerank_distill_common import CROSS_ALONE
 
     queries = heldout_queries("fever", max_queries=2)
     refs = RerankDistillStudy.references(RerankDistillStudy.Config(teacher=str(teacher_dir)), teacher_dir, queries)
@@ -361,7 +362,8 @@ def test_the_teachers_window_and_best_chunk_rows_read_more_of_a_long_candidate(t
     longer candidate as serve does, by its best window-sized chunk; on candidates within the window both are the
     teacher's scores."""
     from ragsieve.benchmarks.forgetting import heldout_queries
-    from ragsieve.studies.rerank_distill import BEST_CHUNK, RerankDistillStudy, window_key
+    from studies.rerank_distill import RerankDistillStudy
+    from studies.rerank_distill_backends import BEST_CHUNK, window_key
 
     queries = heldout_queries("fever", max_queries=2)
     cfg = RerankDistillStudy.Config(teacher=str(teacher_dir), teacher_windows=[128], teacher_best_chunk=True)
@@ -383,7 +385,7 @@ def test_the_teachers_window_and_best_chunk_rows_read_more_of_a_long_candidate(t
 
 
 def test_a_student_with_its_own_alpha_or_loss_trains_under_its_own_key():
-    from ragsieve.studies.rerank_distill import RerankDistillConfig, StudentConfig
+    from studies.rerank_distill import RerankDistillConfig, StudentConfig
 
     kl_heavy = StudentConfig(name="base", layers=6, tolerance=0.005, alpha=8.0, time_budget_minutes=150)
     assert kl_heavy.key == "base-6l-a8" and StudentConfig(name="base", layers=6, tolerance=0.005).key == "base-6l"
@@ -406,7 +408,8 @@ def test_the_teacher_on_faster_backends_is_evaluated_and_written_into_its_card(t
     from ragsieve.benchmarks.forgetting import heldout_queries
     from ragsieve.rerank.mixed import CosineMixRanker
     from ragsieve.rerank.shipped import load_shipped_reranker
-    from ragsieve.studies.rerank_distill import RerankDistillStudy, backend_verdict, variant_key
+    from studies.rerank_distill import RerankDistillStudy
+    from studies.rerank_distill_backends import backend_verdict, variant_key, write_backends
 
     queries = heldout_queries("fever", max_queries=2)
     cfg = RerankDistillStudy.Config(teacher=str(teacher_dir), teacher_backends=["torch+onnx-int8"])
@@ -435,7 +438,7 @@ def test_the_teacher_on_faster_backends_is_evaluated_and_written_into_its_card(t
 
     asset = tmp_path / "assets" / "base-reranker"
     shutil.copytree(teacher_dir, asset)
-    RerankDistillStudy.write_backends(asset, "torch+onnx-int8", {"a": rows(-0.001, -0.004, 0.002)}, 0.005)
+    write_backends(asset, "torch+onnx-int8", {"a": rows(-0.001, -0.004, 0.002)}, 0.005)
     card = json.loads((asset / "ragsieve_reranker.json").read_text())
     assert card["default_backend"] == "torch" and card["cosine_backend"] == "onnx-int8"
     assert card["backend_choice"]["heldout_ndcg10_vs_fp32"]["a"] == {"diff": -0.001, "low": -0.004, "high": 0.002}
@@ -447,11 +450,11 @@ def test_the_teacher_on_faster_backends_is_evaluated_and_written_into_its_card(t
     assert load_shipped_reranker(asset, cosine_backend="torch").cosine.backend == "torch"
     # a bf16 choice carries what a CPU without bf16 units loads instead; a later plain choice drops it
     by = {"a": {**rows(-0.001, -0.004, 0.002), variant_key("torch-bf16+torch-bf16"): rows(0, -0.001, 0.001)[key]}}
-    RerankDistillStudy.write_backends(asset, "torch-bf16+torch-bf16", by, 0.005, "torch+onnx-int8")
+    write_backends(asset, "torch-bf16+torch-bf16", by, 0.005, "torch+onnx-int8")
     card = json.loads((asset / "ragsieve_reranker.json").read_text())
     assert card["default_backend"] == card["cosine_backend"] == "torch-bf16"
     assert card["without_bf16"] == {"default_backend": "torch", "cosine_backend": "onnx-int8"}
-    RerankDistillStudy.write_backends(asset, "torch+onnx-int8", by, 0.005)
+    write_backends(asset, "torch+onnx-int8", by, 0.005)
     assert "without_bf16" not in json.loads((asset / "ragsieve_reranker.json").read_text())
 
 
@@ -459,7 +462,8 @@ def test_calibration_transfer_shows_what_one_map_cannot_do_and_own_labels_can():
     """Two sets where the same score means different odds of relevance: one calibration is off on at least one
     set even when fitted to both (the oracle rows), while a refit on a set's own queries is calibrated there."""
     from ragsieve.rerank.calibration import Calibration
-    from ragsieve.studies.rerank_distill import calibration_transfer, distill_tables
+    from studies.rerank_distill import distill_tables
+    from studies.rerank_distill_calibration import calibration_transfer
 
     rng = np.random.default_rng(0)
 
@@ -490,7 +494,7 @@ def test_teacher_lists_train_on_the_lists_the_verdict_reranks(tmp_path, teacher_
     from ragsieve.benchmarks.mining import held_out_sources
     from ragsieve.benchmarks.relevance import split_questions
     from ragsieve.data import load_dataset
-    from ragsieve.studies.rerank_distill import RerankDistillStudy
+    from studies.rerank_distill import RerankDistillStudy
 
     train_questions, _ = split_questions(load_dataset("fever"), held_out_sources()["fever"])
     rows = [{**r, "qid": q.id} for r, q in zip(_mined_rows()[:3], train_questions)]

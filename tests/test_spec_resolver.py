@@ -212,8 +212,6 @@ def test_the_embedded_table_lists_every_shipped_artifact():
 
 #: the resolver: the registry and its parser half
 RESOLVER = {"ragsieve/registry.py", "ragsieve/specs.py"}
-#: being moved out of the package (issue #64's sibling branch); its spec handling is checked there
-SKIPPED = ("ragsieve/studies/",)
 #: (file, what is split) → why that colon split is not a spec
 ALLOWED = {
     ("ragsieve/machine.py", "line"): "a /proc/cpuinfo line ('model name : ...')",
@@ -284,7 +282,7 @@ def test_no_spec_parsing_outside_the_resolver():
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
-        if rel in RESOLVER or rel.startswith(SKIPPED):
+        if rel in RESOLVER:
             continue
         for line, what in _spec_parsing(ast.parse(path.read_text(encoding="utf-8")), schemes, rel):
             offenders.append(f"{rel}:{line}: {what}")

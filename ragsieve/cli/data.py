@@ -147,7 +147,7 @@ def eval_retrieval_cmd(
     seed: int = typer.Option(0, help="Split seed (held-out = the 'test' split by id)."),
 ) -> None:
     """Compare BM25, dense and hybrid retrieval on held-out questions: recall@k and MRR@10."""
-    from ragsieve.studies.retrieval import evaluate_retrievers
+    from ragsieve.retrieve.evaluation import evaluate_retrievers
 
     results = evaluate_retrievers(
         dataset, kinds=[k.strip() for k in kinds.split(",") if k.strip()], ks=parse_ks(ks),

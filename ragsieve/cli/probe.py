@@ -69,9 +69,9 @@ def probe_train_cmd(
     config: Path = typer.Argument(Path("experiments/probe_nq.yaml"), help="Probe experiment YAML."),
 ) -> None:
     """Label answers, extract states, train and evaluate a probe (the probe experiment)."""
-    from ragsieve.studies.runner import run_experiment_file
+    from ragsieve.cli.studies import run_study_file
 
-    run_experiment_file(config, console)
+    run_study_file(config, console)
 
 
 @probe_app.command("eval")
@@ -110,7 +110,7 @@ def cbdr_sweep_cmd(
     betas: Optional[str] = typer.Option(None, help="Override β values, e.g. 0,0.9,0.95."),
 ) -> None:
     """Sweep β × top-k on held-out questions: accuracy and retrieval rate."""
-    from ragsieve.studies.runner import run_experiment_file
+    from ragsieve.cli.studies import run_study_file
 
     overrides = {}
     if betas:
@@ -118,4 +118,4 @@ def cbdr_sweep_cmd(
             overrides["betas"] = [float(b) for b in betas.split(",") if b.strip()]
         except ValueError:
             raise RagsieveError(f"bad --betas '{betas}'; expected e.g. 0,0.9,0.95") from None
-    run_experiment_file(config, console, overrides)
+    run_study_file(config, console, overrides)

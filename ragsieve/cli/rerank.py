@@ -195,7 +195,7 @@ def rerank_eval_cmd(
     from ragsieve.data.records import Passage
     from ragsieve.prefs.preferences import read_preferences
     from ragsieve.registry import load_reranker
-    from ragsieve.studies.common import metrics_table
+    from ragsieve.eval.tables import metrics_table
     from ragsieve.benchmarks.relevance import RankingQuery, evaluate_rankers
 
     queries = []

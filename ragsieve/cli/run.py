@@ -1,4 +1,4 @@
-"""``ragsieve demo`` and ``ragsieve run CONFIG``: the studies."""
+"""``ragsieve demo`` (the library's main job) and ``ragsieve run CONFIG`` (a study, from a source checkout)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def demo_cmd(
 ) -> None:
     """Run the main job on embedded defaults (what `make demo` runs)."""
     from ragsieve.config import load_config
-    from ragsieve.studies.demo import DemoConfig, run_demo
+    from ragsieve.pipeline.demo import DemoConfig, run_demo
 
     cfg = load_config(DemoConfig, config) if config else DemoConfig()
     run_demo(cfg, console)
@@ -29,8 +29,8 @@ def run_cmd(
         False, "--report-only", help="Rebuild metrics.json, tables and plots from the results already in out_dir; "
         "train and score nothing (experiments that resume per cell, e.g. evolve)."),
 ) -> None:
-    """Run an experiment config end to end and write its results."""
-    from ragsieve.studies.runner import run_experiment_file
+    """Run an experiment config end to end and write its results (from a source checkout: studies/)."""
+    from ragsieve.cli.studies import run_study_file
 
-    run_experiment_file(config, console, report_only=report_only)
+    run_study_file(config, console, report_only=report_only)
 

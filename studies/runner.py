@@ -23,19 +23,19 @@ from rich.console import Console
 from ragsieve.config import StrictConfig, build_config, read_mapping
 from ragsieve.errors import RagsieveError
 from ragsieve.progress import showing_reports
-from ragsieve.studies.cascade import CascadeStudy
-from ragsieve.studies.cbdr_nq import CBDRExperiment
-from ragsieve.studies.evolve import EvolveExperiment
-from ragsieve.studies.evolve_m0_sweep import EvolveM0Sweep
-from ragsieve.studies.evolve_own_data import EvolveOwnDataStudy
-from ragsieve.studies.grader import GraderExperiment
-from ragsieve.studies.probe_nq import ProbeExperiment
-from ragsieve.studies.prune import PruneStudy
-from ragsieve.studies.prune_head import PruneHeadStudy
-from ragsieve.studies.rerank_align import RerankAlignExperiment
-from ragsieve.studies.rerank_align_guard import RerankAlignGuardStudy
-from ragsieve.studies.rerank_base import RerankBaseStudy
-from ragsieve.studies.rerank_distill import RerankDistillStudy
+from studies.cascade import CascadeStudy
+from studies.cbdr_nq import CBDRExperiment
+from studies.evolve import EvolveExperiment
+from studies.evolve_m0_sweep import EvolveM0Sweep
+from studies.evolve_own_data import EvolveOwnDataStudy
+from studies.grader import GraderExperiment
+from studies.probe_nq import ProbeExperiment
+from studies.prune import PruneStudy
+from studies.prune_head import PruneHeadStudy
+from studies.rerank_align import RerankAlignExperiment
+from studies.rerank_align_guard import RerankAlignGuardStudy
+from studies.rerank_base import RerankBaseStudy
+from studies.rerank_distill import RerankDistillStudy
 
 EXPERIMENTS: dict[str, type["Experiment"]] = {
     "probe_nq": ProbeExperiment,

@@ -1,16 +1,14 @@
-"""What every study shares: result tables, atomic JSON and the CBDR plot (and the progress bar).
+"""What every study shares: the baseline rankers, atomic JSON and the CBDR plot (and the progress bar).
 
 Library code reports progress through callbacks; only studies and the CLI draw bars, with
 :func:`ragsieve.progress.progress_bar` (re-exported here for the studies that import it from here).
+Result tables come from the library (:mod:`ragsieve.eval.tables`): the CLI prints them too.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
-
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from ragsieve.progress import progress_bar  # noqa: F401 - the studies' progress bar, one home
 
@@ -25,29 +23,6 @@ def baseline_rankers(encoder: str | None = None) -> dict[str, "BaseRanker"]:
     from ragsieve.rerank.neural import BiEncoderRanker
 
     return {"bm25": BM25Ranker(), "bi-encoder": BiEncoderRanker(encoder or DEFAULT_ENCODER)}
-
-
-def metrics_table(title: str, rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> Table:
-    """A rich table of ``rows[name][column]`` floats, three decimals."""
-    table = Table(title=title)
-    table.add_column(first)
-    for c in columns:
-        table.add_column(c, justify="right")
-    for name, m in rows.items():
-        table.add_row(name, *(f"{m[c]:.3f}" for c in columns))
-    return table
-
-
-def markdown_table(rows: dict[str, dict[str, float]], columns: Sequence[str], first: str = "reranker") -> str:
-    """The same table as Markdown, for READMEs."""
-    return "\n".join(markdown_rows([first, *columns],
-                                   [[name, *(f"{m[c]:.3f}" for c in columns)] for name, m in rows.items()]))
-
-
-def markdown_rows(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A Markdown table's lines from cells already formatted (``None`` → empty)."""
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return out + ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
 
 
 def write_json(path: Path, data: Any, indent: int = 1) -> None:

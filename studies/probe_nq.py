@@ -41,7 +41,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
 from ragsieve.eval.stats import auroc_difference, auroc_interval
 from ragsieve.probe.train import ProbeTrainConfig
-from ragsieve.studies.common import progress_bar, write_json
+from studies.common import progress_bar, write_json
 
 if TYPE_CHECKING:
     from ragsieve.data.records import Dataset, Question

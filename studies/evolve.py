@@ -24,7 +24,7 @@ At scale (``test_size`` > 0, issue #16; ``experiments/evolve_scale*.yaml``):
   (``cells/<dataset>/_m0.json``) and by M_t after every round of every cell; each stores
   its right/wrong per example (``correct``, aligned with the cell's ``test_ids``), so any
   two cells compare by exact McNemar (``paired``, ``targets`` in ``metrics.json``;
-  :mod:`ragsieve.studies.evolve_stats`). Samples of the splits already trained on
+  :mod:`studies.evolve_stats`). Samples of the splits already trained on
   (``forgetting_per_split`` each) show forgetting.
 * ``m0: mixed`` trains one M0 on the SFT sets of all datasets (each in its own template).
 * Cells resume mid-cell: each finished round writes ``cells/<dataset>/<cell>/round-<t>.json``
@@ -55,7 +55,7 @@ from ragsieve.evolve.judges import JudgeSpec
 from ragsieve.evolve.methods import MethodConfig
 from ragsieve.evolve.train import VerdictTrainConfig
 from ragsieve.models.specs import DEFAULT_LLM
-from ragsieve.studies.common import write_json
+from studies.common import write_json
 
 DOWNSTREAM_DATASET = "hotpotqa-distractor"
 MAIN_METHODS = ("sft-only", "sft", "dpo", "replay-dpo", "cautious-dpo")
@@ -214,7 +214,7 @@ def score_examples(ranker, examples) -> dict[str, Any]:
     """Right/wrong of ``ranker``'s verdicts per example (0/1 strings, in ``examples`` order), the summary,
     and the margins behind the verdicts: a reranker ranks by them, so AUROC (threshold-free) says
     whether a model separates the labels even when its verdict threshold is off."""
-    from ragsieve.studies.evolve_stats import score_summary, threshold_free
+    from studies.evolve_stats import score_summary, threshold_free
 
     verdicts = ranker.predict(examples)
     pred = [int(p) for p in verdicts.predictions]
@@ -242,10 +242,10 @@ def forgetting_eval(ranker, samples: list[list], upto: int, cache: dict, version
     """M_t on the samples of splits 0..t; ``cache`` keeps outcomes per (model version, split).
 
     Each example's outcome is kept, and the intervals resample whole queries where a query holds
-    several sampled examples (:func:`~ragsieve.studies.evolve_stats.forgetting_summary`); the record
+    several sampled examples (:func:`~studies.evolve_stats.forgetting_summary`); the record
     that holds these rows stores the samples' ids and query ids (:func:`forgetting_ids`).
     """
-    from ragsieve.studies.evolve_stats import forgetting_summary
+    from studies.evolve_stats import forgetting_summary
 
     todo = [s for s in range(upto + 1) if (version, s) not in cache]
     if todo:
@@ -261,7 +261,7 @@ def forgetting_eval(ranker, samples: list[list], upto: int, cache: dict, version
 
 def forgetting_ids(samples: list[list]) -> dict[str, list[list[str]]]:
     """The forgetting samples' ids and query ids per split, stored once per record (M0's, each cell's):
-    the report resamples whole queries from them (:func:`~ragsieve.studies.evolve_stats.forgetting_curve`)."""
+    the report resamples whole queries from them (:func:`~studies.evolve_stats.forgetting_curve`)."""
     return {"forgetting_ids": [[x.id for x in split] for split in samples],
             "forgetting_query_ids": [[x.query_id for x in split] for split in samples]}
 
@@ -440,7 +440,7 @@ class EvolveExperiment:
     def _forgetting_query_ids(tasks: dict, cfg: EvolveExperimentConfig) -> dict[str, list[list[str]]]:
         """Each dataset's forgetting samples' query ids per split, rebuilt from the seed: they widen an older
         record's intervals (kept before each outcome and the ids were) to query level
-        (:func:`~ragsieve.studies.evolve_stats.conservative_forgetting`)."""
+        (:func:`~studies.evolve_stats.conservative_forgetting`)."""
         return {ds: [[x.query_id for x in split] for split in forgetting_samples(t, cfg.forgetting_per_split, cfg.seed)]
                 for ds, t in tasks.items()}
 
@@ -457,7 +457,7 @@ class EvolveExperiment:
         metrics["cells"] = {"finished": sum(self._cell_path(out_dir, c).exists() for c in cells), "planned": len(cells)}
         write_json(out_dir / "metrics.json", metrics)
         if cfg.test_size:
-            from ragsieve.studies.evolve_tables import markdown_tables
+            from studies.evolve_tables import markdown_tables
 
             (out_dir / "TABLES.md").write_text(markdown_tables(metrics))
         curves = metrics["test_curves"] if cfg.test_size else metrics["by_dataset"]
@@ -845,7 +845,7 @@ class EvolveExperiment:
     # -- aggregation --------------------------------------------------------------
     def _aggregate(self, cfg, cells, out_dir: Path, sizes, m0_info, sample_queries: dict | None = None) -> dict:
         from ragsieve.eval.classification import accuracy_interval
-        from ragsieve.studies import evolve_stats as st
+        from studies import evolve_stats as st
 
         def curve(result: dict) -> list[dict]:
             # The 95 % interval says which round-to-round and method differences are noise.
@@ -926,7 +926,7 @@ class EvolveExperiment:
     @staticmethod
     def _scale_metrics(cfg, results: dict, base: dict, sample_queries: dict) -> dict:
         """Test-set curves, forgetting, M0 vs chance, paired McNemar tests and the issue's targets."""
-        from ragsieve.studies import evolve_stats as st
+        from studies import evolve_stats as st
 
         test_curves = {ds: {m: st.test_curve(results[(ds, m)], base[ds]) for m in cfg.methods if (ds, m) in results}
                        for ds in base}

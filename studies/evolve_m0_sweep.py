@@ -24,7 +24,7 @@ A dev set holds several examples per query where the dataset does (BioASQ: a que
 MultiRC: a passage's answers), and those are not independent. So ``metrics.json`` gives every dev
 accuracy an interval over whole queries (Wilson where each example is its own query), and chosen vs
 configured is the paired bootstrap over queries (exact McNemar where each example is its own query),
-Holm-adjusted over the datasets' comparisons (:func:`~ragsieve.studies.evolve_stats.paired_outcomes`).
+Holm-adjusted over the datasets' comparisons (:func:`~studies.evolve_stats.paired_outcomes`).
 ``ragsieve run --report-only experiments/evolve_m0_sweep.yaml`` rebuilds ``metrics.json`` from the
 committed cells and the dev set's query ids (:meth:`EvolveM0Sweep.report`); it trains nothing.
 """
@@ -42,8 +42,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ragsieve.errors import RagsieveError
-from ragsieve.studies.common import write_json
-from ragsieve.studies.evolve import EvolveExperiment, EvolveExperimentConfig
+from studies.common import write_json
+from studies.evolve import EvolveExperiment, EvolveExperimentConfig
 
 
 class EvolveM0SweepConfig(EvolveExperimentConfig):
@@ -131,7 +131,7 @@ class EvolveM0Sweep:
 
     def _write_metrics(self, cfg, by_dataset: dict[str, Any], out_dir: Path, console: Console, t0: float) -> dict:
         """``metrics.json``: the datasets' summaries, chosen vs configured Holm-adjusted as one family."""
-        from ragsieve.studies.evolve_stats import add_holm
+        from studies.evolve_stats import add_holm
 
         add_holm({ds: r["chosen_vs_configured"] for ds, r in by_dataset.items()})
         metrics = {"experiment": "evolve_m0_sweep", "by_dataset": by_dataset, "pooled": pooled_recipe(by_dataset),
@@ -159,8 +159,8 @@ class EvolveM0Sweep:
         """One SFT run at ``lr``, scored on dev after each epoch (resumable)."""
         from ragsieve.evolve.train import trainer_class
         from ragsieve.models.training import TrainingCheckpoint
-        from ragsieve.studies.evolve import score_examples
-        from ragsieve.studies.evolve_stats import m0_auroc
+        from studies.evolve import score_examples
+        from studies.evolve_stats import m0_auroc
 
         ds = task.dataset
         path = self._cell(out_dir, ds, lr)
@@ -226,7 +226,7 @@ class EvolveM0Sweep:
     def _summarise(cfg, ds: str, dev, runs: dict[float, dict]) -> dict[str, Any]:
         """The grid, the chosen recipe (best dev accuracy; ties → fewer epochs, then lower lr) and its paired test,
         every interval and test over whole queries where the dev set's queries repeat."""
-        from ragsieve.studies.evolve_stats import clustered, paired_outcomes, score_summary
+        from studies.evolve_stats import clustered, paired_outcomes, score_summary
 
         queries = [x.query_id for x in dev]
         grid = []

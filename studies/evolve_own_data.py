@@ -34,8 +34,8 @@ from typing import Any
 from pydantic import Field
 from rich.console import Console
 
-from ragsieve.studies.common import write_json
-from ragsieve.studies.evolve import WORK_GITIGNORE, EvolveExperiment, EvolveExperimentConfig, plan_cells
+from studies.common import write_json
+from studies.evolve import WORK_GITIGNORE, EvolveExperiment, EvolveExperimentConfig, plan_cells
 
 CHECKED, UNGUARDED = "checked-cautious-dpo", "cautious-dpo"
 
@@ -124,7 +124,7 @@ class EvolveOwnDataStudy(EvolveExperiment):
     def _score_store(store: Path, test) -> dict:
         """The store's model as served (``evolve:<store>``) on the test examples."""
         from ragsieve.registry import load_reranker
-        from ragsieve.studies.evolve import score_examples
+        from studies.evolve import score_examples
 
         start = time.perf_counter()
         ranker = load_reranker(f"evolve:{store}")

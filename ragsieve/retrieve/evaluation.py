@@ -1,4 +1,4 @@
-"""Retriever comparison on held-out questions with known gold passages."""
+"""Retriever comparison on held-out questions with known gold passages (``ragsieve eval-retrieval``)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ def evaluate_retrievers(
     from ragsieve.data import held_out_questions, load_dataset
     from ragsieve.eval.ranking import ranking_metrics
     from ragsieve.models.specs import DEFAULT_ENCODER
-    from ragsieve.retrieve import BM25Retriever, DenseRetriever, HybridRetriever
+    from ragsieve.retrieve.bm25 import BM25Retriever
+    from ragsieve.retrieve.dense import DenseRetriever
+    from ragsieve.retrieve.hybrid import HybridRetriever
 
     ds = load_dataset(dataset, data_dir=data_dir)
     qrels_all = ds.qrels()

@@ -24,7 +24,8 @@ from ragsieve.benchmarks.base_reranker import BaseRerankerConfig
 from ragsieve.benchmarks.relevance import RankingQuery
 from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 from ragsieve.rerank.base import RetrievalOrder
-from ragsieve.studies.common import baseline_rankers, metrics_table, plot_sweep, progress_bar
+from ragsieve.eval.tables import metrics_table
+from studies.common import baseline_rankers, plot_sweep, progress_bar
 
 
 # --- rerank_align -----------------------------------------------------------------------------
@@ -360,7 +361,7 @@ def _answer_requests(rc: RAGEvalConfig, llm, builder, llm_spec: str, requests: l
     """The LLM's labelled answers to the requests (``out_path``, resumable; duplicates answered once), first
     copying those ``reuse_from`` holds when they were made with the same LLM and token budgets."""
     from ragsieve.probe.labels import label_generations, reuse_generations
-    from ragsieve.studies.probe_nq import answer_settings_differ
+    from studies.probe_nq import answer_settings_differ
 
     for folder in rc.reuse_from:
         problem = answer_settings_differ(Path(folder), llm_spec, rc.max_new_tokens, rc.max_prompt_tokens)
@@ -460,7 +461,7 @@ def cached_per_query(ranker: BaseRanker, key: str, queries, ks, cache_dir: Path)
     import hashlib
 
     from ragsieve.benchmarks.relevance import per_query
-    from ragsieve.studies.common import write_json
+    from studies.common import write_json
 
     ids = hashlib.sha1("|".join(q.query_id for q in queries).encode()).hexdigest()[:10]
     path = cache_dir / f"{key}.{ids}.k{'-'.join(map(str, ks))}.json"
@@ -474,7 +475,7 @@ def cached_per_query(ranker: BaseRanker, key: str, queries, ks, cache_dir: Path)
 def ranked_ids(ranker: BaseRanker, key: str, set_name: str, questions, candidates, cache_dir: Path,
                console: Console) -> list[list[str]]:
     """Each question's candidate ids in ``ranker``'s order, cached per ranker key (a rerun ranks nothing again)."""
-    from ragsieve.studies.common import write_json
+    from studies.common import write_json
 
     path = cache_dir / f"{set_name}.{key}.json"
     done: dict[str, list[str]] = json.loads(path.read_text()) if path.is_file() else {}

@@ -28,7 +28,7 @@ Example::
 
     ragsieve run experiments/rerank_align_guard.yaml
     # or, in Python
-    from ragsieve.studies.runner import run_experiment_file
+    from studies.runner import run_experiment_file
     run_experiment_file("experiments/rerank_align_guard.yaml")["best_guard"]["best"]
 """
 
@@ -150,8 +150,8 @@ class RerankAlignGuardStudy:
         from ragsieve.benchmarks.forgetting import measure_forgetting
         from ragsieve.rerank.shipped import scoring_key, weights_key
         from ragsieve.registry import reranker_folder
-        from ragsieve.studies.common import write_json
-        from ragsieve.studies.rerank_align import compare_preferences, preference_ranking_queries
+        from studies.common import write_json
+        from studies.rerank_align import compare_preferences, preference_ranking_queries
 
         out_dir = Path(out_dir)
         work = out_dir / "work"
@@ -219,8 +219,8 @@ class RerankAlignGuardStudy:
     def _summarize(cfg: RerankAlignGuardConfig, out_dir: Path, base_dir: Path, base_key: str, base_pref: dict,
                    results: dict, gold: dict) -> dict:
         """``metrics.json`` and ``forgetting.md`` over the variants finished so far (rewritten after each one)."""
-        from ragsieve.studies.common import write_json
-        from ragsieve.studies.rerank_align import preference_means
+        from studies.common import write_json
+        from studies.rerank_align import preference_means
 
         metrics = {
             "base": {"folder": str(base_dir), "spec": cfg.init, "weights_key": base_key,
@@ -272,7 +272,7 @@ class RerankAlignGuardStudy:
         """Per-question P@k / R@k / MRR@k on the preference test set (cached per weights key)."""
         from ragsieve.rerank.shipped import scoring_key
         from ragsieve.benchmarks.relevance import per_query
-        from ragsieve.studies.common import write_json
+        from studies.common import write_json
 
         ks = tuple(cfg.table_ks)
         cache = work / "prefs_test" / f"{scoring_key(folder, key)}.k{'-'.join(map(str, ks))}.json"
@@ -286,7 +286,7 @@ class RerankAlignGuardStudy:
     def _gold_groups(cfg: RerankAlignGuardConfig, work: Path, exclude: set[str], console: Console) -> dict:
         """``{"replay": [...], "dev": [...], "info": {...}}``, built once into ``work/gold_*.jsonl``."""
         from ragsieve.prefs.preferences import read_preferences, write_preferences
-        from ragsieve.studies.common import write_json
+        from studies.common import write_json
 
         files = {part: work / f"gold_{part}.jsonl" for part in ("replay", "dev")}
         info_path = work / "gold_info.json"

@@ -353,7 +353,7 @@ CONSERVATIVE_BY_QUERY = "query (conservative: worst-case design effect)"
 def conservative_forgetting(entry: Mapping[str, Any], query_ids: list[list[str]]) -> dict[str, Any] | None:
     """An older forgetting row (``seen``, ``earlier``, ``splits``: n, accuracy and a Wilson interval by
     example, no outcome per example) with every interval by query, given the samples' query ids per split
-    (rebuilt from the seed: :func:`~ragsieve.studies.evolve.forgetting_samples`): whole queries cannot be
+    (rebuilt from the seed: :func:`~studies.evolve.forgetting_samples`): whole queries cannot be
     resampled, so each interval is Wilson at the worst-case effective n
     (:func:`ragsieve.eval.stats.conservative_query_interval`). None when the ids do not fit the row's sizes.
 

@@ -1,5 +1,10 @@
 """``ragsieve run experiments/rerank_distill.yaml``: one forward instead of two (issue 40).
 
+The yaml runs three studies over one held-out evaluation: this one (the students), the teacher itself on faster
+forwards and longer windows (:mod:`studies.rerank_distill_backends`, before the students when
+``teacher_backends`` is set) and how far one calibration goes (:mod:`studies.rerank_distill_calibration`); what
+they share is in :mod:`studies.rerank_distill_common`.
+
 The shipped ``embedded:base`` scores ``logit + 0.25 · 20 · cosine``: a cross-encoder *and* MiniLM.
 This study distils that mixed score (the teacher) into single cross-encoders (the students) and
 ships a student only when it keeps the teacher's quality. Phases, each resumable after a kill
@@ -31,12 +36,14 @@ With ``records`` (a committed folder, :mod:`ragsieve.data.score_records`), the d
 on another machine: mined rows as ids (text joined back from the data), the teacher's logits and the teacher's
 and cosine's held-out scores by (query id, passage id), each folder tied to its teacher or recipe by ``meta.json``.
 
-:func:`heldout_calibration` is the ECE report on its own (any ranker, e.g. the current default).
+:func:`~studies.rerank_distill_calibration.heldout_calibration` is the ECE report on its own (any ranker, e.g. the
+current default).
 
 Example::
 
     ragsieve run experiments/rerank_distill.yaml
 """
+
 
 from __future__ import annotations
 
@@ -57,118 +64,13 @@ from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.rerank.base import BaseRanker
 from ragsieve.rerank.training.distill import DistillConfig
+from studies.rerank_distill_backends import (BEST_CHUNK, choose_backends, teacher_variants, variant_key,
+                                             variant_tables, window_key)
+from studies.rerank_distill_calibration import calibration_limits, heldout_calibration, limits_tables
+from studies.rerank_distill_common import (CROSS_ALONE, Remembered, cell_diff, cell_interval, cell_mean, shortfall,
+                                           teacher_identity, teacher_scores_identity)
 
 log = logging.getLogger(__name__)
-
-
-def heldout_calibration(ranker: BaseRanker, datasets: Sequence[str] = SOURCES, max_queries: int | None = None,
-                        n_bins: int = 10, n_boot: int = 1000, seed: int = 0, data_dir=None) -> dict:
-    """ECE of the [0, 1] scores the API returns (:meth:`BaseRanker.unit_scores`) on the held-out gold sets.
-
-    Every candidate of every held-out query is one (probability, relevant?) pair; the 95 % interval
-    resamples whole queries. Returns ``{dataset: {"queries", "pairs", "relevant", "ece": {"mean",
-    "low", "high"}}}`` plus ``"all"`` (every set pooled).
-
-    Example::
-
-        heldout_calibration(load_reranker("embedded:base"), ["fever"], max_queries=20)["fever"]["ece"]
-    """
-    from ragsieve.benchmarks.forgetting import heldout_queries
-    from ragsieve.eval.calibration import expected_calibration_error
-    from ragsieve.eval.stats import bootstrap_metric
-
-    def ece(y, p):
-        return expected_calibration_error(y, p, n_bins=n_bins)
-
-    out: dict = {}
-    pooled: dict[str, list] = {"y": [], "p": [], "g": []}
-    for name in datasets:
-        ys, ps, groups = [], [], []
-        for q in heldout_queries(name, data_dir, seed, max_queries):
-            if not q.candidates:
-                continue
-            ps += list(ranker.unit_scores(ranker.score(q.query, list(q.candidates))))
-            ys += [int(p.id in q.relevant) for p in q.candidates]
-            groups += [f"{name}/{q.query_id}"] * len(q.candidates)
-        est, lo, hi = bootstrap_metric(ece, np.array(ys), np.array(ps), groups=np.array(groups), n_boot=n_boot,
-                                       seed=seed)
-        out[name] = {"queries": len(set(groups)), "pairs": len(ys), "relevant": int(sum(ys)),
-                     "ece": {"mean": est, "low": lo, "high": hi}}
-        pooled["y"] += ys
-        pooled["p"] += ps
-        pooled["g"] += groups
-        log.info("ECE %s: %.3f [%.3f, %.3f] over %d pairs", name, est, lo, hi, len(ys))
-    if pooled["y"]:
-        est, lo, hi = bootstrap_metric(ece, np.array(pooled["y"]), np.array(pooled["p"]),
-                                       groups=np.array(pooled["g"]), n_boot=n_boot, seed=seed)
-        out["all"] = {"queries": len(set(pooled["g"])), "pairs": len(pooled["y"]), "relevant": int(sum(pooled["y"])),
-                      "ece": {"mean": est, "low": lo, "high": hi}}
-    return out
-
-
-def calibration_transfer(sets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], shipped, n_bins: int = 10,
-                         refit_queries: int = 40, draws: int = 20, seed: int = 0) -> dict:
-    """How far one calibration can go: per held-out set, ECE of ``shipped`` (a
-    :class:`~ragsieve.rerank.calibration.Calibration`), of the one Platt map fitted to the held-out sets
-    themselves for the smallest worst-set ECE (a grid over slope and bias: no single map of this score does
-    better on all sets at once), of one isotonic map fitted to them (sets weighed equally), of a Platt map fitted
-    on the other sets (an unseen corpus), and of a Platt map
-    refitted on ``refit_queries`` queries of the set itself, scored on its other queries (median and 2.5-97.5 %
-    range over ``draws`` random splits): what a user's own labels buy.
-
-    ``sets`` maps a set's name to (raw scores, 0/1 labels, query ids), one entry per candidate.
-
-    Example::
-
-        calibration_transfer({"a": (np.array([2., -1.]), np.array([1, 0]), np.array(["q", "q"]))}, cal, draws=2)
-    """
-    from scipy.special import expit
-    from sklearn.isotonic import IsotonicRegression
-
-    from ragsieve.eval.calibration import expected_calibration_error as ece
-    from ragsieve.rerank.calibration import Calibration
-
-    out: dict = {"shipped": {n: ece(y, shipped.proba(x), n_bins) for n, (x, y, _) in sets.items()}}
-    best: tuple[float, float, float] = (np.inf, 1.0, 0.0)
-    for slope in np.linspace(0.1, 1.5, 57):  # z = slope * score + bias, the shipped map's family
-        for bias in np.linspace(-6.0, 1.0, 71):
-            worst = max(ece(y, expit(slope * x + bias), n_bins) for x, y, _ in sets.values())
-            best = min(best, (worst, slope, bias))
-    out["one_platt_oracle"] = {"slope": best[1], "bias": best[2], "by_set": {
-        n: ece(y, expit(best[1] * x + best[2]), n_bins) for n, (x, y, _) in sets.items()}}
-    xs, ys = np.concatenate([x for x, _, _ in sets.values()]), np.concatenate([y for _, y, _ in sets.values()])
-    weights = np.concatenate([np.full(len(y), 1.0 / len(y)) for _, y, _ in sets.values()])
-    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(xs, ys, sample_weight=weights)
-    out["one_isotonic_oracle"] = {n: ece(y, iso.predict(x), n_bins) for n, (x, y, _) in sets.items()}
-    out["leave_one_set_out"] = {}  # a Platt map fitted on the other sets (pairs repeated so sets weigh alike)
-    for n, (x, y, _) in sets.items():
-        others = [(xo, yo) for m, (xo, yo, _) in sets.items() if m != n]
-        if others:
-            reps = [max(1, round(max(len(yo) for _, yo in others) / len(yo))) for _, yo in others]
-            cal = Calibration.fit(np.concatenate([np.tile(xo, r) for (xo, _), r in zip(others, reps)]),
-                                  np.concatenate([np.tile(yo, r) for (_, yo), r in zip(others, reps)]))
-            out["leave_one_set_out"][n] = ece(y, cal.proba(x), n_bins)
-    rng = np.random.default_rng(seed)
-    # refit: plain Platt (1 / 0 targets), and as `ragsieve rerank calibrate` fits (Platt's targets), on the same splits
-    out["refit_on_own_queries"], out["refit_on_own_queries_platt_targets"] = {}, {}
-    for n, (x, y, groups) in sets.items():
-        queries = np.unique(groups)
-        k = min(refit_queries, len(queries) // 2)
-        values: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(draws):
-            fit = np.isin(groups, rng.choice(queries, size=k, replace=False))
-            try:
-                for targets in (False, True):
-                    cal = Calibration.fit(x[fit], y[fit], platt_targets=targets)
-                    values[targets].append(ece(y[~fit], cal.proba(x[~fit]), n_bins))
-            except RagsieveError:  # a draw with one class only
-                continue
-        for targets, key in ((False, "refit_on_own_queries"), (True, "refit_on_own_queries_platt_targets")):
-            v = values[targets]
-            out[key][n] = {"fit_queries": int(k), "draws": len(v), **(
-                {"median": float(np.median(v)), "low": float(np.percentile(v, 2.5)),
-                 "high": float(np.percentile(v, 97.5))} if v else {})}
-    return out
 
 
 class StudentConfig(StrictConfig):
@@ -287,9 +189,6 @@ class RerankDistillConfig(StrictConfig):
         return students
 
 
-CROSS_ALONE = "teacher-cross-encoder"  # the teacher without its cosine term (a reference row, never shipped)
-
-
 def _dev_candidates(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[list, list[dict]]:
     """The mined dev questions of each dataset with a held-out set, as ranking queries with the candidate
     lists the held-out evaluation uses (never trained on, never held out), and the dev rows left over (the
@@ -323,7 +222,7 @@ def calibration_pairs(cfg: RerankDistillConfig, dev: Sequence[dict]) -> tuple[li
     held out) with the candidate lists the held-out evaluation uses; other rows (the HotpotQA 1,517 pool)
     keep their mined groups.
     """
-    from ragsieve.studies.rerank_base import dev_pairs
+    from studies.rerank_base import dev_pairs
 
     if cfg.calibration == "dev-groups":
         return dev_pairs(dev)
@@ -347,36 +246,9 @@ def dev_lists(cfg: RerankDistillConfig, dev: Sequence[dict]) -> list[dict] | Non
              "documents": [p.full_text for p in q.candidates]} for q in queries]
 
 
-class _Remembered(BaseRanker):
-    """A ranker whose scores are remembered per (query, passages): nDCG and ECE read one pass.
-
-    With ``records`` (a :class:`~ragsieve.data.score_records.PairScores`) and ``query_ids`` (query text →
-    id), scores are also read from and added to the records by (query id, passage id).
-    """
-
-    def __init__(self, inner, name: str, records=None, query_ids: dict[str, str] | None = None) -> None:
-        self.inner, self.name = inner, name
-        self.score_is_probability = inner.score_is_probability
-        self.calibration = getattr(inner, "calibration", None)
-        self.memo: dict = {}
-        self.records, self.query_ids = records, query_ids or {}
-
-    def score(self, query, passages):
-        key = (query, tuple(p.full_text for p in passages))
-        if key not in self.memo:
-            qid = self.query_ids.get(query) if self.records is not None else None
-            got = self.records.lookup(qid, [p.id for p in passages]) if qid is not None else None
-            if got is None:
-                got = np.asarray(self.inner.score(query, passages), dtype=float)
-                if qid is not None:
-                    self.records.add((qid, p.id, s) for p, s in zip(passages, got))
-            self.memo[key] = np.asarray(got, dtype=float)
-        return self.memo[key]
-
-
 class _WithoutCosine(BaseRanker):
     """The teacher's cross-encoder alone: its mixed score minus its cosine term (``weight · scale · cosine``),
-    both read from :class:`_Remembered` rankers, so with records it costs no model forward."""
+    both read from :class:`Remembered` rankers, so with records it costs no model forward."""
 
     score_is_probability = False
 
@@ -386,55 +258,6 @@ class _WithoutCosine(BaseRanker):
     def score(self, query, passages):
         mixed, cosine = self.mixed.score(query, passages), self.cosine.score(query, passages)
         return np.asarray(mixed, dtype=float) - self.factor * np.asarray(cosine, dtype=float)
-
-
-BEST_CHUNK = "teacher@best-chunk"
-
-
-def window_key(window: int) -> str:
-    """The evaluation row of the teacher (its shipped backends) with a ``window``-token cross-encoder."""
-    return f"teacher@window{window}"
-
-
-def variant_key(backends: str) -> str:
-    """The evaluation row of the teacher on ``"<cross-encoder backend>+<cosine backend>"``."""
-    return f"teacher@{backends}"
-
-
-def backend_verdict(by_dataset: dict[str, dict], backends: str, tolerance: float) -> dict:
-    """Whether the teacher on ``backends`` keeps its own quality: shown within ``tolerance`` on every set (the
-    paired interval's low end clears ``-tolerance``: "met"), and not measurably below cosine (:func:`shortfall`).
-    Stricter than a student's point-estimate rule: a backend swap promises the same scores, so it must show it."""
-    from ragsieve.eval.stats import MET, target_verdict
-
-    key = variant_key(backends)
-    per_set = {name: target_verdict(rows[key]["vs_teacher"]["diff"], rows[key]["vs_teacher"]["low"],
-                                    rows[key]["vs_teacher"]["high"], -tolerance) for name, rows in by_dataset.items()}
-    unshown = []
-    for name, verdict in per_set.items():
-        d = by_dataset[name][key]["vs_teacher"]
-        if verdict != MET:
-            unshown.append(f"{name} {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
-    why = "; ".join(filter(None, [f"not shown within {tolerance} of the teacher on {', '.join(unshown)}" if unshown
-                                  else "", shortfall(by_dataset, key, float("inf"))]))  # inf: the cosine check only
-    return {"ship": not why, "why": why or "within target", "per_set": per_set}
-
-
-def shortfall(by_dataset: dict[str, dict], key: str, tolerance: float) -> str:
-    """Why ranker ``key`` misses a student's targets ("" if it meets them): more than ``tolerance`` nDCG@10
-    below the teacher on a set (point estimate), or measurably below MiniLM cosine (interval under 0)."""
-    from ragsieve.eval.stats import target_verdict
-
-    short, below = [], []
-    for name, rows in by_dataset.items():
-        d = rows[key]["vs_teacher"]
-        if target_verdict(d["diff"], d["low"], d["high"], -tolerance) == "missed":
-            short.append(f"{name} {d['diff']:+.3f}")
-        c = rows[key]["vs_cosine"]
-        if c["high"] < 0:
-            below.append(f"{name} {c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]")
-    return "; ".join(filter(None, [f"more than {tolerance} below the teacher on {', '.join(short)}" if short else "",
-                                   f"measurably below cosine on {', '.join(below)}" if below else ""]))
 
 
 def student_verdict(by_dataset: dict[str, dict], student: StudentConfig) -> dict:
@@ -453,16 +276,7 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
                    limits: dict | None = None) -> str:
     """Markdown: per student, each held-out set's nDCG@10 (teacher, cosine, student fp32 / int8), the paired
     differences and ECE, from the evaluation rows (:meth:`RerankDistillStudy.evaluate`); the teacher's
-    calibration limits (:func:`calibration_transfer`) when given."""
-    def mean(d: dict | None) -> str:
-        return "–" if d is None else f"{d['mean']:.3f}"
-
-    def interval(d: dict | None) -> str:
-        return "–" if d is None else f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"
-
-    def diff(d: dict | None) -> str:
-        return "–" if d is None else f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
-
+    calibration limits (:func:`~studies.rerank_distill_calibration.calibration_transfer`) when given."""
     lines = ["# rerank_distill: held-out tables", "",
              "Written by `ragsieve run experiments/rerank_distill.yaml` (or `--report-only`) from the cached "
              "evaluation. nDCG@10 reranking BM25's top-20; n = queries; every interval and paired difference "
@@ -475,55 +289,13 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
         for name, rows in by_dataset.items():
             if CROSS_ALONE in rows:
                 x = rows[CROSS_ALONE]
-                lines.append(" | ".join([f"| {name}", str(x["n"]), mean(rows["teacher"]["nDCG@10"]),
-                                         mean(rows["cosine"]["nDCG@10"]), mean(x["nDCG@10"]), diff(x["vs_teacher"]),
-                                         diff(x["vs_cosine"])]) + " |")
+                lines.append(" | ".join([f"| {name}", str(x["n"]), cell_mean(rows["teacher"]["nDCG@10"]),
+                                         cell_mean(rows["cosine"]["nDCG@10"]), cell_mean(x["nDCG@10"]),
+                                         cell_diff(x["vs_teacher"]), cell_diff(x["vs_cosine"])]) + " |")
         lines.append("")
-    variants = [k for k in dict.fromkeys(k for rows in by_dataset.values() for k in rows) if k.startswith("teacher@")]
-    if variants:
-        lines += ["## The teacher itself on faster forwards (`teacher_backends`) and longer windows", "",
-                  "`teacher@<cross-encoder backend>+<cosine backend>`: the same weights and mix; \"torch\" is fp32 "
-                  "(the cross-encoder's fp32 logit read from the records), \"torch-bf16\" fp32 under bf16 autocast, "
-                  "\"onnx-int8\" the int8 per-channel ONNX forward, \"openvino-bf16\" the fp32 ONNX export on "
-                  "OpenVINO with bf16 products. `teacher@window<N>`: the shipped backends with the cross-encoder "
-                  "reading N tokens per pair instead of the card's max_length (`teacher_windows`). "
-                  "`teacher@best-chunk`: the shipped backends at the card's window, a longer candidate scored by "
-                  "its best window-sized chunk, as `serve` scores documents.", "",
-                  "| set | n | variant | teacher | variant nDCG@10 | − teacher [95 %] | − cosine [95 %] | ECE |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for key in variants:
-            for name, rows in by_dataset.items():
-                if key in rows:
-                    x = rows[key]
-                    lines.append(" | ".join([f"| {name}", str(x["n"]), f"`{key[len('teacher@'):]}`",
-                                             mean(rows["teacher"]["nDCG@10"]), mean(x["nDCG@10"]),
-                                             diff(x["vs_teacher"]), diff(x["vs_cosine"]),
-                                             interval(x.get("ece"))]) + " |")
-        lines.append("")
+    lines += variant_tables(by_dataset)
     if limits:
-        platt, refit = limits["one_platt_oracle"], limits["refit_on_own_queries"]
-        lines += ["## How far one calibration goes (the teacher's score, ECE per held-out set)", "",
-                  "Shipped: the card's calibration (fitted on dev). One Platt / one isotonic map: fitted to these "
-                  "held-out sets themselves (an oracle; Platt for the smallest worst-set ECE, slope "
-                  f"{platt['slope']:.3f}, bias {platt['bias']:.2f}; isotonic with the sets weighed equally). Refit: a "
-                  "Platt map fitted on the set's own queries, scored on its others (median [2.5-97.5 %] over random "
-                  "splits). Fitted on the other sets: a Platt map fitted on the other five, as on an unseen corpus.",
-                  "",
-                  "| set | shipped | one Platt map (oracle) | one isotonic map (oracle) | fitted on the other sets "
-                  "| refit on own queries | refit as `ragsieve rerank calibrate` (Platt's targets) |",
-                  "|---|---|---|---|---|---|---|"]
-
-        def own(r: dict | None) -> str:
-            return f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] ({r['fit_queries']} queries)" \
-                if r and "median" in r else "–"
-
-        for name, shipped in limits["shipped"].items():
-            lodo = limits.get("leave_one_set_out", {}).get(name)
-            targets = limits.get("refit_on_own_queries_platt_targets", {}).get(name)
-            lines.append(f"| {name} | {shipped:.3f} | {platt['by_set'][name]:.3f} | "
-                         f"{limits['one_isotonic_oracle'][name]:.3f} | {'–' if lodo is None else f'{lodo:.3f}'} "
-                         f"| {own(refit[name])} | {own(targets)} |")
-        lines.append("")
+        lines += limits_tables(limits)
     for student in students:
         key, int8 = student.key, f"{student.key}-onnx-int8"
         v = verdicts[key]
@@ -537,24 +309,12 @@ def distill_tables(by_dataset: dict[str, dict], students: Sequence[StudentConfig
         for name, rows in by_dataset.items():
             t, c, f, q = (rows.get(r) for r in ("teacher", "cosine", key, int8))
             lines.append(" | ".join([
-                f"| {name}", str(f["n"]), mean(t["nDCG@10"]), mean(c["nDCG@10"]), mean(f["nDCG@10"]),
-                mean(q and q["nDCG@10"]), diff(f["vs_teacher"]), diff(q and q["vs_teacher"]),
-                diff(f["vs_cosine"]), diff(q and q["vs_cosine"]), interval(t.get("ece")), interval(f.get("ece")),
-                interval(q and q.get("ece"))]) + " |")
+                f"| {name}", str(f["n"]), cell_mean(t["nDCG@10"]), cell_mean(c["nDCG@10"]), cell_mean(f["nDCG@10"]),
+                cell_mean(q and q["nDCG@10"]), cell_diff(f["vs_teacher"]), cell_diff(q and q["vs_teacher"]),
+                cell_diff(f["vs_cosine"]), cell_diff(q and q["vs_cosine"]), cell_interval(t.get("ece")),
+                cell_interval(f.get("ece")), cell_interval(q and q.get("ece"))]) + " |")
         lines.append("")
     return "\n".join(lines)
-
-
-def teacher_identity(teacher: Path) -> dict:
-    """What makes the teacher's logits what they are: its weights' sha256 and its truncation length."""
-    from ragsieve.artifacts import file_sha256
-    from ragsieve.rerank.shipped import read_card
-
-    weights = sorted(teacher.glob("*.safetensors")) or sorted(teacher.glob("pytorch_model*.bin"))
-    if not weights:
-        raise RagsieveError(f"{teacher}: no weights file (*.safetensors or pytorch_model*.bin)")
-    return {"weights_sha256": {w.name: file_sha256(w) for w in weights},
-            "max_length": int(read_card(teacher).get("max_length", 256))}
 
 
 def _mining_identity(cfg: RerankDistillConfig) -> dict:
@@ -578,9 +338,10 @@ class RerankDistillStudy:
         train, dev = self.teacher_rows(cfg, mined, teacher, work, console)
         result: dict = {"mined_rows": counts, "teacher": str(teacher), "students": {},
                         "evaluation": {"by_dataset": {}, "verdicts": {}}}
-        if cfg.teacher_backends:
-            result["teacher_backends"] = self.choose_backends(cfg, teacher, dev, work, console)
-        result["calibration_limits"] = self.calibration_limits(cfg, teacher, console)
+        if cfg.teacher_backends:  # the teacher's own rows first: a chosen backend pair may feed teacher_lists
+            by_dataset = self.evaluate(cfg, teacher, {}, dev, work, console)["by_dataset"]
+            result["teacher_backends"] = choose_backends(cfg, teacher, by_dataset, console)
+        result["calibration_limits"] = calibration_limits(cfg, teacher, console)
         if result["calibration_limits"] is not None:  # TABLES.md reads it from here (--report-only too)
             with atomic_file(work / "eval" / "calibration_limits.json") as tmp:
                 tmp.write_text(json.dumps(result["calibration_limits"], indent=1))
@@ -736,7 +497,7 @@ class RerankDistillStudy:
         from ragsieve.rerank.shipped import load_shipped_reranker
 
         cross_backend, cosine_backend = (backends or "torch+torch").split("+")
-        identity = {**self.teacher_scores_identity(cfg, teacher), "lists": "train questions' candidate lists",
+        identity = {**teacher_scores_identity(cfg.encoder, teacher), "lists": "train questions' candidate lists",
                     "backends": f"{cross_backend}+{cosine_backend}"}
         folder = Path(cfg.records) / "teacher-lists" if cfg.records else work / "teacher-lists"
         sources, ranker, rows = held_out_sources(), None, []
@@ -792,16 +553,18 @@ class RerankDistillStudy:
         (out / "train_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}\n")
         return final
 
+
     @staticmethod
     def references(cfg: RerankDistillConfig, teacher: Path, queries, dataset: str = "") -> dict[str, BaseRanker]:
         """Teacher (its shipped mix and calibration), MiniLM cosine over ``queries``' candidates and, for a
-        mixed teacher, its cross-encoder alone (``teacher-cross-encoder``: the mix minus the cosine term). With
+        mixed teacher, its cross-encoder alone (``teacher-cross-encoder``: the mix minus the cosine term) and its
+        variants (:func:`~studies.rerank_distill_backends.teacher_variants`). With
         ``cfg.records``, their held-out scores (which never change) are read from and added to
         ``<records>/eval-teacher`` and ``<records>/eval-cosine``."""
         from ragsieve.data.score_records import PairScores
         from ragsieve.rerank.mixed import CosineMixRanker
         from ragsieve.rerank.shipped import load_shipped_reranker, read_card
-        from ragsieve.studies.rerank_base import CosineOverCandidates
+        from studies.rerank_base import CosineOverCandidates
 
         card = read_card(teacher)
         cosine = CosineOverCandidates(cfg.encoder, queries)
@@ -814,85 +577,22 @@ class RerankDistillStudy:
         if cfg.records and dataset:
             ids = {q.query: q.query_id for q in queries}
             recorded = {r: (PairScores(Path(cfg.records) / f"eval-{r}", dataset, identity), ids) for r, identity in (
-                ("teacher", RerankDistillStudy.teacher_scores_identity(cfg, teacher)),
+                ("teacher", teacher_scores_identity(cfg.encoder, teacher)),
                 ("cosine", {"encoder": cfg.encoder}))}
-        out = {r: _Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
+        out = {r: Remembered(ranker, r, *(recorded[r] or ())) for r, ranker in (("teacher", mix), ("cosine", cosine))}
         if isinstance(mix, CosineMixRanker) and mix.weight:  # what dropping the second model costs, untrained
             factor = mix.weight * mix.scale
             out[CROSS_ALONE] = _WithoutCosine(out["teacher"], out["cosine"], factor)
-            cosines = {"torch": out["cosine"]}  # one encoding of the candidates per cosine backend
-            for backends in cfg.teacher_backends:
-                cross_backend, cosine_backend = backends.split("+")
-                # the fp32 cross-encoder's logit is the recorded mix minus its cosine term: no forward
-                cross = out[CROSS_ALONE] if cross_backend == "torch" else load_shipped_reranker(
-                    teacher, backend=cross_backend).cross
-                cos = cosines.setdefault(cosine_backend, CosineOverCandidates(cfg.encoder, queries, cosine_backend))
-                key = variant_key(backends)  # remembered: nDCG and ECE read one pass of the forwards
-                variant = CosineMixRanker(cross, mix.weight, mix.scale, cosine=cos)  # the shipped mix, its parts
-                variant.calibration = shipped.calibration
-                out[key] = _Remembered(variant, key)
-            for window in cfg.teacher_windows:
-                shipped_backends = load_shipped_reranker(teacher, max_length=window)
-                cos = cosines.setdefault(shipped_backends.cosine_backend, CosineOverCandidates(
-                    cfg.encoder, queries, shipped_backends.cosine_backend))
-                key = window_key(window)
-                variant = CosineMixRanker(shipped_backends.cross, mix.weight, mix.scale, cosine=cos)
-                variant.calibration = shipped.calibration
-                out[key] = _Remembered(variant, key)
-            if cfg.teacher_best_chunk:
-                from ragsieve.rerank.chunks import BestChunkRanker
-
-                # as loaded, with its own cosine: chunks are new texts, which the candidates' cosines do not cover
-                out[BEST_CHUNK] = _Remembered(BestChunkRanker(load_shipped_reranker(teacher)), BEST_CHUNK)
+            out.update(teacher_variants(cfg, teacher, queries, mix, shipped.calibration, out))
         return out
 
     @staticmethod
-    def teacher_scores_identity(cfg: RerankDistillConfig, teacher: Path) -> dict:
-        """What the teacher's recorded held-out scores (``<records>/eval-teacher``) are tied to."""
-        from ragsieve.rerank.shipped import read_card
-
-        card = read_card(teacher)
-        return {**teacher_identity(teacher), "encoder": cfg.encoder, "score": "mixed",
-                "cosine_weight": float(card.get("cosine_weight", 0.0)),
-                "cosine_scale": float(card.get("cosine_scale", 20.0))}
-
-    def calibration_limits(self, cfg: RerankDistillConfig, teacher: Path, console: Console) -> dict | None:
-        """:func:`calibration_transfer` of the teacher's recorded held-out scores (None when a set's scores are
-        not all recorded yet: it scores nothing itself)."""
-        from ragsieve.benchmarks.forgetting import heldout_queries
-        from ragsieve.data.score_records import PairScores
-        from ragsieve.rerank.calibration import Calibration
-        from ragsieve.rerank.shipped import read_card
-
-        card = read_card(teacher)
-        if not cfg.records or "calibration" not in card:
-            return None
-        identity = self.teacher_scores_identity(cfg, teacher)  # hashes the weights: once, not per set
-        sets = {}
-        for name in cfg.datasets:
-            recorded = PairScores(Path(cfg.records) / "eval-teacher", name, identity)
-            x, y, groups = [], [], []
-            queries = heldout_queries(name, cfg.data_dir, cfg.seed, cfg.eval_queries)
-            recorded_as = {q.query: q.query_id for q in queries}  # as references() records them: by query text
-            for q in queries:
-                scores = recorded.lookup(recorded_as[q.query], [p.id for p in q.candidates])
-                if scores is None:
-                    console.print(f"calibration limits: {name}'s held-out scores are not all recorded; skipped")
-                    return None
-                x += scores
-                y += [int(p.id in q.relevant) for p in q.candidates]
-                groups += [q.query_id] * len(q.candidates)
-            sets[name] = (np.array(x), np.array(y), np.array(groups))
-        shipped = Calibration(**{k: v for k, v in card["calibration"].items() if k in ("temperature", "bias")})
-        return calibration_transfer(sets, shipped, cfg.ece_bins, seed=cfg.seed)
-
-    @staticmethod
-    def students(cfg: RerankDistillConfig, finals: dict[str, Path], dev: list[dict]) -> dict[str, _Remembered]:
+    def students(cfg: RerankDistillConfig, finals: dict[str, Path], dev: list[dict]) -> dict[str, Remembered]:
         """Each student on fp32 and on int8 ONNX, calibrated on :func:`calibration_pairs` (≈ 4k dev pairs)."""
         from ragsieve.models.onnx import ONNX_BATCH
         from ragsieve.rerank.neural import CrossEncoderRanker
 
-        out: dict[str, _Remembered] = {}
+        out: dict[str, Remembered] = {}
         qs, ps, ys = calibration_pairs(cfg, dev)
         for name, final in finals.items():
             student = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length)
@@ -900,12 +600,12 @@ class RerankDistillStudy:
                 student.calibrate(qs, ps, ys)
             except RagsieveError as exc:  # an untrained (smoke-test) student: ECE of its sigmoid instead
                 log.warning("%s: no calibration (%s)", name, exc)
-            out[name] = _Remembered(student, name)
+            out[name] = Remembered(student, name)
             # the same weights on the int8 per-channel ONNX forward, with the fp32 calibration (same logit scale)
             int8 = CrossEncoderRanker(str(final), max_length=cfg.distill.max_length, backend="onnx-int8",
                                       batch_size=ONNX_BATCH)  # batched as the shipped ONNX ranker batches
             int8.calibration = student.calibration
-            out[f"{name}-onnx-int8"] = _Remembered(int8, f"{name}-onnx-int8")
+            out[f"{name}-onnx-int8"] = Remembered(int8, f"{name}-onnx-int8")
         return out
 
     def evaluate(self, cfg: RerankDistillConfig, teacher: Path, finals: dict[str, Path], dev: list[dict],
@@ -921,7 +621,7 @@ class RerankDistillStudy:
         from ragsieve.rerank.shipped import read_card
 
         out: dict = {"by_dataset": {}, "verdicts": dict(verdicts or {})}
-        students_by_key: dict[str, _Remembered] | None = None
+        students_by_key: dict[str, Remembered] | None = None
         mixed = float(read_card(teacher).get("cosine_weight", 0.0)) > 0  # then references() adds CROSS_ALONE
         wanted = ["teacher", "cosine", *([CROSS_ALONE, *map(variant_key, cfg.teacher_backends),
                                           *map(window_key, cfg.teacher_windows),
@@ -963,59 +663,6 @@ class RerankDistillStudy:
         for student in students:
             out["verdicts"][student.key] = student_verdict(out["by_dataset"], student)
         return out
-
-    def choose_backends(self, cfg: RerankDistillConfig, teacher: Path, dev: list[dict], work: Path,
-                        console: Console) -> dict:
-        """Evaluate the teacher on each of ``cfg.teacher_backends`` and write the fastest that keeps its quality
-        (:func:`backend_verdict`) into the shipped card, if the shipped weights are the teacher's."""
-        from ragsieve.rerank.shipped import embedded_reranker_dir
-
-        evaluation = self.evaluate(cfg, teacher, {}, dev, work, console)
-        verdicts = {b: backend_verdict(evaluation["by_dataset"], b, cfg.backend_tolerance)
-                    for b in cfg.teacher_backends}
-        chosen = next((b for b in cfg.teacher_backends if verdicts[b]["ship"]), None)
-        # what a CPU without bf16 matrix units runs instead (bf16 is emulated, slower than fp32, there)
-        without_bf16 = next((b for b in cfg.teacher_backends if verdicts[b]["ship"] and "bf16" not in b), None)
-        for b, v in verdicts.items():
-            console.print(f"teacher@{b}: {'keeps' if v['ship'] else 'misses'} the teacher's quality ({v['why']})")
-        out = {"verdicts": verdicts, "chosen": chosen, "without_bf16": without_bf16, "written": False}
-        target = Path(cfg.asset_root) / embedded_reranker_dir("base").name if cfg.asset_root \
-            else embedded_reranker_dir("base")
-        if chosen and (target / "model.safetensors").is_file() \
-                and teacher_identity(target) == teacher_identity(teacher):
-            self.write_backends(target, chosen, evaluation["by_dataset"], cfg.backend_tolerance, without_bf16)
-            out["written"] = True
-            console.print(f"{target}: the shipped teacher now runs on {chosen}")
-        return out
-
-    @staticmethod
-    def write_backends(folder: Path, backends: str, by_dataset: dict[str, dict], tolerance: float,
-                       without_bf16: str | None = None) -> None:
-        """Set a mixed reranker card's cross-encoder and cosine backends, with the held-out evidence, and the
-        pair a CPU without bf16 matrix units loads instead (``without_bf16``; the card's fp32 default if None)."""
-        from ragsieve.rerank.shipped import CARD
-
-        cross_backend, cosine_backend = backends.split("+")
-        card = json.loads((folder / CARD).read_text())
-        card.pop("without_bf16", None)
-        if "bf16" in backends:
-            cross, cosine = (without_bf16 or "torch+torch").split("+")
-            card["without_bf16"] = {"default_backend": cross, "cosine_backend": cosine}
-        key = variant_key(backends)
-        card.update({
-            "default_backend": cross_backend, "cosine_backend": cosine_backend,
-            "backend_choice": {
-                "by": "experiments/rerank_distill.yaml (teacher_backends): the fastest shown within "
-                      f"{tolerance} nDCG@10 of fp32 on every held-out set (paired interval by query), not "
-                      "measurably below cosine",
-                "heldout_ndcg10_vs_fp32": {
-                    name: {k: round(rows[key]["vs_teacher"][k], 4) for k in ("diff", "low", "high")}
-                    for name, rows in by_dataset.items()},
-                "n_queries": {name: rows[key]["n"] for name, rows in by_dataset.items()},
-            },
-        })
-        with atomic_file(folder / CARD) as tmp:
-            tmp.write_text(json.dumps(card, indent=2) + "\n")
 
     @staticmethod
     def ship(cfg: RerankDistillConfig, student: StudentConfig, final: Path, teacher: Path, dev: list[dict],

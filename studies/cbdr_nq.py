@@ -29,7 +29,7 @@ from rich.table import Table
 from ragsieve.config import StrictConfig
 from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
-from ragsieve.studies.common import plot_sweep, progress_bar
+from studies.common import plot_sweep, progress_bar
 
 
 class CBDRExperimentConfig(StrictConfig):
@@ -97,7 +97,7 @@ def _held_out_questions(cfg: CBDRExperimentConfig, probe_dir: Path) -> tuple:
     """The dataset and the probe run's ``cfg.split`` questions in it (at most ``n_questions``); refused when
     fewer than ``min_questions`` remain."""
     from ragsieve.data import read_split_file
-    from ragsieve.studies.probe_nq import load_study_dataset
+    from studies.probe_nq import load_study_dataset
 
     split_file = probe_dir / "split.json"
     ids = read_split_file(split_file, (cfg.split,))[cfg.split]
@@ -200,7 +200,7 @@ def _reuse_probe_answers(cfg: CBDRExperimentConfig, probe_dir: Path, probe_confi
                          console: Console) -> int:
     """Copy the probe run's answers to identical prompts, if it answered them the same way."""
     from ragsieve.probe.labels import reuse_generations
-    from ragsieve.studies.probe_nq import answer_settings_differ
+    from studies.probe_nq import answer_settings_differ
 
     # the prompts are built by the probe's own builder, so only the answer length can differ
     made = json.loads((probe_dir / "metrics.json").read_text()).get("config", {}) \

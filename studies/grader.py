@@ -38,7 +38,7 @@ from ragsieve.errors import RagsieveError
 from ragsieve.grade.dataset import GradingDataConfig, GradingPair
 from ragsieve.grade.train import GraderTrainConfig
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
-from ragsieve.studies.common import progress_bar
+from studies.common import progress_bar
 
 METRIC_KEYS = ("accuracy", "precision", "recall", "f1")
 # What the retriever's score is, for the histogram's axis.

@@ -2,7 +2,7 @@
 
 Written next to ``metrics.json`` after every finished cell, so the numbers a README quotes are
 generated, never copied by hand, and a run spanning sessions can be read part-way. Pure
-formatting: every figure is already in ``metrics.json`` (:mod:`ragsieve.studies.evolve_stats`).
+formatting: every figure is already in ``metrics.json`` (:mod:`studies.evolve_stats`).
 
 Example::
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ragsieve.studies.common import markdown_rows
-from ragsieve.studies.evolve_stats import CONSERVATIVE_BY_QUERY
+from ragsieve.eval.tables import markdown_rows
+from studies.evolve_stats import CONSERVATIVE_BY_QUERY
 
 
 def _ci(ci, signed: bool = False) -> str:
