@@ -51,6 +51,7 @@ bench: install
 	$(PY) bench/confidence.py
 	$(PY) bench/rerank.py
 	$(PY) bench/grader.py
+	$(PY) bench/prune.py
 	$(PY) bench/serve.py
 	$(PY) bench/serve.py --ray --seconds 45 --grace 45
 	$(PY) bench/fit.py --out "$$(mktemp -d)/fit"

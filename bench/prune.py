@@ -1,0 +1,106 @@
+"""Sentence pruning cost: zero-shot sentence scoring against the keep head, on the passages a sieve keeps.
+
+Each row prunes the same (NQ question, its gold passage) pairs — what the default sieve keeps, its top 1 —
+as a :class:`~ragsieve.prune.SentencePruner` scores them:
+
+* ``zero-shot``: ``embedded:base`` on every ``(query, title: sentence)`` pair (one pair per sentence, batched per
+  passage), the scorer the default sieve prunes with unless its ``sieve.json`` names a ``pruner``;
+* ``prune-head``: the keep head shipped beside the cross-encoder, one forward of ``(query, title: passage)``
+  through the frozen lower layers and its two-layer branch.
+
+Passages per second and milliseconds per passage, timed over ``--slices`` equal slices after a warm-up, with a
+bootstrap interval over slices; one thread unless ``--threads``. Writes ``bench/results/prune.json``.
+
+    python bench/prune.py [--passages 200] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from ragsieve.machine import machine_info
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROWS = {"zero-shot": "embedded:base", "prune-head": "prune-head"}
+
+
+def pairs(n: int) -> list[tuple[str, object]]:
+    """(question, gold passage) of the first ``n`` NQ-oracle questions with a gold passage of ≥ 2 sentences."""
+    from ragsieve.data import load_dataset
+    from ragsieve.prune import split_sentences
+
+    ds = load_dataset("nq-oracle")
+    pool = {p.id: p for p in ds.passages}
+    out = []
+    for q in ds.questions:
+        gold = [pool[i] for i in q.gold_passage_ids if i in pool]
+        if gold and len(split_sentences(gold[0].text)) >= 2:
+            out.append((q.text, gold[0]))
+        if len(out) == n:
+            break
+    return out
+
+
+def measure(spec: str, work: list[tuple[str, object]], threads: int, slices: int) -> dict:
+    import torch
+
+    from ragsieve.prune import SentencePruner
+    from ragsieve.registry import load_reranker
+
+    torch.set_num_threads(threads)
+    options = {"threads": threads} if spec.startswith("embedded:") else {}
+    pruner = SentencePruner(load_reranker(spec, **options))
+    layouts = [pruner.layout(query, [passage]) for query, passage in work]
+    for layout in layouts[:10]:  # warm-up: first calls compile kernels and fill caches
+        pruner.score(layout)
+    bounds = np.linspace(0, len(layouts), slices + 1).astype(int)
+    seconds = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        start = time.perf_counter()
+        for layout in layouts[a:b]:
+            pruner.score(layout)
+        seconds.append(time.perf_counter() - start)
+    sizes = np.diff(bounds)
+    rates = sizes / np.asarray(seconds)
+    rng = np.random.default_rng(0)
+    boot = [sizes[i].sum() / np.asarray(seconds)[i].sum()
+            for i in (rng.integers(0, slices, slices) for _ in range(2000))]
+    rate = float(sizes.sum() / sum(seconds))
+    return {"spec": spec, "passages_per_s": rate, "passages_per_s_ci95": [float(np.percentile(boot, 2.5)),
+                                                                         float(np.percentile(boot, 97.5))],
+            "ms_per_passage": 1000 / rate, "sentences_per_passage": float(np.mean([len(lay.pairs) for lay in layouts])),
+            "slice_rates": rates.tolist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--slices", type=int, default=10)
+    parser.add_argument("--out", default="bench/results/prune.json")
+    args = parser.parse_args()
+
+    work = pairs(args.passages)
+    rows = {name: measure(spec, work, args.threads, args.slices) for name, spec in ROWS.items()}
+    base = rows["zero-shot"]["passages_per_s"]
+    for row in rows.values():
+        row["speedup_vs_zero_shot"] = row["passages_per_s"] / base
+    result = {"passages": len(work), "threads": args.threads, "dataset": "nq-oracle (question, gold passage)",
+              "rows": rows, "machine": machine_info(), "date": datetime.now(timezone.utc).isoformat()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for name, row in rows.items():
+        lo, hi = row["passages_per_s_ci95"]
+        print(f"{name:>10}: {row['passages_per_s']:.1f} passages/s [{lo:.1f}, {hi:.1f}], "
+              f"{row['ms_per_passage']:.1f} ms each, {row['speedup_vs_zero_shot']:.2f}x zero-shot")
+
+
+if __name__ == "__main__":
+    main()
