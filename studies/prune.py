@@ -46,6 +46,8 @@ class PruneStudyConfig(StrictConfig):
     # passages per prompt: NQ questions are answered from one passage (top-3 halves SmolLM2's accuracy), HotpotQA
     # questions need two
     ks: dict[str, list[int]] = {"nq": [1, 2], "hotpotqa": [1, 2, 3]}
+    # the k of the pruned rows (default: every k); fewer saves answers when only the default's top 1 matters
+    prune_ks: dict[str, list[int]] | None = None
     prune_quantiles: list[float] = [0.75, 0.9]
     prune_max_sentences: list[int] = [1, 2]
     # the refits' splits (bench/fit.py): NQ 241 / 326 / 519, HotpotQA 102 / 111 / 304
@@ -332,8 +334,9 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     dev_default = selection.evaluate([default] + default_pruned, dev)
     chosen = choose(dev_default, "frugal", alpha=config.alpha)
     reranked = [Choice(k, config.reranker) for k in ks]
+    prune_ks = (config.prune_ks or {}).get(dataset, ks)
     pruned = [Choice(k, config.reranker, prune_threshold=t, prune_max=n, prune=name)
-              for k in ks for t, n, name in levels]
+              for k in prune_ks for t, n, name in levels]
     choices = [Choice(0)] + plain + reranked + pruned
     if shipped is not None:
         choices.append(Choice(1, config.reranker, prune_threshold=shipped["prune_threshold"],
