@@ -148,6 +148,11 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepEx
     return out
 
 
+#: per question and level: recall and share of characters kept by zero-shot, by the head at zero-shot's sentence
+#: counts, and by the head within zero-shot's characters
+ROW_KEYS = ("zero_shot", "head", "zero_kept", "head_kept", "head_in_chars", "head_in_chars_kept")
+
+
 def _kept(pruner, layout, scores, counts=None):
     """Each gold passage cut: by ``pruner`` (its threshold / cap), or to exactly ``counts[i]`` best sentences."""
     if counts is None:
@@ -158,6 +163,22 @@ def _kept(pruner, layout, scores, counts=None):
         lo += len(spans)
         keep = np.zeros(len(spans), bool)
         keep[np.argsort(-own, kind="stable")[: counts[i]]] = True
+        cut.append(keep)
+    return cut
+
+
+def _kept_within(layout, scores, budgets) -> list[np.ndarray]:
+    """Each passage cut to the best sentences by ``scores`` whose characters fit ``budgets[i]`` (best first, a
+    sentence that does not fit is skipped): the head at no more characters than zero-shot kept there."""
+    cut, lo = [], 0
+    for i, spans in enumerate(layout.spans):
+        own = scores[lo: lo + len(spans)]
+        lo += len(spans)
+        keep, used = np.zeros(len(spans), bool), 0
+        for j in np.argsort(-own, kind="stable"):
+            size = spans[j][1] - spans[j][0]
+            if used + size <= budgets[i]:
+                keep[j], used = True, used + size
         cut.append(keep)
     return cut
 
@@ -208,21 +229,26 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
             counts = [c.n_kept for c in cut]
             zr, zk = _recall(gold[q.id], layout, [c.keep for c in cut])
             hr, hk = _recall(gold[q.id], layout, _kept(None, layout, hs, counts))
-            row = per_level.setdefault(level["name"], {"zero_shot": [], "head": [], "zero_kept": [], "head_kept": []})
-            row["zero_shot"].append(zr)
-            row["head"].append(hr)
-            row["zero_kept"].append(zk)
-            row["head_kept"].append(hk)
+            budgets = [sum(b - a for (a, b), k in zip(c.spans, c.keep) if k) for c in cut]
+            cr, ck = _recall(gold[q.id], layout, _kept_within(layout, hs, budgets))
+            row = per_level.setdefault(level["name"], {k: [] for k in ROW_KEYS})
+            for key, value in zip(ROW_KEYS, (zr, hr, zk, hk, cr, ck)):
+                row[key].append(value)
     out: dict[str, Any] = {"n_questions": len(asked), "levels": {}}
     for name, row in per_level.items():
-        diff = paired_bootstrap(row["head"], row["zero_shot"], n_boot=config.n_boot, seed=config.seed)
         entry: dict[str, Any] = {}
-        for key in ("zero_shot", "head", "zero_kept", "head_kept"):
+        for key in ROW_KEYS:
             est, lo, hi = bootstrap_metric(np.mean, np.asarray(row[key]), n_boot=config.n_boot, seed=config.seed)
             entry[key] = {"mean": est, "ci95": [lo, hi]}
-        entry["head_minus_zero_shot"] = {"diff": diff.diff, "ci95": [diff.low, diff.high], "p": diff.p_value}
+        for name_, head_key in (("head_minus_zero_shot", "head"), ("head_in_chars_minus_zero_shot", "head_in_chars")):
+            diff = paired_bootstrap(row[head_key], row["zero_shot"], n_boot=config.n_boot, seed=config.seed)
+            entry[name_] = {"diff": diff.diff, "ci95": [diff.low, diff.high], "p": diff.p_value}
         out["levels"][name] = entry
     return out
+
+
+def _mean_ci(entry: dict[str, Any]) -> str:
+    return f"{entry['mean']:.3f} [{entry['ci95'][0]:.3f}, {entry['ci95'][1]:.3f}]"
 
 
 def write_report(out_dir: Path, result: dict[str, Any]) -> None:
@@ -243,18 +269,27 @@ def write_report(out_dir: Path, result: dict[str, Any]) -> None:
              "",
              "Held-out: the prune study's test questions (none trained the head or `embedded:base`). Gold-sentence "
              "recall inside the gold passages at **equal compression**: at each level the head keeps, in each "
-             "passage, exactly as many sentences as zero-shot scoring kept there. Intervals: bootstrap over "
-             "questions; head − zero-shot: paired bootstrap over questions.", ""]
+             "passage, exactly as many sentences as zero-shot scoring kept there; and, stricter, **at no more "
+             "characters**: the head's best sentences that fit in the characters zero-shot kept in that passage. "
+             "Intervals: bootstrap over questions; head − zero-shot: paired bootstrap over questions.", ""]
     for dataset, res in result["eval"].items():
         lines += [f"## {dataset}: n = {res['n_questions']} test questions", "",
-                  "| level | zero-shot recall | head recall | head − zero-shot [95 % CI] | p | share kept (zero-shot / head) |",
-                  "|---|---|---|---|---|---|"]
+                  "| level | zero-shot recall | head recall (equal sentences) | head − zero-shot [95 % CI] | p | "
+                  "head recall (≤ characters) | head − zero-shot [95 % CI] | p | share kept (zero-shot / head / "
+                  "head ≤ characters) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, e in res["levels"].items():
-            d = e["head_minus_zero_shot"]
-            lines.append(f"| {name} | {e['zero_shot']['mean']:.3f} [{e['zero_shot']['ci95'][0]:.3f}, "
-                         f"{e['zero_shot']['ci95'][1]:.3f}] | {e['head']['mean']:.3f} [{e['head']['ci95'][0]:.3f}, "
-                         f"{e['head']['ci95'][1]:.3f}] | {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
-                         f"| {d['p']:.3g} | {e['zero_kept']['mean']:.3f} / {e['head_kept']['mean']:.3f} |")
+            cells = [name, _mean_ci(e["zero_shot"])]
+            for head_key, diff_key in (("head", "head_minus_zero_shot"), ("head_in_chars", "head_in_chars_minus_zero_shot")):
+                if head_key not in e:  # a result written before the characters comparison existed
+                    cells += ["", "", ""]
+                    continue
+                d = e[diff_key]
+                cells += [_mean_ci(e[head_key]), f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]",
+                          f"{d['p']:.3g}"]
+            kept = [e[k]["mean"] for k in ("zero_kept", "head_kept", "head_in_chars_kept") if k in e]
+            cells.append(" / ".join(f"{k:.3f}" for k in kept))
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(f"Shipped: {result['shipped']}.")
     (out_dir / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
