@@ -36,7 +36,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Sequence
 
 import numpy as np
 
@@ -299,10 +299,19 @@ class SieveStages:
         try:
             call = next(flow)
             while True:
-                scores = np.asarray(self.score_call(call), dtype=float)
-                if scores.shape != (len(call.passages),):
-                    raise RagsieveError(f"{call.step}: {scores.shape} scores for {len(call.passages)} passages")
-                call = flow.send(scores)
+                call = flow.send(_checked(call, self.score_call(call)))
+        except StopIteration as done:
+            return done.value
+
+    async def apply_async(self, query: str, passages: Sequence[Passage | str],
+                          score_call: Callable[[ModelCall], Awaitable[Sequence[float]]]) -> FilterResult:
+        """:meth:`apply` with every model call answered by ``score_call`` (awaited): how a server answers them
+        batched with other requests' pairs, through the same sieve."""
+        flow = self.plan(query, passages)
+        try:
+            call = next(flow)
+            while True:
+                call = flow.send(_checked(call, await score_call(call)))
         except StopIteration as done:
             return done.value
 
@@ -317,3 +326,11 @@ class SieveStages:
     def apply(self, query: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank → cut to top_k → grade → keep → prune."""
         return self.run(self.plan(query, passages))
+
+
+def _checked(call: ModelCall, scores: Sequence[float]) -> np.ndarray:
+    """One finite-or-not float per passage of ``call``; a scorer answering another count is a bug, said in a line."""
+    scores = np.asarray(scores, dtype=float)
+    if scores.shape != (len(call.passages),):
+        raise RagsieveError(f"{call.step}: {scores.shape} scores for {len(call.passages)} passages")
+    return scores

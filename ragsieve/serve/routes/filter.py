@@ -57,18 +57,12 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
         threshold = body.threshold if body.raw_scores else grader.raw_threshold(body.threshold)
         shown = body.threshold  # as the client sent it, not a round trip through the inverse
     meta = Meta(request_id=request_id(request))
-    # the request's top_n, threshold and pruning override the sieve's; the sieve itself is SieveStages.plan, its
+    # the request's top_n, threshold and pruning override the sieve's; the sieve itself is SieveStages', its
     # model calls answered by the server's chunked, batched ones
     stages = SieveStages.from_config(state.config, served.ranker, served.grader)
     stages = stages.override(top_k=body.top_n, threshold=threshold)
     stages = replace(stages, pruner=_request_pruner(body, served, stages))
-    flow = stages.plan(query, docs)
-    try:
-        call = next(flow)
-        while True:
-            call = flow.send(await _scores(call, state, served, stages, docs, meta))
-    except StopIteration as done:
-        result = done.value
+    result = await stages.apply_async(query, docs, lambda call: _scores(call, state, served, stages, docs, meta))
     pruned = {r.index: p for (r, _), p in zip(result.kept_results, result.pruned)}
     kept = result.kept_results
     rank_raw = np.array([r.score for r, _ in kept], dtype=float)
