@@ -110,8 +110,9 @@ class SentenceKeepHead(BaseRanker):
         for lo in range(0, len(passages), self.batch_size):
             batch = list(passages[lo: lo + self.batch_size])
             texts = [p.full_text for p in batch]
-            enc = self.tokenizer(queries[lo: lo + len(batch)], texts, truncation="only_second", max_length=self.max_length,
-                                 padding=True, return_offsets_mapping=True, return_tensors="pt")
+            enc = self.tokenizer(queries[lo: lo + len(batch)], texts, truncation="only_second",
+                                 max_length=self.max_length, padding=True, return_offsets_mapping=True,
+                                 return_tensors="pt")
             offsets = enc.pop("offset_mapping").numpy()
             with torch.inference_mode():
                 states = self.encoder(**enc).last_hidden_state

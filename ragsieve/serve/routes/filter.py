@@ -91,8 +91,7 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
         raw_scores=body.raw_scores,
         results=results,
         dropped=len(docs) - len(results),
-        prune_threshold=None if result.prune_threshold is None or not np.isfinite(result.prune_threshold) else float(
-            result.prune_threshold if body.raw_scores else served.ranker.unit_scores([result.prune_threshold])[0]),
+        prune_threshold=_shown_prune_threshold(result.prune_threshold, body.raw_scores, stages),
         meta=meta,
     )
 
@@ -122,8 +121,17 @@ def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStag
             raise ServeError(400, "prune: no pruning configured (serve a sieve that prunes, or send prune as a "
                              "number in [0, 1])")
         return stages.pruner
-    threshold = float(body.prune) if body.raw_scores else served.ranker.raw_threshold(body.prune)
-    return (stages.pruner or SentencePruner(served.ranker)).at(threshold)
+    pruner = stages.pruner or SentencePruner(served.ranker)
+    # a [0, 1] threshold is on the sentence scorer's scale (a keep head's is its own, not the reranker's)
+    threshold = float(body.prune) if body.raw_scores else pruner.scorer.raw_threshold(body.prune)
+    return pruner.at(threshold)
+
+
+def _shown_prune_threshold(raw: float | None, raw_scores: bool, stages: SieveStages) -> float | None:
+    """The prune cut as the client reads it: raw, or on the sentence scorer's [0, 1] scale."""
+    if raw is None or not np.isfinite(raw):
+        return None
+    return float(raw if raw_scores else stages.pruner.scorer.unit_scores([raw])[0])
 
 
 def _pruned_out(cut: PrunedPassage) -> PrunedOut:
