@@ -149,7 +149,7 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepEx
 
 
 #: per question and level: recall and share of characters kept by zero-shot, by the head at zero-shot's sentence
-#: counts, and by the head within zero-shot's characters
+#: counts, and by the head at zero-shot's characters over the test set (its threshold matched)
 ROW_KEYS = ("zero_shot", "head", "zero_kept", "head_kept", "head_in_chars", "head_in_chars_kept")
 
 
@@ -163,22 +163,6 @@ def _kept(pruner, layout, scores, counts=None):
         lo += len(spans)
         keep = np.zeros(len(spans), bool)
         keep[np.argsort(-own, kind="stable")[: counts[i]]] = True
-        cut.append(keep)
-    return cut
-
-
-def _kept_within(layout, scores, budgets) -> list[np.ndarray]:
-    """Each passage cut to the best sentences by ``scores`` whose characters fit ``budgets[i]`` (best first, a
-    sentence that does not fit is skipped): the head at no more characters than zero-shot kept there."""
-    cut, lo = [], 0
-    for i, spans in enumerate(layout.spans):
-        own = scores[lo: lo + len(spans)]
-        lo += len(spans)
-        keep, used = np.zeros(len(spans), bool), 0
-        for j in np.argsort(-own, kind="stable"):
-            size = spans[j][1] - spans[j][0]
-            if used + size <= budgets[i]:
-                keep[j], used = True, used + size
         cut.append(keep)
     return cut
 
@@ -215,7 +199,7 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
     store = PairScores(Path(config.prune_results) / "records" / dataset / "gold-sentences", "sentences",
                        {"scoring_key": reranker_scores_key(prune.reranker)})
     base = SentencePruner(zero_shot)
-    per_level: dict[str, dict[str, list[float]]] = {}
+    scored = []
     for q in asked:
         layout = base.layout(q.text, [p for p, _ in gold[q.id]])
         ids = [p.id for p in layout.pairs]
@@ -223,16 +207,21 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
         if zs is None:
             zs = [float(x) for x in base.score(layout)]
             store.add([(q.id, i, x) for i, x in zip(ids, zs)])
-        zs, hs = np.asarray(zs, float), np.asarray(head.score_layout(layout), float)
-        for level in levels:
-            cut = base.at(level["raw"], level["max_sentences"]).decide(layout, zs)
-            counts = [c.n_kept for c in cut]
+        scored.append((q, layout, np.asarray(zs, float), np.asarray(head.score_layout(layout), float)))
+    per_level: dict[str, dict[str, list[float]]] = {}
+    for level in levels:
+        row = per_level.setdefault(level["name"], {k: [] for k in ROW_KEYS})
+        cuts = [base.at(level["raw"], level["max_sentences"]).decide(layout, zs) for _, layout, zs, _ in scored]
+        share = _kept_chars(cuts)
+        # the head at the same compression over the test set: the threshold on its scores that keeps as many
+        # characters in all as zero-shot kept (each passage keeps at least its best sentence, as a pruner does)
+        threshold = _matching_threshold([(layout, hs) for _, layout, _, hs in scored], share, base)
+        for (q, layout, zs, hs), cut in zip(scored, cuts):
             zr, zk = _recall(gold[q.id], layout, [c.keep for c in cut])
-            hr, hk = _recall(gold[q.id], layout, _kept(None, layout, hs, counts))
-            budgets = [sum(b - a for (a, b), k in zip(c.spans, c.keep) if k) for c in cut]
-            cr, ck = _recall(gold[q.id], layout, _kept_within(layout, hs, budgets))
-            row = per_level.setdefault(level["name"], {k: [] for k in ROW_KEYS})
-            for key, value in zip(ROW_KEYS, (zr, hr, zk, hk, cr, ck)):
+            hr, hk = _recall(gold[q.id], layout, _kept(None, layout, hs, [c.n_kept for c in cut]))
+            matched = base.at(threshold).decide(layout, hs)
+            mr, mk = _recall(gold[q.id], layout, [c.keep for c in matched])
+            for key, value in zip(ROW_KEYS, (zr, hr, zk, hk, mr, mk)):
                 row[key].append(value)
     out: dict[str, Any] = {"n_questions": len(asked), "levels": {}}
     for name, row in per_level.items():
@@ -245,6 +234,30 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
             entry[name_] = {"diff": diff.diff, "ci95": [diff.low, diff.high], "p": diff.p_value}
         out["levels"][name] = entry
     return out
+
+
+def _kept_chars(cuts) -> float:
+    """Share of all the passages' characters the cuts keep (over every question: the compression of a level)."""
+    kept = sum(b - a for cut in cuts for c in cut for (a, b), k in zip(c.spans, c.keep) if k)
+    return kept / max(sum(b - a for cut in cuts for c in cut for a, b in c.spans), 1)
+
+
+def _matching_threshold(scored, share: float, pruner) -> float:
+    """The threshold on the head's scores whose cuts keep the share of the characters nearest ``share``."""
+    candidates = np.unique(np.concatenate([hs[np.isfinite(hs)] for _, hs in scored]))[::-1]
+
+    def kept(i: int) -> float:
+        return _kept_chars([pruner.at(float(candidates[i])).decide(layout, hs) for layout, hs in scored])
+
+    lo, hi = 0, len(candidates) - 1  # kept share grows as the threshold falls: the first index reaching it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if kept(mid) >= share:
+            hi = mid
+        else:
+            lo = mid + 1
+    nearest = min((i for i in (lo - 1, lo) if i >= 0), key=lambda i: abs(kept(i) - share))
+    return float(candidates[nearest])
 
 
 def _mean_ci(entry: dict[str, Any]) -> str:
@@ -269,14 +282,16 @@ def write_report(out_dir: Path, result: dict[str, Any]) -> None:
              "",
              "Held-out: the prune study's test questions (none trained the head or `embedded:base`). Gold-sentence "
              "recall inside the gold passages at **equal compression**: at each level the head keeps, in each "
-             "passage, exactly as many sentences as zero-shot scoring kept there; and, stricter, **at no more "
-             "characters**: the head's best sentences that fit in the characters zero-shot kept in that passage. "
+             "passage, exactly as many sentences as zero-shot scoring kept there (which lets it keep longer ones); and "
+             "**at equal characters**: the threshold on the head's scores that keeps the nearest share of the "
+             "characters over the test passages to what zero-shot kept at that level (each passage keeps at least its "
+             "best sentence, so best1 cannot go below one sentence a passage). "
              "Intervals: bootstrap over questions; head − zero-shot: paired bootstrap over questions.", ""]
     for dataset, res in result["eval"].items():
         lines += [f"## {dataset}: n = {res['n_questions']} test questions", "",
                   "| level | zero-shot recall | head recall (equal sentences) | head − zero-shot [95 % CI] | p | "
-                  "head recall (≤ characters) | head − zero-shot [95 % CI] | p | share kept (zero-shot / head / "
-                  "head ≤ characters) |",
+                  "head recall (equal characters) | head − zero-shot [95 % CI] | p | share kept (zero-shot / head / "
+                  "head, equal characters) |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for name, e in res["levels"].items():
             cells = [name, _mean_ci(e["zero_shot"])]
