@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from ragsieve.config import StrictConfig
+from ragsieve.errors import RagsieveError
 from ragsieve.models.specs import DEFAULT_ENCODER
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,13 @@ class PruneStudyConfig(StrictConfig):
     # fitted on NQ), unless the pruned default answers measurably worse than the best plain one on test
     ship_to: str | None = None
     ship_from: Literal["nq", "hotpotqa"] = "nq"
+    # another prune study's out_dir: ship only if this study's default answers no measurably worse than that
+    # study's shipped default on every test set, from no more prompt tokens (what replacing it must show)
+    compare_with: str | None = None
+
+
+#: keys of a study's results that are decisions, not datasets
+DECISIONS = ("shipped", "compared")
 
 
 def _questions(dataset: str, config: PruneStudyConfig, work: Path):
@@ -395,7 +403,7 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]], config: Prun
              "difference and relative prompt-token change with paired-bootstrap 95 % intervals over questions, "
              "exact McNemar p.", ""]
     for dataset, res in results.items():
-        if dataset == "shipped":
+        if dataset in DECISIONS:
             continue
         lines += [f"## {dataset}: test n = {res['n_test']}, best plain = {res['best_plain']}", "",
                   "| configuration | accuracy [95 % CI] | prompt tokens | Δ accuracy vs best plain [95 % CI] | "
@@ -426,6 +434,20 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]], config: Prun
                   "the X quantile of the dev sentence scores (raw, and on the [0, 1] scale): " +
                   ", ".join(f"{t['name']} = {t['raw']:.2f} ({t['unit']:.3f})" for t in res["prune_levels"]
                             if t["raw"] is not None), ""]
+    compared = results.get("compared")
+    if compared:
+        lines += [f"## Against the default of `{compared['against']}`", "",
+                  "This study's default against that study's shipped default on the same test questions (paired); "
+                  f"it replaces it only when not measurably worse on any set from no more prompt tokens: "
+                  f"**{'replaces' if compared['replaces'] else 'does not replace'}**.", "",
+                  "| dataset | this study | that study | Δ accuracy [95 % CI] | McNemar p | Δ prompt tokens [95 % CI] |",
+                  "|---|---|---|---|---|---|"]
+        for dataset, c in compared["datasets"].items():
+            tc = c["prompt_tokens_change"]
+            lines.append(f"| {dataset} | {c['ours']} | {c['theirs']} | {c['accuracy_diff']:+.3f} "
+                         f"[{c['accuracy_ci95'][0]:+.3f}, {c['accuracy_ci95'][1]:+.3f}] | {c['mcnemar_p']:.3g} | "
+                         f"{tc['change']:+.1%} [{tc['ci95'][0]:+.1%}, {tc['ci95'][1]:+.1%}] |")
+        lines.append("")
     shipped = results.get("shipped")
     if shipped:
         lines += ["## The shipped default", "",
@@ -454,7 +476,7 @@ def shipped_rows(results: dict[str, dict[str, Any]], ship_from: str) -> dict[str
     that tested that same level (``as shipped``)."""
     out = {}
     for dataset, res in results.items():
-        if dataset == "shipped":
+        if dataset in DECISIONS:
             continue
         if dataset == ship_from:
             out[dataset] = res["rows"][res["default_pruned_on_test"]]
@@ -463,11 +485,43 @@ def shipped_rows(results: dict[str, dict[str, Any]], ship_from: str) -> dict[str
     return out
 
 
+def _outcomes(out_dir: Path, dataset: str, name: str) -> dict[str, Any]:
+    """A row's per-question outcomes as a study wrote them (``rows_<dataset>.jsonl``)."""
+    with open(Path(out_dir) / f"rows_{dataset}.jsonl", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["name"] == name:
+                return row
+    raise RagsieveError(f"{out_dir}: no row '{name}' in rows_{dataset}.jsonl")
+
+
+def compare_with(results: dict[str, dict[str, Any]], config: PruneStudyConfig, out_dir: Path) -> dict[str, Any]:
+    """This study's default (its shipped rows) against ``config.compare_with``'s shipped default on the same test
+    questions, per dataset: paired accuracy difference (bootstrap, McNemar) and prompt-token change. ``replaces``:
+    not measurably worse on any set, and no more prompt tokens on any (point estimate)."""
+    other_dir = Path(config.compare_with)
+    other = json.loads((other_dir / "metrics.json").read_text(encoding="utf-8"))
+    theirs = shipped_rows(other, other["shipped"]["chosen_on"])
+    out: dict[str, Any] = {"against": str(other_dir), "datasets": {}}
+    for dataset, row in shipped_rows(results, config.ship_from).items():
+        if dataset not in theirs:
+            continue
+        ours, their = _outcomes(out_dir, dataset, row["name"]), _outcomes(other_dir, dataset, theirs[dataset]["name"])
+        if len(ours["correct"]) != len(their["correct"]):
+            raise RagsieveError(f"{dataset}: the two studies tested different questions")
+        out["datasets"][dataset] = {"ours": row["name"], "theirs": theirs[dataset]["name"], **_vs(ours, their, config)}
+    compared = out["datasets"].values()
+    out["replaces"] = bool(compared) and all(not c["measurably_worse"] and c["prompt_tokens_change"]["change"] <= 0
+                                             for c in compared)
+    return out
+
+
 def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str | Path,
-                 pruner: str | None = None) -> dict[str, Any]:
+                 pruner: str | None = None, allowed: bool = True, source: str = "results/prune/metrics.json"
+                 ) -> dict[str, Any]:
     """The default sieve in ``folder`` with the prune level ``ship_from``'s dev chose, recorded with the test
     comparison on every dataset, unless it answers measurably worse than the best plain configuration on any of
-    them (then the sieve is left as it is). Returns what was decided."""
+    them or ``allowed`` is False (then the sieve is left as it is). Returns what was decided."""
     from ragsieve.pipeline.sieve_config import SIEVE_FILE, read_sieve_config
 
     choice = results[ship_from]["default_prune_choice"]
@@ -477,8 +531,8 @@ def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str
     harm = any(t["vs_best_plain"] and t["vs_best_plain"]["measurably_worse"] for t in tested.values())
     decision = {"chosen_on_dev": choice["chosen"], "chosen_on": ship_from, "prune_threshold": choice["prune_threshold"],
                 "prune_max": choice["prune_max"], "measurably_worse_than_best_plain": harm,
-                "shipped": not harm and choice["prune"] != "off", "test": tested,
-                "source": "results/prune/metrics.json"}
+                "shipped": allowed and not harm and choice["prune"] != "off", "test": tested,
+                "pruner": pruner, "source": source}
     if decision["shipped"]:
         config = read_sieve_config(folder)
         metrics = {**config.metrics, "prune": decision}
@@ -516,7 +570,12 @@ class PruneStudy:
             write_json(out_dir / "metrics.json", results)
             write_report(out_dir, results, config)
         if config.ship_to and config.ship_from in results:
-            results["shipped"] = ship_default(results, config.ship_from, config.ship_to, config.pruner)
+            compared = compare_with(results, config, out_dir) if config.compare_with else None
+            if compared is not None:
+                results["compared"] = compared
+            results["shipped"] = ship_default(results, config.ship_from, config.ship_to, config.pruner,
+                                              allowed=compared is None or compared["replaces"],
+                                              source=str(out_dir / "metrics.json"))
             write_json(out_dir / "metrics.json", results)
             write_report(out_dir, results, config)
         return results
