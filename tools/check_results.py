@@ -143,11 +143,13 @@ def check(readme: str, sources: dict) -> list[str]:
     """The mismatches: rows without a declaration, numbers without a source, declarations without a row."""
     problems, cache, seen = [], {}, set()
     for key, text in rows(results_section(readme)):
-        entry = next((e for name, e in sources.items() if key.startswith(name) or name == key), None)
-        if entry is None:
+        # the most specific declaration: "sentence pruning with the keep head" before "sentence pruning"
+        name = max((n for n in sources if key.startswith(n) or n == key), key=len, default=None)
+        if name is None:
             problems.append(f"row '{key[:60]}': not declared in tools/results_sources.yaml")
             continue
-        seen.add(next(name for name in sources if sources[name] is entry))
+        entry = sources[name]
+        seen.add(name)
         values = [v for spec in entry.get("json", []) for v in load(spec, cache)]
         values += [derive(expr, cache) for expr in entry.get("derived", [])]
         stated = {written(str(x))[0] for x in entry.get("stated", {})}
