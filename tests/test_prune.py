@@ -160,6 +160,32 @@ def test_python_http_and_every_adapter_return_the_same_pruned_text(pruning_sieve
         assert kept == expected, name
 
 
+def test_the_served_default_sieve_prunes_with_its_keep_head_as_python_does():
+    """The shipped default sieve names a sentence scorer of its own (`pruner: prune-head`): /v1/filter serving it
+    cuts with that head, at its level, exactly as Sieve.filter does (not with the reranker's sentence scores)."""
+    from ragsieve.pipeline import Sieve
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.serve import ServeConfig, create_app
+    from ragsieve.serve.runner import BackgroundServer
+
+    query = "what does hp mean in video games"
+    docs = ["Hit points, or HP, measure how much damage a character can take before it is defeated. When the HP of "
+            "an enemy drops to zero, the enemy dies and the player usually earns a reward. Many games show HP as a "
+            "bar above the character.", "Paris is the capital of France. It lies on the Seine."]
+    sieve = Sieve.load("embedded:default")
+    assert isinstance(sieve.stages.pruner.scorer, SentenceKeepHead)
+    result = sieve.filter(query, docs)
+    expected = [(r.index, p.text) for (r, _), p in zip(result.kept_results, result.pruned)]
+    zero_shot = SentencePruner(sieve.stages.reranker, max_sentences=1).prune(query, [Passage("0", docs[0])])[0]
+    assert expected == [(0, docs[0][: docs[0].index(". ") + 1])] and zero_shot.text != expected[0][1]  # they differ
+    # the sieve's stages as plain specs (what create_app serves), without its LLM: /v1/filter needs none
+    config = ServeConfig(sieve="embedded:default").expanded().model_copy(update={"llm": None})
+    assert config.pruner == "prune-head"
+    with BackgroundServer(create_app(config)) as server:
+        body = httpx.post(f"{server.url}/v1/filter", json={"query": query, "documents": docs}).json()
+    assert [(d["index"], d["pruned"]["text"]) for d in body["results"]] == expected
+
+
 def test_the_fit_grid_prunes_with_stored_sentence_scores(bm25, tmp_path):
     """Selection: prune configurations at dev quantiles, their prompts hold the pruned passages, and the sentence
     scores are recorded so a rerun scores nothing."""

@@ -25,10 +25,11 @@ class ServeConfig(StrictConfig):
     # [0, 1] scores /v1/rerank answers become probabilities on their data (refused if fitted on other weights)
     calibration: str | None = None
     grader: str | None = None  # saved grader folder or embedded:<name>; None = /v1/filter uses the ranker's threshold
-    # /v1/filter prunes each kept document to its sentences whose raw reranker score is >= this (a sieve's own);
+    # /v1/filter and /v1/ask prune each kept document to its sentences whose raw score is >= this (a sieve's own);
     # None: documents stay whole unless a request sends a threshold
     prune_threshold: float | None = Field(None, allow_inf_nan=False)
     prune_max_sentences: int | None = Field(None, ge=1)  # and at most this many sentences per document
+    pruner: str | None = None  # the sentence scorer spec (a sieve's own, e.g. prune-head); None: the reranker
     # /v1/filter without a grader or a request threshold: True keeps the top_k ungraded, as Sieve.filter does for
     # a sieve fitted without a grader (set when serving a sieve); False answers 400 (a bare reranker has no cut)
     keep_ungraded: bool = False
@@ -101,8 +102,8 @@ class ServeConfig(StrictConfig):
             "sieve": None, "reranker": p.reranker or "none", "grader": p.grader, "llm": p.llm,
             "probe": p.probe if gated else None, "top_k": p.top_k, "candidates": p.candidates,
             "max_new_tokens": p.max_new_tokens, "model_name": self.model_name or f"sieve:{Path(self.sieve).name}",
-            # serve prunes with its reranker: a sieve that prunes with another scorer is read at its threshold
-            "prune_threshold": p.prune_threshold, "prune_max_sentences": p.prune_max_sentences, "keep_ungraded": True,
+            "prune_threshold": p.prune_threshold, "prune_max_sentences": p.prune_max_sentences, "pruner": p.pruner,
+            "keep_ungraded": True,
         }
         if gated:
             update["cbdr_beta"] = p.cbdr_beta
@@ -111,4 +112,4 @@ class ServeConfig(StrictConfig):
 
 # what a sieve decides; giving one of these next to --sieve is refused, not silently overridden
 _SIEVE_FIELDS = frozenset({"reranker", "grader", "llm", "probe", "cbdr_beta", "prune_threshold",
-                           "prune_max_sentences"})
+                           "prune_max_sentences", "pruner"})

@@ -52,6 +52,7 @@ class ServedModels:
     grader: BaseRanker | None = None
     grade_batcher: Batcher | None = None
     grader_name: str | None = None
+    pruner: BaseRanker | None = None  # the sentence scorer when it is not the ranker (a sieve's keep head)
     llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
     # requests holding these models (ServeState.snapshot): a reload closes them once none does
     users: int = field(default=0, init=False, repr=False, compare=False)
@@ -86,7 +87,9 @@ class ServedModels:
             served.grader = load_grader(config.grader)
             served.grade_batcher = batcher(served.grader, name="grader", **batch)
             served.grader_name = config.grader
-        served.llm = LLMStages.load(config, ranker, served.grader, batcher)
+        if config.pruner:
+            served.pruner = load_reranker(config.pruner)
+        served.llm = LLMStages.load(config, ranker, served.grader, batcher, served.pruner)
         return served
 
     def close(self) -> None:

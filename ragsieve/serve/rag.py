@@ -52,7 +52,8 @@ class LLMStages:
 
     @classmethod
     def load(cls, config: ServeConfig, ranker: BaseRanker, grader: Any = None,
-             batcher: Callable[..., Batcher] = PairBatcher) -> Optional["LLMStages"]:
+             batcher: Callable[..., Batcher] = PairBatcher, pruner: BaseRanker | None = None
+             ) -> Optional["LLMStages"]:
         if not config.llm:
             return None
         from ragsieve.gate import CBDRGate
@@ -82,7 +83,9 @@ class LLMStages:
         # the one assembler, on the models this server already holds (the reranker and grader only
         # act on retrieved passages: without an index there are none)
         retrieving = retriever is not None
-        stages = SieveStages(ranker if retrieving else None, grader if retrieving else None, top_k=config.top_k)
+        # as the served sieve keeps and prunes (the one reading of its settings, SieveStages.from_config)
+        stages = (SieveStages.from_config(config, ranker, grader, pruner_scorer=pruner) if retrieving
+                  else SieveStages(None, None, top_k=config.top_k))
         pipeline = RAGPipeline.from_config(
             PipelineConfig(llm=config.llm, top_k=config.top_k, candidates=max(config.candidates, config.top_k),
                            max_new_tokens=config.max_new_tokens),

@@ -59,7 +59,7 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
     meta = Meta(request_id=request_id(request))
     # the request's top_n, threshold and pruning override the sieve's; the sieve itself is SieveStages', its
     # model calls answered by the server's chunked, batched ones
-    stages = SieveStages.from_config(state.config, served.ranker, served.grader)
+    stages = SieveStages.from_config(state.config, served.ranker, served.grader, pruner_scorer=served.pruner)
     stages = stages.override(top_k=body.top_n, threshold=threshold)
     stages = replace(stages, pruner=_request_pruner(body, served, stages))
     result = await stages.apply_async(query, docs, lambda call: _scores(call, state, served, stages, docs, meta))
@@ -121,7 +121,7 @@ def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStag
             raise ServeError(400, "prune: no pruning configured (serve a sieve that prunes, or send prune as a "
                              "number in [0, 1])")
         return stages.pruner
-    pruner = stages.pruner or SentencePruner(served.ranker)
+    pruner = stages.pruner or SentencePruner(served.pruner or served.ranker)
     # a [0, 1] threshold is on the sentence scorer's scale (a keep head's is its own, not the reranker's)
     threshold = float(body.prune) if body.raw_scores else pruner.scorer.raw_threshold(body.prune)
     return pruner.at(threshold)
