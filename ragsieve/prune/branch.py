@@ -70,14 +70,9 @@ def sentence_logits(branch: KeepBranch, states: Sequence[torch.Tensor], sentence
     """Per passage, each sentence's keep logit: the mean token logit over its tokens (``sentence_of_token``:
     the sentence index of each token, -1 outside every sentence); a sentence with no token (cut off by the
     window) gets -inf. One padded batch through the branch."""
-    width = max(len(s) for s in states)
-    hidden = states[0].shape[-1]
-    batch = torch.zeros(len(states), width, hidden, dtype=torch.float32)
-    mask = torch.zeros(len(states), width, dtype=torch.bool)
-    for i, s in enumerate(states):
-        batch[i, : len(s)] = s.float()
-        mask[i, : len(s)] = True
-    tokens = branch(batch, mask)
+    batch = nn.utils.rnn.pad_sequence([s.float() for s in states], batch_first=True)
+    lengths = torch.tensor([len(s) for s in states])
+    tokens = branch(batch, torch.arange(batch.shape[1]) < lengths[:, None])
     out = []
     for i, (index, n) in enumerate(zip(sentence_of_token, n_sentences)):
         index = torch.as_tensor(np.asarray(index), dtype=torch.long)

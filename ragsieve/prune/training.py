@@ -74,16 +74,19 @@ class KeepHeadTrainer:
         """Train, keep the best epoch's branch in ``head``, and say how each epoch did on dev."""
         import torch
 
-        read = self._trunk_states(examples)
+        states_key = self._states_key(examples)
+        # a checkpoint belongs to these states, this config (but for the epochs: a run may be extended) and the
+        # branch's shape
+        checkpoint = None if self.work_dir is None else self.work_dir / "checkpoint-{}.pt".format(_digest(
+            [states_key, self.config.model_dump(exclude={"epochs"}), len(self.head.branch.layers)]))
+        read = self._trunk_states(examples, states_key)
         train, dev = self._split(examples)
         branch = self.head.branch
-        classifier = list(branch.classifier.parameters())
-        layers = [p for p in branch.parameters() if all(p is not c for c in classifier)]
-        groups = [{"params": classifier, "lr": self.config.classifier_learning_rate}]
-        if layers:
-            groups.append({"params": layers, "lr": self.config.learning_rate})
+        groups = [{"params": list(branch.classifier.parameters()), "lr": self.config.classifier_learning_rate}]
+        if len(branch.layers):
+            groups.append({"params": list(branch.layers.parameters()), "lr": self.config.learning_rate})
         optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
-        state = self._resume(optimizer)
+        state = self._resume(checkpoint, optimizer)
         for epoch in range(state["epoch"], self.config.epochs):
             branch.train()
             losses = [self._step(optimizer, [examples[i] for i in batch], [read[i] for i in batch])
@@ -95,7 +98,7 @@ class KeepHeadTrainer:
             if score > state["best_map"]:
                 state["best_map"], state["best"] = score, {k: v.clone() for k, v in branch.state_dict().items()}
             state["epoch"] = epoch + 1
-            self._checkpoint(state, optimizer)
+            self._checkpoint(checkpoint, state, optimizer)
         branch.load_state_dict(state["best"])
         branch.eval()
         best = max(state["history"], key=lambda h: h["dev_map"])
@@ -162,25 +165,26 @@ class KeepHeadTrainer:
         return [batches[i] for i in rng.permutation(len(batches))]
 
     # -- the cache and the checkpoints ---------------------------------------------------------------
-    def _trunk_states(self, examples: Sequence[KeepExample]) -> list[TrunkStates]:
+    def _states_key(self, examples: Sequence[KeepExample]) -> str:
+        """What the trunk states of ``examples`` depend on: the cross-encoder's weights, the trunk's depth, the
+        window and the examples."""
+        from ragsieve.artifacts import weights_key
+
+        return _digest([weights_key(self.head.folder), len(self.head.encoder.encoder.layer), self.head.max_length]
+                       + [[e.group, e.query, e.passage.id, e.passage.title, len(e.passage.text), e.spans]
+                          for e in examples])
+
+    def _trunk_states(self, examples: Sequence[KeepExample], key: str) -> list[TrunkStates]:
         import torch
 
-        from ragsieve.artifacts import weights_key
+        from ragsieve.atomic import atomic_file
 
         if self.work_dir is None:
             return self._read_all(examples)
-        key = _digest([weights_key(self.head.folder), len(self.head.encoder.encoder.layer), self.head.max_length]
-                      + [[e.group, e.query, e.passage.id, e.passage.title, len(e.passage.text), e.spans]
-                         for e in examples])
-        # a checkpoint belongs to these states, this config (but for the epochs: a run may be extended) and
-        # the branch's shape
-        self._run_key = _digest([key, self.config.model_dump(exclude={"epochs"}), len(self.head.branch.layers)])
         cache = self.work_dir / f"trunk-{key}.pt"
         if cache.is_file():
             return [TrunkStates(**r) for r in torch.load(cache, weights_only=False)]
         read = self._read_all(examples)
-        from ragsieve.atomic import atomic_file
-
         self.work_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(cache) as tmp:
             torch.save([r.__dict__ for r in read], tmp)
@@ -199,14 +203,9 @@ class KeepHeadTrainer:
             log.info("keep head: read %d / %d training passages", min(lo + step, len(order)), len(order))
         return out  # type: ignore[return-value]
 
-    def _checkpoint_path(self) -> Path | None:
-        key = getattr(self, "_run_key", None)
-        return self.work_dir / f"checkpoint-{key}.pt" if self.work_dir is not None and key else None
-
-    def _resume(self, optimizer) -> dict[str, Any]:
+    def _resume(self, path: Path | None, optimizer) -> dict[str, Any]:
         import torch
 
-        path = self._checkpoint_path()
         if path is not None and path.is_file():
             saved = torch.load(path, weights_only=False)
             self.head.branch.load_state_dict(saved["branch"])
@@ -216,12 +215,11 @@ class KeepHeadTrainer:
         return {"epoch": 0, "history": [], "best_map": -1.0,
                 "best": {k: v.clone() for k, v in self.head.branch.state_dict().items()}}
 
-    def _checkpoint(self, state: dict[str, Any], optimizer) -> None:
+    def _checkpoint(self, path: Path | None, state: dict[str, Any], optimizer) -> None:
         import torch
 
         from ragsieve.atomic import atomic_file
 
-        path = self._checkpoint_path()
         if path is None:
             return
         with atomic_file(path) as tmp:
