@@ -174,6 +174,21 @@ def _gold_paragraphs(dataset: str, questions, ds, config: PruneStudyConfig) -> d
     return out
 
 
+def gold_recall(gold, layout, keeps) -> tuple[float, float]:
+    """(share of the gold sentences kept — a gold sentence counts when kept spans cover half of it —, share of
+    the passages' characters kept) of one question: ``gold`` its (passage, gold spans), ``keeps`` a keep mask
+    per passage of ``layout``."""
+    hit = total = kept_chars = all_chars = 0
+    for (_, gold_spans), spans, keep in zip(gold, layout.spans, keeps):
+        kept = [s for s, k in zip(spans, keep) if k]
+        for a, b in gold_spans:
+            hit += sum(max(0, min(b, y) - max(a, x)) for x, y in kept) >= (b - a) / 2
+            total += 1
+        kept_chars += sum(y - x for x, y in kept)
+        all_chars += sum(y - x for x, y in spans)
+    return hit / max(total, 1), kept_chars / max(all_chars, 1)
+
+
 def sentence_recall(dataset: str, questions, ds, config: PruneStudyConfig, pruner, levels, store,
                     ) -> dict[str, Any]:
     """Recall of the gold sentences inside the gold passages at each prune level, against how much of those
@@ -198,19 +213,10 @@ def sentence_recall(dataset: str, questions, ds, config: PruneStudyConfig, prune
     for t, n, name in [(float("-inf"), None, "whole")] + list(levels):
         recall, kept_share = [], []
         for q, layout, scores in scored:
-            cut = pruner.at(t, n).decide(layout, scores, threshold=t if t is not None else None)
-            hit = total = 0
-            kept_chars = all_chars = 0
-            for (passage, spans), pruned in zip(gold[q.id], cut):
-                kept = pruned.kept_spans
-                for a, b in spans:
-                    covered = sum(max(0, min(b, y) - max(a, x)) for x, y in kept)
-                    hit += covered >= (b - a) / 2
-                    total += 1
-                kept_chars += sum(y - x for x, y in kept)
-                all_chars += sum(y - x for x, y in pruned.spans)
-            recall.append(hit / total)
-            kept_share.append(kept_chars / max(all_chars, 1))
+            cut = pruner.at(t, n).decide(layout, scores)
+            hit, kept = gold_recall(gold[q.id], layout, [c.keep for c in cut])
+            recall.append(hit)
+            kept_share.append(kept)
         r, lo, hi = bootstrap_metric(np.mean, np.asarray(recall), n_boot=config.n_boot, seed=config.seed)
         c, clo, chi = bootstrap_metric(np.mean, np.asarray(kept_share), n_boot=config.n_boot, seed=config.seed)
         out["levels"][name] = {"recall": r, "recall_ci95": [lo, hi], "kept_share": c, "kept_share_ci95": [clo, chi]}

@@ -153,10 +153,8 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepEx
 ROW_KEYS = ("zero_shot", "head", "zero_kept", "head_kept", "head_in_chars", "head_in_chars_kept")
 
 
-def _kept(pruner, layout, scores, counts=None):
-    """Each gold passage cut: by ``pruner`` (its threshold / cap), or to exactly ``counts[i]`` best sentences."""
-    if counts is None:
-        return pruner.decide(layout, scores)
+def _best_n(layout, scores, counts) -> list[np.ndarray]:
+    """Each gold passage cut to exactly ``counts[i]`` best sentences by ``scores`` (one per ``layout.pairs``)."""
     cut, lo = [], 0
     for i, spans in enumerate(layout.spans):
         own = scores[lo: lo + len(spans)]
@@ -167,19 +165,6 @@ def _kept(pruner, layout, scores, counts=None):
     return cut
 
 
-def _recall(gold, layout, keeps) -> tuple[float, float]:
-    """(share of the gold sentences kept — half covered counts —, share of the passages' characters kept)."""
-    hit = total = kept_chars = all_chars = 0
-    for (_, gold_spans), spans, keep in zip(gold, layout.spans, keeps):
-        kept = [s for s, k in zip(spans, keep) if k]
-        for a, b in gold_spans:
-            hit += sum(max(0, min(b, y) - max(a, x)) for x, y in kept) >= (b - a) / 2
-            total += 1
-        kept_chars += sum(y - x for x, y in kept)
-        all_chars += sum(y - x for x, y in spans)
-    return hit / max(total, 1), kept_chars / max(all_chars, 1)
-
-
 def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dict[str, Any]:
     """Gold-sentence recall on the prune study's test questions, head vs zero-shot at equal compression."""
     from ragsieve.data.qa_files import split_questions
@@ -187,7 +172,7 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
     from ragsieve.eval.stats import bootstrap_metric, paired_bootstrap
     from ragsieve.prune import SentencePruner
     from ragsieve.registry import reranker_scores_key
-    from studies.prune import PruneStudyConfig, _gold_paragraphs, _questions
+    from studies.prune import PruneStudyConfig, _gold_paragraphs, _questions, gold_recall
 
     prune = PruneStudyConfig(data_dir=config.data_dir)
     work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
@@ -217,10 +202,10 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
         # characters in all as zero-shot kept (each passage keeps at least its best sentence, as a pruner does)
         threshold = _matching_threshold([(layout, hs) for _, layout, _, hs in scored], share, base)
         for (q, layout, zs, hs), cut in zip(scored, cuts):
-            zr, zk = _recall(gold[q.id], layout, [c.keep for c in cut])
-            hr, hk = _recall(gold[q.id], layout, _kept(None, layout, hs, [c.n_kept for c in cut]))
+            zr, zk = gold_recall(gold[q.id], layout, [c.keep for c in cut])
+            hr, hk = gold_recall(gold[q.id], layout, _best_n(layout, hs, [c.n_kept for c in cut]))
             matched = base.at(threshold).decide(layout, hs)
-            mr, mk = _recall(gold[q.id], layout, [c.keep for c in matched])
+            mr, mk = gold_recall(gold[q.id], layout, [c.keep for c in matched])
             for key, value in zip(ROW_KEYS, (zr, hr, zk, hk, mr, mk)):
                 row[key].append(value)
     out: dict[str, Any] = {"n_questions": len(asked), "levels": {}}
