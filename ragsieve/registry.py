@@ -67,14 +67,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ragsieve.artifacts import GRADER_REBUILD, check_safetensors, reading_artifact
+from ragsieve.artifacts import GRADER_REBUILD, check_safetensors, file_sha256, reading_artifact
 from ragsieve.config import build_config
 from ragsieve.errors import RagsieveError
 from ragsieve.grade.base import WEIGHTS_FILE, Grader, GraderConfig, read_grader_config
 from ragsieve.grade.lm import ClassifierGrader, GenerativeGrader, HeadGrader, LoraGrader, PromptedGrader
 from ragsieve.grade.ranker import CosineGrader, CrossEncoderGrader, RankerGrader
 from ragsieve.paths import resolve_artifact, shipped_name
-from ragsieve.prune.head import SentenceKeepHead
+from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead
 from ragsieve.rerank.base import BaseRanker, RetrievalOrder
 from ragsieve.rerank.chunks import reading_key, reading_whole
 from ragsieve.rerank.evolving import load_evolving_reranker
@@ -82,7 +82,7 @@ from ragsieve.rerank.lexical import BM25Ranker
 from ragsieve.rerank.neural import BiEncoderRanker
 from ragsieve.rerank.pointwise import PointwiseLLMReranker
 from ragsieve.rerank.remote import RemoteRanker
-from ragsieve.rerank.shipped import base_reranker_dir, load_cross_encoder, load_embedded_reranker
+from ragsieve.rerank.shipped import ASSET_DIR, base_reranker_dir, load_cross_encoder, load_embedded_reranker
 from ragsieve.specs import (  # noqa: F401  (re-exported: the registry is where a spec is resolved)
     EMBEDDED_MODELS, EMBEDDED_RERANKERS, EMBEDDED_TABLE, SCHEMES, ModelSpec, cross_encoder_argument,
     embedded_name, embedded_reranker_asset, is_database_url, is_index_url, is_service_url, parse_cascade,
@@ -277,10 +277,16 @@ def reranker_scores_key(spec: str, whole_passages: bool = True) -> str | None:
     (:func:`cross_encoder_key`) and how it reads a passage past its window; None when ``spec`` is not a local
     cross-encoder.
 
+    A keep head (``prune-head[:dir]``) is keyed by its own file, which carries the cross-encoder's key.
+
     Example::
 
         reranker_scores_key("embedded:base")   # '<weights>-mix0.25-best-chunk8'
     """
+    scheme, argument = parse_reranker_spec(spec)
+    if scheme == "prune-head":
+        head = Path(argument or ASSET_DIR) / HEAD_FILE
+        return f"prune-head-{file_sha256(head)[:12]}" if head.is_file() else None
     weights = cross_encoder_key(spec)
     return None if weights is None else f"{weights}-{reading_key(whole_passages)}"
 

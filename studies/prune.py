@@ -271,20 +271,6 @@ def _gold_row(dataset: str, test, ds, config: PruneStudyConfig, builder, cache) 
     return _row("gold sentences", correct, [builder.prompt_tokens(t) for t in texts])
 
 
-def _sentence_scores_key(config: PruneStudyConfig, scorer) -> str | None:
-    """What the sentence scores are keyed by when another scorer than the reranker prunes: its head's weights."""
-    if not config.pruner:
-        return None
-    from ragsieve.artifacts import file_sha256
-    from ragsieve.prune.head import HEAD_FILE, SentenceKeepHead
-
-    if isinstance(scorer, SentenceKeepHead):
-        return f"prune-head-{file_sha256(scorer.folder / HEAD_FILE)[:12]}"
-    from ragsieve.registry import reranker_scores_key
-
-    return reranker_scores_key(config.pruner)
-
-
 def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, builder,
                 shipped: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every row of the study on ``dataset``'s test questions (thresholds from its dev questions).
@@ -319,7 +305,7 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     reranker = load_reranker(config.reranker)
     key = reranker_scores_key(config.reranker)
     scorer = load_reranker(config.pruner) if config.pruner else reranker
-    sentence_key = _sentence_scores_key(config, scorer) or key
+    sentence_key = reranker_scores_key(config.pruner) if config.pruner else key
     cand_store = PairScores(records / "scores", "candidates", {"scoring_key": key})
     sent_store = PairScores(records / "sentences", "sentences",
                             {"scoring_key": sentence_key, "unit": "title: sentence"})
