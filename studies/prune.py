@@ -234,7 +234,7 @@ def _row(name: str, correct, tokens) -> dict[str, Any]:
 
 def _vs(row: dict, base: dict, config: PruneStudyConfig) -> dict[str, Any]:
     from ragsieve.eval.stats import relative_mean_change
-    from ragsieve.fit.select import compare
+    from ragsieve.fit.decide import compare
 
     acc = compare(row["correct"], base["correct"], n_boot=config.n_boot, seed=config.seed)
     tokens = relative_mean_change(row["tokens_each"], base["tokens_each"], n_boot=config.n_boot, seed=config.seed)
@@ -281,7 +281,8 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     from ragsieve.data.score_records import PairScores
     from ragsieve.fit.config import SelectConfig
 
-    from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection, choose
+    from ragsieve.fit.decide import choose
+    from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection
     from ragsieve.prune import SentencePruner
     from ragsieve.registry import load_reranker, reranker_scores_key
     from ragsieve.retrieve.cached import build_or_load_index
