@@ -87,7 +87,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     # a budget policy: every retrieving configuration stays behind its β
     assert all(r["gate"] == "policy" for r in grid if r["k"] > 0)
     # passages help here, so the answers choose retrieval over closed book
-    assert chosen["k"] > 0 and selection["in_sample"]["chosen"]["accuracy"] > selection["in_sample"]["closed_book"]["accuracy"]
+    in_sample = selection["in_sample"]
+    assert chosen["k"] > 0 and in_sample["chosen"]["accuracy"] > in_sample["closed_book"]["accuracy"]
     harm = metrics["do_no_harm"]
     assert {"p_value", "diff", "ci95", "measurably_worse"} <= set(harm["chosen_vs_best_plain"])
     cache = selection["answer_cache"]

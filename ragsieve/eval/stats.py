@@ -621,8 +621,8 @@ def detectable_difference(discordant: int, n: int, *, alpha: float = 0.05, power
     """The smallest accuracy difference a paired comparison of ``n`` examples detects with ``power`` at
     two-sided ``alpha``, from the share of examples the two methods disagree on (Connor 1987's normal
     approximation of McNemar's power without its small δ² term, which errs large; the disagreement is
-    smoothed by one example, so that a few agreeing examples do not promise a zero). It is also about the half-width a non-inferiority interval
-    needs to clear a margin that size.
+    smoothed by one example, so that a few agreeing examples do not promise a zero). It is also about the
+    half-width a non-inferiority interval needs to clear a margin that size.
 
     >>> round(detectable_difference(5, 29), 3), round(detectable_difference(40, 500), 3)
     (0.233, 0.036)

@@ -63,7 +63,8 @@ def select_configuration(state: "FitState") -> None:
     state.selection_rows, state.selection_marks = rows, {"chosen": chosen, "best plain": best_plain,
                                                          "closed book": closed_row}
     state.test_rows = held_out
-    state.selection = _summary(state, selection, fitted, race, used, vs_most=_against_most_accurate(rows, chosen, c.margin))
+    vs_most = _against_most_accurate(rows, chosen, c.margin)
+    state.selection = _summary(state, selection, fitted, race, used, vs_most=vs_most)
     state.progress("select", 1, 1)
 
 
