@@ -39,3 +39,15 @@ def test_numbers_skip_names_and_read_signs():
     assert list(checker.numbers(text)) == ["−0.014", "−0.048", "+0.018", "3,610", "22.0"]
     assert checker.backed("−0.014", [-0.01412]) and checker.backed("22.0", [0.22])
     assert not checker.backed("0.731", [0.7297])
+
+
+def test_a_margin_verdict_is_re_derived_from_the_committed_outcomes():
+    """Issue #70: "as good as" only at a stated margin; a row that calls the shipped default non-inferior where
+    its per-question outcomes leave the interval below −δ fails, naming what the outcomes give."""
+    checker = _checker()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    sources = yaml.safe_load((REPO / "tools" / "results_sources.yaml").read_text(encoding="utf-8"))
+    planted = readme.replace("+3.0 pp): undecided at δ = 2 pp", "+3.0 pp): non-inferior at δ = 2 pp", 1)
+    assert planted != readme
+    problems = checker.check(planted, sources)
+    assert len(problems) == 1 and "gives 'undecided at δ = 2 pp'" in problems[0]
