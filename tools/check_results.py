@@ -144,8 +144,22 @@ def derive(expression: str, cache: dict) -> float:
 
 def margin_test(claim: dict):
     """The non-inferiority test a README row's verdict rests on: ``a`` against ``b`` at ``margin``, from the
-    per-question outcomes of a committed rows file (``{"name", "correct"}`` per line)."""
+    per-question outcomes of a committed rows file (``{"name", "correct"}`` per line), or from the paired
+    counts of a committed comparison (``counts``: a ``file.json:path`` holding ``n``, ``a_correct``, ``a_only``,
+    ``b_only``)."""
     sys.path.insert(0, str(ROOT))
+    from ragsieve.eval.stats import NonInferiority, paired_proportion_difference
+
+    if "counts" in claim:
+        file, _, path = claim["counts"].partition(":")
+        c = json.loads((ROOT / file).read_text(encoding="utf-8"))
+        for key in path.split("."):
+            c = c[key]
+        both = c["a_correct"] - c["a_only"]
+        diff, low, high = paired_proportion_difference(both, c["a_only"], c["b_only"],
+                                                       c["n"] - both - c["a_only"] - c["b_only"])
+        return NonInferiority(c["n"], c["a_correct"], both + c["b_only"], c["a_only"], c["b_only"], diff, low, high,
+                              float(claim["margin"]))
     from ragsieve.eval.stats import non_inferior
 
     outcomes = {}
@@ -177,8 +191,8 @@ def check(readme: str, sources: dict) -> list[str]:
             if not found:
                 problems.append(f"row '{key[:60]}': no text matches margin claim /{claim['text']}/")
             elif found.group(1) != test.verdict:
-                problems.append(f"row '{key[:60]}': says '{found.group(1)}' where {claim['rows']} gives "
-                                f"'{test.verdict}' ({claim['a']} vs {claim['b']}: {test.diff:+.3f} "
+                problems.append(f"row '{key[:60]}': says '{found.group(1)}' where "
+                                f"{claim.get('rows') or claim['counts']} gives '{test.verdict}' ({test.diff:+.3f} "
                                 f"[{test.low:+.3f}, {test.high:+.3f}])")
         stated = {written(str(x))[0] for x in entry.get("stated", {})}
         for pin in entry.get("pinned", []):  # a number at its place: the regex's groups, one JSON value each
