@@ -105,38 +105,31 @@ def pruning_sieve(tmp_path_factory):
     return folder
 
 
-def test_python_http_and_every_adapter_return_the_same_pruned_text(pruning_sieve):
-    """Sieve.filter, /v1/filter (a real loopback server) and LangChain / LlamaIndex / Haystack with the same
-    sieve keep the same documents, cut to the same sentences."""
-    from ragsieve.pipeline import Sieve
+def _front_doors(sieve_folder, check_http=None) -> dict[str, list[tuple[int, str]]]:
+    """(input index, text that reaches the LLM) of each kept document, through /v1/filter (a real loopback server)
+    and LangChain / LlamaIndex / Haystack with the sieve in ``sieve_folder``; ``check_http(server)`` asserts more
+    on the running server."""
     from ragsieve.serve import ServeConfig, create_app
     from ragsieve.serve.runner import BackgroundServer
 
-    result = Sieve.load(pruning_sieve).filter(QUERY, DOCS)
-    expected = [(r.index, p.text) for (r, _), p in zip(result.kept_results, result.pruned)]
-    assert len(expected) == 2 and any(text != DOCS[i] for i, text in expected)  # something was cut
     got = {}
-    with BackgroundServer(create_app(ServeConfig(sieve=str(pruning_sieve)))) as server:
+    with BackgroundServer(create_app(ServeConfig(sieve=str(sieve_folder)))) as server:
         r = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "raw_scores": True})
         assert r.status_code == 200, r.text
         body = r.json()
         got["http"] = [(d["index"], d["pruned"]["text"] if "pruned" in d else DOCS[d["index"]])
                        for d in body["results"]]
-        assert body["prune_threshold"] == 1.0
         for d in body["results"]:
             if "pruned" in d:
                 assert d["pruned"]["text"].startswith(DOCS[d["index"]][slice(*d["pruned"]["kept_spans"][0])])
-        whole = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": False})
-        assert all("pruned" not in d for d in whole.json()["results"])
-        assert "prune_threshold" not in whole.json()
-        bad = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": 3})
-        assert bad.status_code == 422 and "prune" in bad.text
+        if check_http is not None:
+            check_http(server, body)
     if importlib.util.find_spec("langchain_core"):
         from langchain_core.documents import Document
 
         from ragsieve.integrations.langchain import RagsieveCompressor
 
-        out = RagsieveCompressor(sieve=str(pruning_sieve)).compress_documents(
+        out = RagsieveCompressor(sieve=str(sieve_folder)).compress_documents(
             [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(DOCS)], QUERY)
         got["langchain"] = [(d.metadata["n"], d.page_content) for d in out]
     if importlib.util.find_spec("llama_index"):
@@ -145,18 +138,69 @@ def test_python_http_and_every_adapter_return_the_same_pruned_text(pruning_sieve
         from ragsieve.integrations.llama_index import RagsieveRerank
 
         nodes = [NodeWithScore(node=TextNode(text=t, id_=str(i)), score=0.0) for i, t in enumerate(DOCS)]
-        out = RagsieveRerank(sieve=str(pruning_sieve)).postprocess_nodes(nodes, query_str=QUERY)
+        out = RagsieveRerank(sieve=str(sieve_folder)).postprocess_nodes(nodes, query_str=QUERY)
         got["llama_index"] = [(int(n.node.node_id), n.node.get_content()) for n in out]
     if importlib.util.find_spec("haystack"):
         from haystack import Document
 
         from ragsieve.integrations.haystack import RagsieveRanker
 
-        out = RagsieveRanker(sieve=str(pruning_sieve)).run(QUERY, [Document(content=t, id=str(i))
-                                                                   for i, t in enumerate(DOCS)])
+        out = RagsieveRanker(sieve=str(sieve_folder)).run(QUERY, [Document(content=t, id=str(i))
+                                                                  for i, t in enumerate(DOCS)])
         got["haystack"] = [(int(d.id), d.content) for d in out["documents"]]
     assert set(got) >= {"http"}
-    for name, kept in got.items():
+    return got
+
+
+def test_python_http_and_every_adapter_return_the_same_pruned_text(pruning_sieve):
+    """Sieve.filter, /v1/filter (a real loopback server) and LangChain / LlamaIndex / Haystack with the same
+    sieve keep the same documents, cut to the same sentences."""
+    from ragsieve.pipeline import Sieve
+
+    result = Sieve.load(pruning_sieve).filter(QUERY, DOCS)
+    expected = [(r.index, p.text) for r, _, p in result.kept_items]
+    assert len(expected) == 2 and any(text != DOCS[i] for i, text in expected)  # something was cut
+
+    def check_http(server, body):
+        assert body["prune_threshold"] == 1.0
+        whole = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": False})
+        assert all("pruned" not in d for d in whole.json()["results"])
+        assert "prune_threshold" not in whole.json()
+        bad = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": 3})
+        assert bad.status_code == 422 and "prune" in bad.text
+
+    for name, kept in _front_doors(pruning_sieve, check_http).items():
+        assert kept == expected, name
+
+
+def test_across_passages_the_best_sentences_of_all_kept_passages_reach_every_front_door(bm25, tmp_path):
+    """Issue #69: a sieve that prunes across its kept passages keeps their best sentences together (a cap in
+    all, or a token cap); a passage left without a sentence leaves the prompt, in Python, over HTTP and in
+    every adapter alike, and the trace shows its sentences dropped."""
+    from ragsieve.pipeline import Sieve, SieveConfig
+    from ragsieve.pipeline.stages import SieveStages
+
+    per_passage = SieveStages(bm25, top_k=3, pruner=SentencePruner(bm25, max_sentences=1)).apply(QUERY, DOCS)
+    across = SieveStages(bm25, top_k=3, pruner=SentencePruner(bm25, max_sentences=2, scope="across"))
+    result = across.apply(QUERY, DOCS)
+    assert len(per_passage.kept) == 3 and len(result.kept_whole) == 3  # the same three passages selected ...
+    assert sum(len(split_sentences(p.text)) for p in result.kept) == 2 and len(result.kept) <= 2  # ... 2 sentences
+    scores = sorted((s for p in result.pruned for s in p.scores), reverse=True)
+    kept_scores = sorted((s for p in result.pruned for s, k in zip(p.scores, p.keep) if k), reverse=True)
+    assert kept_scores == scores[:2]  # the two best of all, wherever they sit
+    assert dict(result.prune_rule) == {"scope": "across", "max_sentences": 2, "token_cap": None}
+    traced = [t for t in result.trace() if t.sentences]
+    assert len(traced) == 3 and sum(k for t in traced for _, _, k in t.sentences) == 2
+    # a token cap: the best sentences that fit, and never nothing
+    capped = SieveStages(bm25, top_k=3, pruner=SentencePruner(bm25, token_cap=12, scope="across")).apply(QUERY, DOCS)
+    assert 0 < capped.tokens_after <= max(12, min(p.tokens_after for p in capped.pruned if p.n_kept))
+    with pytest.raises(RagsieveError, match="scope='across'"):
+        SentencePruner(bm25, token_cap=12)
+    folder = tmp_path / "across"
+    Sieve(SieveConfig(reranker="bm25", top_k=3, prune_max_sentences=2, prune_scope="across")).save(folder)
+    expected = [(r.index, p.text) for r, _, p in Sieve.load(folder).filter(QUERY, DOCS).kept_items]
+    assert expected == [(r.index, p.text) for r, _, p in result.kept_items]
+    for name, kept in _front_doors(folder).items():
         assert kept == expected, name
 
 
@@ -198,14 +242,22 @@ def test_the_fit_grid_prunes_with_stored_sentence_scores(bm25, tmp_path):
     candidates = {q.id: [Passage(str(j), t, f"t{j}") for j, t in enumerate(DOCS)] for q in questions}
     store = PairScores(tmp_path / "sentences", "sentences", {"scoring_key": "bm25"})
     config = SelectConfig(ks=[0, 1, 2], plain_ks=[1, 2], grade_quantiles=[], gate_quantiles=[],
-                          prune_quantiles=[0.9], prune_max_sentences=[1], race=False)
+                          prune_quantiles=[0.9], prune_max_sentences=[1], prune_across_sentences=[2], race=False)
     selection = Selection(None, None, candidates, config, pruner=SentencePruner(bm25), sentence_store=store)
     selection.add_ranking(RETRIEVER, questions)
     selection.add_ranking("bm25", questions, bm25)
     grid = selection.grid([RETRIEVER, "bm25"], questions)
     pruned = [c for c in grid if c.prune != "off"]
     assert {(c.k, c.order) for c in pruned} == {(1, RETRIEVER), (2, RETRIEVER), (1, "bm25"), (2, "bm25")}
-    assert {c.prune for c in pruned} == {"q0.90", "best1"} and all(c.gate == "off" and not c.plain for c in pruned)
+    assert {c.prune for c in pruned} == {"q0.90", "best1", "across best2"}
+    assert all(c.gate == "off" and not c.plain for c in pruned)
+    # across passages (issue #69): only for k >= 2, the best 2 sentences of both kept passages together
+    across = next(c for c in pruned if c.prune_scope == "across" and c.order == "bm25")
+    assert across.k == 2 and across.name == "top2, bm25, prune across best2"
+    across_kept = selection.passages(across, questions[0])
+    assert sum(len(split_sentences(p.text)) for p in across_kept) == 2
+    assert [p.id for p in across_kept] == [p.id for p in selection.passages(Choice(2, "bm25"), questions[0])
+                                           if p.id in {q.id for q in across_kept}]
     choice = next(c for c in pruned if c.k == 2 and c.order == "bm25" and c.prune == "q0.90")
     kept = selection.passages(choice, questions[0])
     whole = selection.passages(Choice(2, "bm25"), questions[0])

@@ -97,6 +97,9 @@ class SelectConfig(StrictConfig):
     prune_quantiles: list[float] = [0.5, 0.75, 0.9]
     # and the best n sentences of each kept passage, whatever they score (RECOMP-style top-n); [] tries none
     prune_max_sentences: list[int] = [1, 2]
+    # and the best n sentences of all the kept passages together (issue #69: evidence spread over two passages
+    # costs two sentences, not two passages), for k >= 2; [] tries none
+    prune_across_sentences: list[int] = [2, 3]
     placements: list[Literal["best_first", "best_last"]] = ["best_first", "best_last"]
     # refine: the grid is answered with the first placement, then the other placements only for the
     # ``refine_top`` best configurations of two or more passages (each placement of a k >= 2 row is a new,
@@ -130,7 +133,7 @@ class SelectConfig(StrictConfig):
     race_batch: int = Field(40, ge=1)
     race_alpha: float = Field(0.01, gt=0, lt=1)
 
-    @field_validator("prune_max_sentences")
+    @field_validator("prune_max_sentences", "prune_across_sentences")
     @classmethod
     def _caps(cls, value: list[int]) -> list[int]:
         if any(n < 1 for n in value):

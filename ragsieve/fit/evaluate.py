@@ -72,6 +72,7 @@ def _shipped_sieve(state: "FitState") -> SieveConfig:
         grader=save_grader(state, shipped), top_k=shipped.k, passage_order=shipped.placement,
         prune_threshold=shipped.prune_threshold if shipped.k > 0 else None,
         prune_max_sentences=shipped.prune_max if shipped.k > 0 else None,
+        prune_scope=shipped.prune_scope if shipped.k > 0 else "passage",
         # the sentence scorer the grid pruned with, unless it is the sieve's reranker already
         pruner=(align_init if shipped.prune != "off" and shipped.k > 0 and shipped.order != align_init else None),
         candidates=state.config.candidates, max_prompt_tokens=state.config.max_prompt_tokens,

@@ -187,7 +187,8 @@ class Choice:
     gate: str = "off"  # policy | q0.50 ... | off
     prune_threshold: Optional[float] = None  # prune: keep each kept passage's sentences scoring >= this
     prune_max: Optional[int] = None  # prune: and at most this many sentences per passage (the best ones)
-    prune: str = "off"  # the prune level: off | q0.50 ... (a threshold) | best1 ... (a cap)
+    prune: str = "off"  # the prune level: off | q0.50 ... (a threshold) | best1 ... (a cap) | across best2 ...
+    prune_scope: str = "passage"  # across: prune_max is the best sentences of all kept passages together
 
     @property
     def name(self) -> str:
@@ -219,7 +220,8 @@ class Choice:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "k": self.k, "order": self.order, "grade": self.grade,
                 "threshold": self.threshold, "placement": self.placement, "gate": self.gate, "beta": self.beta,
-                "prune": self.prune, "prune_threshold": self.prune_threshold, "prune_max": self.prune_max}
+                "prune": self.prune, "prune_threshold": self.prune_threshold, "prune_max": self.prune_max,
+                "prune_scope": self.prune_scope}
 
 
 class Selection:
@@ -296,6 +298,11 @@ class Selection:
                         for prune_threshold, prune_max, prune in prunes:
                             choices.append(Choice(k, source, threshold, grade, placement, *betas[0],
                                                   prune_threshold=prune_threshold, prune_max=prune_max, prune=prune))
+                        # across passages (issue #69): the best n sentences of all k kept passages together, so
+                        # evidence in two passages costs two sentences, not two passages
+                        for n in (c.prune_across_sentences if self.pruner is not None and dev and k > 1 else []):
+                            choices.append(Choice(k, source, threshold, grade, placement, *betas[0], prune_max=n,
+                                                  prune=f"across best{n}", prune_scope="across"))
         return choices
 
     def prune_levels(self, sources: Sequence[str], dev: Sequence[Question]
@@ -391,7 +398,7 @@ class Selection:
         # the sieve's pruning on the stored sentence scores of the kept candidates
         kept = [r.index for r, _ in result.kept_results]
         self.score_sentences([(q, i) for i in kept])
-        stages = SieveStages(pruner=self.pruner.at(choice.prune_threshold, choice.prune_max))
+        stages = SieveStages(pruner=self.pruner.at(choice.prune_threshold, choice.prune_max, scope=choice.prune_scope))
         return stages.decide_prune(result, np.concatenate([self._sentence_scores[q.id, i] for i in kept])).kept
 
     def prompt(self, choice: Choice, q: Question) -> str:
@@ -418,7 +425,8 @@ class Selection:
 
         pruned = [c for c in choices if c.prune != "off"]
         if pruned:  # every sentence the pruned prompts need, scored in one batch
-            unpruned = {replace(c, prune_threshold=None, prune_max=None, prune="off") for c in pruned}
+            unpruned = {replace(c, prune_threshold=None, prune_max=None, prune="off", prune_scope="passage")
+                        for c in pruned}
             self.score_sentences([(q, i) for c in unpruned for q in questions for i in self._kept_indices(c, q)])
         prompts = [[self.prompt(c, q) for q in questions] for c in choices]
         flat = [t for row in prompts for t in row]

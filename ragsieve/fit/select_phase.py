@@ -132,7 +132,8 @@ def _ranked_selection(state: "FitState") -> tuple["Selection", list[str]]:
 def _sentence_pruner(state: "FitState"):
     """The pruner the grid's prune configurations score sentences with: the reranker alignment started from
     (zero-shot, ``title: sentence``); None when the grid prunes nothing."""
-    if not (state.config.select.prune_quantiles or state.config.select.prune_max_sentences):
+    c = state.config.select
+    if not (c.prune_quantiles or c.prune_max_sentences or c.prune_across_sentences):
         return None
     from ragsieve.prune import SentencePruner
 

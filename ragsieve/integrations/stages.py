@@ -92,6 +92,5 @@ def keep(stages: "SieveStages", query: str, texts: Sequence[str]) -> list[Kept]:
     if not texts:
         return []
     result = stages.apply(query, list(texts))
-    pruned = list(result.pruned) or [None] * len(result.kept_results)
     return [Kept(r.index, r.score, p.text if p is not None else None, p.kept_spans if p is not None else None)
-            for (r, _), p in zip(result.kept_results, pruned)]
+            for r, _, p in result.kept_items]

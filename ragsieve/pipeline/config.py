@@ -38,6 +38,8 @@ class PipelineConfig(StrictConfig):
         None, allow_inf_nan=False, description="keep each kept passage's sentences scoring >= this (raw)")
     pruner: Optional[str] = None  # sentence scorer spec for pruning; None: the reranker
     prune_max_sentences: Optional[int] = Field(None, ge=1)  # at most this many sentences per kept passage
+    prune_scope: Literal["passage", "across"] = "passage"  # across: the caps hold over all kept passages together
+    prune_token_cap: Optional[int] = Field(None, ge=1)  # across: the kept sentences' tokens in all, at most
     cbdr_beta: Optional[float] = Field(None, ge=0.0, le=1.0, description="answer closed-book when Conf(Q) > β")
     probe: str = DEFAULT_PROBE  # probe folder or embedded:<name>, used when cbdr_beta is set
     max_prompt_tokens: int = Field(1024, ge=64)
@@ -75,13 +77,15 @@ class PipelineConfig(StrictConfig):
             "pruner": part(sc.pruner),
             "prune_max_sentences": (self.prune_max_sentences if self.prune_max_sentences is not None
                                     else sc.prune_max_sentences),
+            "prune_scope": sc.prune_scope, "prune_token_cap": sc.prune_token_cap,
             "max_prompt_tokens": sc.max_prompt_tokens,
             "max_new_tokens": sc.max_new_tokens,
         })
 
     @model_validator(mode="after")
     def _pruner_has_a_scorer(self) -> "PipelineConfig":
-        prunes = self.prune_threshold is not None or self.prune_max_sentences is not None
+        prunes = (self.prune_threshold is not None or self.prune_max_sentences is not None
+                  or self.prune_token_cap is not None)
         if prunes and not (self.sieve or self.reranker or self.pruner):
             raise ValueError("pruning (prune_threshold, prune_max_sentences) needs a sentence scorer: give a reranker, "
                              "a pruner or a sieve")

@@ -33,6 +33,10 @@ class SieveConfig(StrictConfig):
     prune_threshold: Optional[float] = Field(None, allow_inf_nan=False)
     pruner: Optional[str] = None  # the sentence scorer (folder or spec); None: the sieve's reranker
     prune_max_sentences: Optional[int] = Field(None, ge=1)  # at most this many sentences per kept passage
+    # "across": the threshold and caps apply to every sentence of the kept passages together (the best
+    # prune_max_sentences in all, within prune_token_cap tokens), a passage left without one dropped (issue #69)
+    prune_scope: Literal["passage", "across"] = "passage"
+    prune_token_cap: Optional[int] = Field(None, ge=1)  # scope across: the kept sentences' tokens in all, at most
     candidates: int = Field(20, ge=1)
     max_prompt_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(16, ge=1)

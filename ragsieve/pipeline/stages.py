@@ -15,7 +15,9 @@ Semantics, in order:
    selected passage is kept;
 4. **keep** the selected passages graded relevant, best first (an empty passage never is);
 5. **prune** (with a :class:`~ragsieve.prune.SentencePruner`): each kept passage is cut to its sentences
-   scoring at least the prune threshold (always its best one), in their original order, under its title.
+   scoring at least the prune threshold (always its best one), in their original order, under its title; or,
+   with ``scope="across"``, the best sentences of all kept passages together (a sentence or token cap), a
+   passage left without one dropped.
 
 The order lives in one place, :meth:`SieveStages.plan`: a generator that yields each model call the sieve
 needs (:class:`ModelCall`: rank, grade, prune) and takes back one score per pair. :meth:`SieveStages.apply`
@@ -88,6 +90,8 @@ class FilterResult:
     threshold: float | None = None  # the cut the verdicts used
     pruned: tuple["PrunedPassage", ...] = ()  # one per kept passage when pruned (empty: kept whole)
     prune_threshold: float | None = None  # the sentence cut the pruning used (raw)
+    # how the pruning chose (empty when not pruned): scope ("passage" | "across"), max_sentences, token_cap
+    prune_rule: tuple[tuple[str, Any], ...] = ()
 
     @property
     def selected_results(self) -> list[RankedResult]:
@@ -111,12 +115,19 @@ class FilterResult:
         return [r.passage for r, _ in self.kept_results]
 
     @property
+    def kept_items(self) -> list[tuple[RankedResult, GradeResult | None, "PrunedPassage | None"]]:
+        """Each passage that reaches the prompt, best first: its ranking, verdict (None: not graded) and pruning
+        (None: kept whole). The one place kept passages meet their pruned text: a passage an across-passage cut
+        left without a sentence is not here."""
+        if not self.pruned:
+            return [(r, v, None) for r, v in self.kept_results]
+        return [(r, v, p) for (r, v), p in zip(self.kept_results, self.pruned, strict=True) if p.reaches_prompt]
+
+    @property
     def kept(self) -> list[Passage]:
         """What goes into the prompt: the kept passages, each cut to its kept sentences when pruned
         (``meta["kept_spans"]`` then says which character spans of the original text remain)."""
-        if self.pruned:
-            return [p.as_passage() for p in self.pruned]
-        return self.kept_whole
+        return [p.as_passage() if p is not None else r.passage for r, _, p in self.kept_items]
 
     @property
     def tokens_before(self) -> int | None:
@@ -141,6 +152,7 @@ class FilterResult:
     def trace(self) -> list[CandidateTrace]:
         """Every passage in input order, with its rank, score, cut and verdict (what ``ask --explain`` prints)."""
         verdicts = dict(zip((r.index for r in self.selected_results), self.verdicts))
+        # every pruned passage, those an across-passage cut emptied too (their sentences all show as dropped)
         pruned = {r.index: p for (r, _), p in zip(self.kept_results, self.pruned)}
         traces = []
         for r in self.ranked.results:
@@ -180,13 +192,15 @@ class SieveStages:
         """
         pruner = None
         threshold, cap = getattr(config, "prune_threshold", None), getattr(config, "prune_max_sentences", None)
-        if threshold is not None or cap is not None:
+        token_cap = getattr(config, "prune_token_cap", None)
+        if threshold is not None or cap is not None or token_cap is not None:
             from ragsieve.prune import SentencePruner
 
             scorer = pruner_scorer if pruner_scorer is not None else reranker
             if scorer is None:
                 raise RagsieveError("pruning needs a sentence scorer: name a reranker or a pruner")
-            pruner = SentencePruner(scorer, threshold=threshold, max_sentences=cap)
+            pruner = SentencePruner(scorer, threshold=threshold, max_sentences=cap,
+                                    scope=getattr(config, "prune_scope", None) or "passage", token_cap=token_cap)
         return cls(reranker, grader, top_k=config.top_k, pruner=pruner)
 
     def override(self, *, top_k: int | None = None, threshold: float | None = None,
@@ -249,7 +263,10 @@ class SieveStages:
         :meth:`prune_layout` pair)."""
         layout = self.prune_layout(result)
         pruned = tuple(self.pruner.decide(layout, scores))
-        return replace(result, pruned=pruned, prune_threshold=self.pruner.threshold)  # None: a sentence cap alone
+        rule = (("scope", self.pruner.scope), ("max_sentences", self.pruner.max_sentences),
+                ("token_cap", self.pruner.token_cap))
+        # prune_threshold None: a sentence or token cap alone
+        return replace(result, pruned=pruned, prune_threshold=self.pruner.threshold, prune_rule=rule)
 
     def prune(self, result: FilterResult) -> FilterResult:
         """``result`` with each kept passage cut to its sentences at or above the prune threshold (unchanged

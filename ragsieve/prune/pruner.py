@@ -38,12 +38,17 @@ def whitespace_tokens(text: str) -> int:
 
 
 def scorer_token_counter(scorer: BaseRanker) -> TokenCounter:
-    """Token counts in the scorer's own tokenizer (the shipped reranker's WordPiece), words if it has none."""
+    """Token counts in the scorer's own tokenizer (the shipped reranker's WordPiece; a keep head's, the same),
+    words if it has none."""
     window = scorer.window()
-    if window is None:
+    tokenizer = window[0] if window is not None else getattr(scorer, "tokenizer", None)
+    if tokenizer is None:
         return whitespace_tokens
-    tokenizer = window[0]
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+#: where the keep rule looks: each passage's own sentences, or every sentence of the kept passages at once
+SCOPES = ("passage", "across")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,11 @@ class PrunedPassage:
     def n_kept(self) -> int:
         return int(sum(self.keep))
 
+    @property
+    def reaches_prompt(self) -> bool:
+        """False when an across-passage cut kept none of its sentences: the passage leaves the prompt."""
+        return self.n_kept > 0 or not self.spans
+
     def as_passage(self) -> Passage:
         """The pruned passage: same id and title, the kept text; ``meta["kept_spans"]`` says where it came from."""
         if self.n_kept == len(self.spans):
@@ -114,18 +124,25 @@ class PruneLayout:
 class SentencePruner:
     """Keeps the sentences of each passage scoring at least ``threshold`` with ``scorer`` (see the module doc).
 
-    ``min_keep`` sentences (the best ones) of each passage always stay, so a kept passage never empties;
-    ``max_sentences`` keeps at most that many (the best ones) of those at or above the threshold, so a long
-    passage of on-topic sentences still shrinks (with no threshold: simply the best ``max_sentences``).
-    Tokens before and after are counted with ``count_tokens`` (default: the scorer's tokenizer).
+    ``scope="passage"`` (the default) cuts each passage on its own: its ``min_keep`` best sentences always stay,
+    so a kept passage never empties; ``max_sentences`` keeps at most that many (the best ones) of those at or
+    above the threshold, so a long passage of on-topic sentences still shrinks (with no threshold: simply the
+    best ``max_sentences``). ``scope="across"`` ranks every sentence of every kept passage together (RECOMP /
+    EXIT's extractive selection): the best ``max_sentences`` of them in all, and/or as many of the best as fit
+    in ``token_cap`` tokens, those at or above the threshold, always the ``min_keep`` best overall; a passage
+    none of whose sentences is kept leaves the prompt, so evidence in two passages costs two sentences, not
+    two passages. Tokens (before, after and against ``token_cap``) are counted with ``count_tokens`` (default:
+    the scorer's tokenizer).
     """
 
     scorer: BaseRanker
-    threshold: float | None = None  # raw, on the scorer's scale; None: a caller must give one (or max_sentences)
+    threshold: float | None = None  # raw, on the scorer's scale; None: a caller must give one (or a cap)
     min_keep: int = 1
-    max_sentences: int | None = None
+    max_sentences: int | None = None  # per passage, or in all with scope="across"
     language: str = DEFAULT_LANGUAGE
     count_tokens: TokenCounter | None = None
+    scope: str = "passage"
+    token_cap: int | None = None  # scope="across": the kept sentences' tokens in all, at most
 
     def __post_init__(self):
         if self.min_keep < 1:
@@ -134,10 +151,17 @@ class SentencePruner:
             raise RagsieveError(f"max_sentences must be >= min_keep ({self.min_keep}), got {self.max_sentences}")
         if self.threshold is not None and np.isnan(self.threshold):  # +inf is fine: the best sentence only
             raise RagsieveError("prune threshold must be a number, got NaN")
+        if self.scope not in SCOPES:
+            raise RagsieveError(f"prune scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.token_cap is not None and (self.token_cap < 1 or self.scope != "across"):
+            raise RagsieveError(f"a prune token cap is >= 1 and needs scope='across', got {self.token_cap} "
+                                f"with scope={self.scope!r}")
 
-    def at(self, threshold: float | None, max_sentences: int | None = None) -> "SentencePruner":
-        """The same pruner at another threshold and/or sentence cap (``None`` keeps this one's)."""
-        update = {k: v for k, v in (("threshold", threshold), ("max_sentences", max_sentences)) if v is not None}
+    def at(self, threshold: float | None, max_sentences: int | None = None, *, scope: str | None = None,
+           token_cap: int | None = None) -> "SentencePruner":
+        """The same pruner at another threshold, sentence cap, scope and/or token cap (``None`` keeps this one's)."""
+        update = {k: v for k, v in (("threshold", threshold), ("max_sentences", max_sentences), ("scope", scope),
+                                    ("token_cap", token_cap)) if v is not None}
         return replace(self, **update) if update else self
 
     def layout(self, query: str, passages: Sequence[Passage]) -> PruneLayout:
@@ -170,25 +194,53 @@ class SentencePruner:
     def decide(self, layout: PruneLayout, scores: Sequence[float], threshold: float | None = None
                ) -> list[PrunedPassage]:
         """Each passage pruned by sentence ``scores`` (one per ``layout.pairs``) against ``threshold``
-        (default: this pruner's)."""
+        (default: this pruner's), one :class:`PrunedPassage` per passage (with ``scope="across"`` one may keep
+        nothing: it leaves the prompt)."""
         threshold = self._threshold(threshold)
         scores = np.asarray(scores, dtype=float)
         if len(scores) != len(layout.pairs):
             raise RagsieveError(f"{len(scores)} sentence scores for {len(layout.pairs)} sentences")
         count = self.count_tokens or scorer_token_counter(self.scorer)
-        out, lo = [], 0
-        for passage, spans in zip(layout.passages, layout.spans):
-            own = scores[lo : lo + len(spans)]
-            lo += len(spans)
-            keep = own >= threshold
-            best_first = np.argsort(-own, kind="stable")
-            if self.max_sentences is not None:
-                keep[best_first[self.max_sentences:]] = False
-            if len(own):  # the best min_keep always stay: a kept passage never empties
-                keep[best_first[: self.min_keep]] = True
-            pruned = PrunedPassage(passage, spans, tuple(float(s) for s in own), tuple(bool(k) for k in keep))
+        bounds = np.cumsum([0] + [len(spans) for spans in layout.spans])
+        if self.scope == "across":
+            keep = self._keep_across(layout, scores, threshold, count)
+        else:
+            keep = np.concatenate([self._keep_within(scores[a:b], threshold) for a, b in zip(bounds[:-1], bounds[1:])]
+                                  or [np.zeros(0, bool)])
+        out = []
+        for passage, spans, a, b in zip(layout.passages, layout.spans, bounds[:-1], bounds[1:]):
+            pruned = PrunedPassage(passage, spans, tuple(float(s) for s in scores[a:b]),
+                                   tuple(bool(k) for k in keep[a:b]))
             out.append(replace(pruned, tokens_before=count(passage.text), tokens_after=count(pruned.text)))
         return out
+
+    def _keep_within(self, own: np.ndarray, threshold: float) -> np.ndarray:
+        """One passage's rule: at or above the threshold, at most ``max_sentences``, always ``min_keep``."""
+        keep = own >= threshold
+        best_first = np.argsort(-own, kind="stable")
+        if self.max_sentences is not None:
+            keep[best_first[self.max_sentences:]] = False
+        if len(own):  # the best min_keep always stay: a kept passage never empties
+            keep[best_first[: self.min_keep]] = True
+        return keep
+
+    def _keep_across(self, layout: PruneLayout, scores: np.ndarray, threshold: float, count: TokenCounter
+                     ) -> np.ndarray:
+        """Every sentence ranked together: the best first while the sentence cap and the token cap allow
+        (a sentence too long for what is left of the cap is passed over for a shorter one below it), those at
+        or above the threshold, always the ``min_keep`` best overall."""
+        keep = np.zeros(len(scores), bool)
+        left = self.token_cap
+        for rank, i in enumerate(np.argsort(-scores, kind="stable")):  # ties: the earlier passage and sentence
+            forced = rank < self.min_keep
+            if not forced and (scores[i] < threshold or
+                               (self.max_sentences is not None and keep.sum() >= self.max_sentences)):
+                break
+            cost = count(layout.pairs[i].text) if left is not None else 0
+            if forced or left is None or cost <= left:
+                keep[i] = True
+                left = None if left is None else left - cost
+        return keep
 
     def prune(self, query: str, passages: Sequence[Passage], threshold: float | None = None) -> list[PrunedPassage]:
         """Split, score and cut ``passages`` for ``query`` in one call."""
@@ -199,7 +251,8 @@ class SentencePruner:
     def _threshold(self, threshold: float | None) -> float:
         threshold = self.threshold if threshold is None else threshold
         if threshold is None:
-            if self.max_sentences is not None:  # a cap alone: the best max_sentences, whatever they score
+            if self.max_sentences is not None or self.token_cap is not None:  # a cap alone: the best, whatever they score
                 return float("-inf")
-            raise RagsieveError("no prune threshold: give one (raw, on the pruning scorer's scale) or max_sentences")
+            raise RagsieveError("no prune threshold: give one (raw, on the pruning scorer's scale), max_sentences or "
+                                "token_cap")
         return float(threshold)

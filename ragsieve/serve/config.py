@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr, model_validator
 
 from ragsieve.config import StrictConfig
@@ -30,6 +32,8 @@ class ServeConfig(StrictConfig):
     prune_threshold: float | None = Field(None, allow_inf_nan=False)
     prune_max_sentences: int | None = Field(None, ge=1)  # and at most this many sentences per document
     pruner: str | None = None  # the sentence scorer spec (a sieve's own, e.g. prune-head); None: the reranker
+    prune_scope: Literal["passage", "across"] = "passage"  # a sieve's own: across = the caps over all kept documents
+    prune_token_cap: int | None = Field(None, ge=1)  # a sieve's own (scope across): kept sentences' tokens in all
     # /v1/filter without a grader or a request threshold: True keeps the top_k ungraded, as Sieve.filter does for
     # a sieve fitted without a grader (set when serving a sieve); False answers 400 (a bare reranker has no cut)
     keep_ungraded: bool = False
@@ -103,6 +107,7 @@ class ServeConfig(StrictConfig):
             "probe": p.probe if gated else None, "top_k": p.top_k, "candidates": p.candidates,
             "max_new_tokens": p.max_new_tokens, "model_name": self.model_name or f"sieve:{Path(self.sieve).name}",
             "prune_threshold": p.prune_threshold, "prune_max_sentences": p.prune_max_sentences, "pruner": p.pruner,
+            "prune_scope": p.prune_scope, "prune_token_cap": p.prune_token_cap,
             "keep_ungraded": True,
         }
         if gated:
@@ -112,4 +117,4 @@ class ServeConfig(StrictConfig):
 
 # what a sieve decides; giving one of these next to --sieve is refused, not silently overridden
 _SIEVE_FIELDS = frozenset({"reranker", "grader", "llm", "probe", "cbdr_beta", "prune_threshold",
-                           "prune_max_sentences", "pruner"})
+                           "prune_max_sentences", "pruner", "prune_scope", "prune_token_cap"})

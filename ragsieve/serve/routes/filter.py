@@ -63,8 +63,9 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
     stages = stages.override(top_k=body.top_n, threshold=threshold)
     stages = replace(stages, pruner=_request_pruner(body, served, stages))
     result = await stages.apply_async(query, docs, lambda call: _scores(call, state, served, stages, docs, meta))
-    pruned = {r.index: p for (r, _), p in zip(result.kept_results, result.pruned)}
-    kept = result.kept_results
+    items = result.kept_items  # what reaches the prompt, with its pruned text (None: whole)
+    kept = [(r, verdict) for r, verdict, _ in items]
+    pruned = {r.index: p for r, _, p in items if p is not None}
     rank_raw = np.array([r.score for r, _ in kept], dtype=float)
     # ungraded (a sieve without a grader): the ranker's score is the grade score, as for a self-grading ranker
     grade_raw = np.array([verdict.score if verdict is not None else r.score for r, verdict in kept], dtype=float)
