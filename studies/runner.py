@@ -31,6 +31,7 @@ from studies.evolve_own_data import EvolveOwnDataStudy
 from studies.grader import GraderExperiment
 from studies.probe_nq import ProbeExperiment
 from studies.prune import PruneStudy
+from studies.prune_across import PruneAcrossStudy
 from studies.prune_head import PruneHeadStudy
 from studies.rerank_align import RerankAlignExperiment
 from studies.rerank_align_guard import RerankAlignGuardStudy
@@ -50,6 +51,7 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "evolve_own_data": EvolveOwnDataStudy,
     "prune": PruneStudy,
     "prune_head": PruneHeadStudy,
+    "prune_across": PruneAcrossStudy,
     "cascade": CascadeStudy,
 }
 

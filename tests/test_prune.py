@@ -200,7 +200,19 @@ def test_across_passages_the_best_sentences_of_all_kept_passages_reach_every_fro
     Sieve(SieveConfig(reranker="bm25", top_k=3, prune_max_sentences=2, prune_scope="across")).save(folder)
     expected = [(r.index, p.text) for r, _, p in Sieve.load(folder).filter(QUERY, DOCS).kept_items]
     assert expected == [(r.index, p.text) for r, _, p in result.kept_items]
-    for name, kept in _front_doors(folder).items():
+
+    def per_request_cap(server, body):  # /v1/filter: a token cap per request, beside "prune"
+        assert body["prune_rule"] == {"scope": "across", "max_sentences": 2, "token_cap": None}
+        r = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune_token_cap": 12})
+        assert r.status_code == 200, r.text
+        assert [(d["index"], d["pruned"]["text"]) for d in r.json()["results"]] == \
+            [(r.index, p.text) for r, _, p in capped.kept_items]
+        assert r.json()["prune_rule"] == {"scope": "across", "max_sentences": None, "token_cap": 12}
+        refused = httpx.post(f"{server.url}/v1/filter", json={"query": QUERY, "documents": DOCS, "prune": False,
+                                                               "prune_token_cap": 12})
+        assert refused.status_code == 400 and "prune_token_cap" in refused.json()["error"]
+
+    for name, kept in _front_doors(folder, per_request_cap).items():
         assert kept == expected, name
 
 
@@ -360,3 +372,18 @@ def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch
     second = KeepHeadTrainer(again, config.model_copy(update={"epochs": 2}), tmp_path).train(examples)
     assert [e["epoch"] for e in second["epochs"]] == [1, 2]
     assert second["epochs"][0] == first["epochs"][0]
+
+
+def test_the_across_study_counts_evidence_over_the_whole_question(bm25):
+    """studies/prune_across: a gold sentence kept anywhere in the top k counts; one in a passage outside it is
+    missed; a smaller k is a prefix of the larger k's layout and scores."""
+    from studies.prune_across import _recall, prefix
+
+    passages = [Passage("a", DOCS[1], "a"), Passage("b", DOCS[3], "b"), Passage("c", DOCS[0], "c")]
+    layout = SentencePruner(bm25).layout(QUERY, passages)
+    scores = {"x": np.arange(len(layout.pairs), dtype=float)}
+    gold = {"a": [layout.spans[0][1]], "b": [layout.spans[1][1]], "elsewhere": [(0, 10)]}
+    keeps = [[False, True, False], [False, True, False], [False, False]]
+    assert _recall(layout, keeps, gold, 3) == pytest.approx(2 / 3)
+    small, cut = prefix(layout, scores, 2)
+    assert small.passages == layout.passages[:2] and len(cut["x"]) == len(small.pairs) == 6

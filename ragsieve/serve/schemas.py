@@ -7,7 +7,7 @@ Request models ignore unknown fields (clients send ``rank_fields``, ``max_tokens
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -78,6 +78,13 @@ class FilterRequest(RerankRequest):
         description="cut each kept document to its sentences the reranker scores >= a threshold (always its best "
         "one): true uses the served sieve's prune threshold, a number is the threshold (in [0, 1], raw with "
         "raw_scores: true), false keeps documents whole. Default: as the served sieve does",
+    )
+
+    prune_token_cap: int | None = Field(
+        None, ge=1,
+        description="cut the kept documents together: their best sentences (by the sentence scorer, at or above the "
+        "prune threshold when one is sent) as long as they fit in this many tokens in all, always the best one; a "
+        "document left without a sentence is dropped. Default: as the served sieve does",
     )
 
     @field_validator("prune")
@@ -208,6 +215,9 @@ class FilterResponse(BaseModel):
     dropped: int  # documents not kept: cut by top_n / top_k or graded irrelevant
     prune_threshold: float | None = Field(
         None, description="the sentence cut pruning used (the scale of threshold); absent when nothing was pruned")
+    prune_rule: dict[str, Any] | None = Field(
+        None, description="how the pruning chose: scope (passage: each document on its own; across: the kept "
+        "documents together), max_sentences, token_cap; absent when nothing was pruned")
     meta: Meta
 
 

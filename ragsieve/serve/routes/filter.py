@@ -93,6 +93,7 @@ async def _filter(request: Request, body: FilterRequest, state: ServeState, serv
         results=results,
         dropped=len(docs) - len(results),
         prune_threshold=_shown_prune_threshold(result.prune_threshold, body.raw_scores, stages),
+        prune_rule=dict(result.prune_rule) if result.pruned else None,
         meta=meta,
     )
 
@@ -112,7 +113,17 @@ async def _scores(call: ModelCall, state: ServeState, served: ServedModels, stag
 
 def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStages) -> SentencePruner | None:
     """The pruning the request asks for: at its own threshold, the served sieve's (``true``, or by default when
-    the sieve prunes), or none (``false``, or nothing configured and nothing asked)."""
+    the sieve prunes), or none (``false``, or nothing configured and nothing asked); ``prune_token_cap`` cuts the
+    kept documents together within that many tokens (at the request's threshold if it sent one)."""
+    if body.prune_token_cap is not None:
+        if body.prune is False:
+            raise ServeError(400, "prune_token_cap needs pruning: drop prune: false, or the token cap")
+        pruner = stages.pruner or SentencePruner(served.pruner or served.ranker)
+        sent = body.prune is not None and not isinstance(body.prune, bool)
+        threshold = None if not sent else float(body.prune) if body.raw_scores else \
+            pruner.scorer.raw_threshold(body.prune)
+        return replace(pruner, scope="across", token_cap=body.prune_token_cap, max_sentences=None,
+                       threshold=threshold)
     if body.prune is False:
         return None
     if body.prune is None:
