@@ -96,13 +96,18 @@ def test_a_pipeline_config_refuses_pruning_without_a_scorer():
     assert PipelineConfig(index="x", reranker="bm25", prune_threshold=0.5).prune_threshold == 0.5
 
 
-@pytest.fixture(scope="module")
-def pruning_sieve(tmp_path_factory):
+def pruning_folder(parent):
+    """A sieve folder that prunes each kept passage at a raw threshold (bm25: the LLM never loads)."""
     from ragsieve.pipeline import Sieve, SieveConfig
 
-    folder = tmp_path_factory.mktemp("sieve")
-    Sieve(SieveConfig(reranker="bm25", top_k=2, prune_threshold=1.0)).save(folder)  # the LLM never loads
+    folder = parent / "pruning-sieve"
+    Sieve(SieveConfig(reranker="bm25", top_k=2, prune_threshold=1.0)).save(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def pruning_sieve(tmp_path_factory):
+    return pruning_folder(tmp_path_factory.mktemp("sieve"))
 
 
 def _front_doors(sieve_folder, check_http=None) -> dict[str, list[tuple[int, str]]]:
@@ -214,6 +219,11 @@ def test_across_passages_the_best_sentences_of_all_kept_passages_reach_every_fro
 
     for name, kept in _front_doors(folder, per_request_cap).items():
         assert kept == expected, name
+    # `ask --prune-tokens` / a pipeline config: a token cap over a sieve's own pruning cuts across its passages
+    from ragsieve.pipeline import PipelineConfig, RAGPipeline
+
+    stages = RAGPipeline.load_stages(PipelineConfig(index="x", sieve=str(pruning_folder(tmp_path)), prune_token_cap=12))
+    assert (stages.pruner.scope, stages.pruner.token_cap) == ("across", 12)
 
 
 def test_the_served_default_sieve_prunes_with_its_keep_head_as_python_does():

@@ -39,6 +39,11 @@ def ask_cmd(
         None, "--prune", help="Cut each kept passage to its sentences the reranker scores >= this (raw; always its "
         "best one). With --sieve: overrides the sieve's prune threshold."
     ),
+    prune_tokens: Optional[int] = typer.Option(
+        None, "--prune-tokens", min=1, help="Cut the kept passages together to their best sentences within this many "
+        "tokens in all (always the best one; a passage left without a sentence is dropped). With --sieve: "
+        "overrides the sieve's pruning."
+    ),
     sieve: Optional[Path] = typer.Option(
         None, "--sieve", help="A fitted sieve folder (`ragsieve fit`) or default: its LLM, gate (probe, β), "
         "reranker, grader, top-k, candidates and answer length, so it cannot be combined with --llm, --top-k, "
@@ -64,7 +69,7 @@ def ask_cmd(
         "llm": llm, "index": None if no_retrieval else str(index), "top_k": top_k, "candidates": candidates,
         "reranker": None if no_retrieval else reranker, "grader": None if no_retrieval else grader,
         "cbdr_beta": cbdr, "probe": probe, "max_new_tokens": max_new_tokens, "timeout": timeout, "retries": retries,
-        "sieve": str(sieve) if sieve else None, "prune_threshold": prune,
+        "sieve": str(sieve) if sieve else None, "prune_threshold": prune, "prune_token_cap": prune_tokens,
     }, source="options")
     answer = RAGPipeline.from_config(config).answer(question, retrieve=not no_retrieval)
     if as_json:

@@ -77,7 +77,9 @@ class PipelineConfig(StrictConfig):
             "pruner": part(sc.pruner),
             "prune_max_sentences": (self.prune_max_sentences if self.prune_max_sentences is not None
                                     else sc.prune_max_sentences),
-            "prune_scope": sc.prune_scope, "prune_token_cap": sc.prune_token_cap,
+            # a request's own token cap wins too (it cuts across the kept passages)
+            "prune_scope": "across" if self.prune_token_cap is not None else sc.prune_scope,
+            "prune_token_cap": self.prune_token_cap if self.prune_token_cap is not None else sc.prune_token_cap,
             "max_prompt_tokens": sc.max_prompt_tokens,
             "max_new_tokens": sc.max_new_tokens,
         })

@@ -199,8 +199,9 @@ class SieveStages:
             scorer = pruner_scorer if pruner_scorer is not None else reranker
             if scorer is None:
                 raise RagsieveError("pruning needs a sentence scorer: name a reranker or a pruner")
-            pruner = SentencePruner(scorer, threshold=threshold, max_sentences=cap,
-                                    scope=getattr(config, "prune_scope", None) or "passage", token_cap=token_cap)
+            # a token cap holds over the kept passages together: it implies the across scope
+            scope = "across" if token_cap is not None else getattr(config, "prune_scope", None) or "passage"
+            pruner = SentencePruner(scorer, threshold=threshold, max_sentences=cap, scope=scope, token_cap=token_cap)
         return cls(reranker, grader, top_k=config.top_k, pruner=pruner)
 
     def override(self, *, top_k: int | None = None, threshold: float | None = None,
