@@ -78,6 +78,10 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     selection = metrics["selection"]
     grid = selection["grid"]
     assert selection["n_configurations"] == len(grid) > 20 and selection["plot"] == "frontier.png"
+    # sentences pruned per passage and across passages (issue #69), each by zero-shot pairs and by the keep head
+    pruned = [r for r in grid if r["prune"] != "off"]
+    assert {r["prune_scorer"] for r in pruned} == {"zero-shot", "prune-head"}
+    assert {r["prune_scope"] for r in pruned} == {"passage", "across"}
     assert (out / "frontier.png").is_file()
     assert all({"accuracy", "ci95", "prompt_tokens", "llm_seconds", "frontier_tokens"} <= set(r) for r in grid)
     best = max(r["correct_count"] for r in grid)

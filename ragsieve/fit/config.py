@@ -100,6 +100,9 @@ class SelectConfig(StrictConfig):
     # and the best n sentences of all the kept passages together (issue #69: evidence spread over two passages
     # costs two sentences, not two passages), for k >= 2; [] tries none
     prune_across_sentences: list[int] = [2, 3]
+    # sentence scorers beside zero-shot (the start reranker's (question, title: sentence) pairs): each prune level
+    # is tried with each, and the answers choose; a keep head (Provence-style, ragsieve.prune.head) by its spec
+    prune_scorers: list[str] = ["prune-head"]
     placements: list[Literal["best_first", "best_last"]] = ["best_first", "best_last"]
     # refine: the grid is answered with the first placement, then the other placements only for the
     # ``refine_top`` best configurations of two or more passages (each placement of a k >= 2 row is a new,

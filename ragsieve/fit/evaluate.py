@@ -73,11 +73,22 @@ def _shipped_sieve(state: "FitState") -> SieveConfig:
         prune_threshold=shipped.prune_threshold if shipped.k > 0 else None,
         prune_max_sentences=shipped.prune_max if shipped.k > 0 else None,
         prune_scope=shipped.prune_scope if shipped.k > 0 else "passage",
-        # the sentence scorer the grid pruned with, unless it is the sieve's reranker already
-        pruner=(align_init if shipped.prune != "off" and shipped.k > 0 and shipped.order != align_init else None),
+        pruner=_shipped_pruner(shipped, align_init),
         candidates=state.config.candidates, max_prompt_tokens=state.config.max_prompt_tokens,
         max_new_tokens=state.config.max_new_tokens,
     )
+
+
+def _shipped_pruner(shipped, align_init: str) -> str | None:
+    """The sentence scorer the shipped configuration pruned with, unless it is the sieve's reranker already: a
+    keep head by its spec, zero-shot as the reranker alignment started from."""
+    from ragsieve.fit.select import ZERO_SHOT
+
+    if shipped.prune == "off" or shipped.k == 0:
+        return None
+    if shipped.prune_scorer != ZERO_SHOT:
+        return shipped.prune_scorer
+    return align_init if shipped.order != align_init else None
 
 
 def _accuracy(correct) -> dict:

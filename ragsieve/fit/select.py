@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRIEVER = "retriever"  # the order source that keeps the retriever's ranking (no reranker)
+ZERO_SHOT = "zero-shot"  # the sentence scorer that scores (question, title: sentence) pairs with a reranker
 
 
 class AnswerCache:
@@ -189,6 +190,7 @@ class Choice:
     prune_max: Optional[int] = None  # prune: and at most this many sentences per passage (the best ones)
     prune: str = "off"  # the prune level: off | q0.50 ... (a threshold) | best1 ... (a cap) | across best2 ...
     prune_scope: str = "passage"  # across: prune_max is the best sentences of all kept passages together
+    prune_scorer: str = ZERO_SHOT  # the sentence scorer: the start reranker's pairs, or a keep head's spec
 
     @property
     def name(self) -> str:
@@ -198,7 +200,7 @@ class Choice:
         if self.grade != "off":
             parts.append(f"grade {self.grade}")
         if self.prune != "off":
-            parts.append(f"prune {self.prune}")
+            parts.append(f"prune {self.prune}" + ("" if self.prune_scorer == ZERO_SHOT else f" by {self.prune_scorer}"))
         if self.placement != "best_first":
             parts.append(self.placement.replace("_", " "))
         if self.gate != "off":
@@ -221,7 +223,7 @@ class Choice:
         return {"name": self.name, "k": self.k, "order": self.order, "grade": self.grade,
                 "threshold": self.threshold, "placement": self.placement, "gate": self.gate, "beta": self.beta,
                 "prune": self.prune, "prune_threshold": self.prune_threshold, "prune_max": self.prune_max,
-                "prune_scope": self.prune_scope}
+                "prune_scope": self.prune_scope, "prune_scorer": self.prune_scorer}
 
 
 class Selection:
@@ -229,14 +231,18 @@ class Selection:
 
     def __init__(self, builder: PromptBuilder, cache: AnswerCache, candidates: dict[str, list[Passage]],
                  config: SelectConfig, progress: Optional[Callable[[int, int], None]] = None,
-                 pruner: "SentencePruner | None" = None, sentence_store: Any = None):
+                 pruner: "SentencePruner | None" = None, sentence_store: Any = None,
+                 scorers: "dict[str, tuple[SentencePruner, Any]] | None" = None):
         self.builder, self.cache, self.candidates, self.config = builder, cache, candidates, config
         self.progress = progress
-        # the sentence scorer of the prune configurations (None: the grid prunes nothing)
-        self.pruner = pruner
-        self._sentence_scores: dict[tuple[str, int], np.ndarray] = {}  # (question id, candidate) → per sentence
-        # where sentence scores outlive the run (a PairScores: question id, "passage id#start-end" → score)
-        self.sentence_store = sentence_store
+        # the sentence scorers of the prune configurations, by name: (pruner, where its scores outlive the run — a
+        # PairScores: question id, "passage id#start-end" → score, or None); ``pruner`` alone is the zero-shot one;
+        # none: the grid prunes nothing
+        self.scorers: dict[str, tuple["SentencePruner", Any]] = dict(scorers or {})
+        if pruner is not None:
+            self.scorers = {ZERO_SHOT: (pruner, sentence_store), **self.scorers}
+        # (scorer, question id, candidate) → a score per sentence
+        self._sentence_scores: dict[tuple[str, str, int], np.ndarray] = {}
         # source → question id → [(candidate index, score)] in rank order
         self.rankings: dict[str, dict[str, list[tuple[int, float]]]] = {}
         self.confidence: dict[str, float] = {}  # question id → Conf(Q), when a probe exists
@@ -277,7 +283,8 @@ class Selection:
                 betas = policy or betas
             else:
                 betas += policy + [(float(np.quantile(conf, share)), f"q{share:.2f}") for share in c.gate_quantiles]
-        prunes = self.prune_levels(sources, dev)
+        prunes = [(*level, scorer) for scorer in self.scorers for level in self.prune_levels(sources, dev, scorer)]
+        across = [(n, scorer) for scorer in self.scorers for n in (c.prune_across_sentences if dev else [])]
         choices = [Choice(0)] if 0 in c.ks else []
         for source in sources:
             grades: list[tuple[Optional[float], str]] = [(None, "off")]
@@ -295,51 +302,54 @@ class Selection:
                         # pruned, not crossed with the gate choices: the gate and pruning answer different
                         # questions (whether to read, how much of each passage), and crossing them would multiply
                         # the grid for a rare win. betas[0] is "off", or the user's budget, which binds them all.
-                        for prune_threshold, prune_max, prune in prunes:
+                        for prune_threshold, prune_max, prune, scorer in prunes:
                             choices.append(Choice(k, source, threshold, grade, placement, *betas[0],
-                                                  prune_threshold=prune_threshold, prune_max=prune_max, prune=prune))
+                                                  prune_threshold=prune_threshold, prune_max=prune_max, prune=prune,
+                                                  prune_scorer=scorer))
                         # across passages (issue #69): the best n sentences of all k kept passages together, so
                         # evidence in two passages costs two sentences, not two passages
-                        for n in (c.prune_across_sentences if self.pruner is not None and dev and k > 1 else []):
+                        for n, scorer in (across if k > 1 else []):
                             choices.append(Choice(k, source, threshold, grade, placement, *betas[0], prune_max=n,
-                                                  prune=f"across best{n}", prune_scope="across"))
+                                                  prune=f"across best{n}", prune_scope="across", prune_scorer=scorer))
         return choices
 
-    def prune_levels(self, sources: Sequence[str], dev: Sequence[Question]
+    def prune_levels(self, sources: Sequence[str], dev: Sequence[Question], scorer: str = ZERO_SHOT
                      ) -> list[tuple[Optional[float], Optional[int], str]]:
-        """The prune levels of the grid as (threshold, sentence cap, name): the best ``prune_max_sentences``
-        sentences of each passage, and the ``prune_quantiles`` of the sentence scores of every passage the grid
-        can put in a dev prompt (the top ``max(ks)`` of each order); none without a pruner."""
-        if self.pruner is None or not dev:
+        """The prune levels of ``scorer`` as (threshold, sentence cap, name): the best ``prune_max_sentences``
+        sentences of each passage, and the ``prune_quantiles`` of its sentence scores over every passage the grid
+        can put in a dev prompt (the top ``max(ks)`` of each order); none without that scorer."""
+        if scorer not in self.scorers or not dev:
             return []
         caps = [(None, n, f"best{n}") for n in self.config.prune_max_sentences]
         if not self.config.prune_quantiles:
             return caps
         top = max(self.config.ks)
         needed = [(q, i) for q in dev for source in sources for i, _ in self.rankings[source][q.id][:top]]
-        self.score_sentences(needed)
-        scores = np.concatenate([self._sentence_scores[q.id, i] for q, i in dict.fromkeys(needed)] or [np.zeros(0)])
+        self.score_sentences(needed, scorer)
+        scores = np.concatenate([self._sentence_scores[scorer, q.id, i] for q, i in dict.fromkeys(needed)]
+                                or [np.zeros(0)])
         if not len(scores):
             return caps
         return caps + [(float(np.quantile(scores, share)), None, f"q{share:.2f}")
                        for share in self.config.prune_quantiles]
 
-    def score_sentences(self, needed: Sequence[tuple[Question, int]]) -> None:
-        """Score the sentences of each (question, candidate index) not scored yet, in one batch."""
+    def score_sentences(self, needed: Sequence[tuple[Question, int]], scorer: str = ZERO_SHOT) -> None:
+        """Score with ``scorer`` the sentences of each (question, candidate index) not scored yet, in one batch."""
         todo = [(q, i) for q, i in dict.fromkeys((q, i) for q, i in needed)
-                if (q.id, i) not in self._sentence_scores]
-        if not todo or self.pruner is None:
+                if (scorer, q.id, i) not in self._sentence_scores]
+        if not todo or scorer not in self.scorers:
             return
-        layouts = [self.pruner.layout(q.text, [self.candidates[q.id][i]]) for q, i in todo]
-        stored = [self.sentence_store.lookup(q.id, [p.id for p in lay.pairs]) if self.sentence_store else None
+        pruner, store = self.scorers[scorer]
+        layouts = [pruner.layout(q.text, [self.candidates[q.id][i]]) for q, i in todo]
+        stored = [store.lookup(q.id, [p.id for p in lay.pairs]) if store is not None else None
                   for (q, _), lay in zip(todo, layouts)]
         missing = [j for j, got in enumerate(stored) if got is None]
-        fresh = dict(zip(missing, self.pruner.score_many([layouts[j] for j in missing])))
-        if self.sentence_store is not None and missing:
-            self.sentence_store.add([(todo[j][0].id, p.id, float(x)) for j in missing
-                                     for p, x in zip(layouts[j].pairs, fresh[j])])
+        fresh = dict(zip(missing, pruner.score_many([layouts[j] for j in missing])))
+        if store is not None and missing:
+            store.add([(todo[j][0].id, p.id, float(x)) for j in missing for p, x in zip(layouts[j].pairs, fresh[j])])
         for j, (q, i) in enumerate(todo):
-            self._sentence_scores[q.id, i] = np.asarray(stored[j], float) if stored[j] is not None else fresh[j]
+            self._sentence_scores[scorer, q.id, i] = np.asarray(stored[j], float) if stored[j] is not None \
+                else fresh[j]
 
     def placement_variants(self, rows: Sequence[dict[str, Any]]) -> list[Choice]:
         """The other placements of the ``refine_top`` most accurate answered configurations with k >= 2 that
@@ -396,10 +406,11 @@ class Selection:
         from ragsieve.pipeline.stages import SieveStages
 
         # the sieve's pruning on the stored sentence scores of the kept candidates
-        kept = [r.index for r, _ in result.kept_results]
-        self.score_sentences([(q, i) for i in kept])
-        stages = SieveStages(pruner=self.pruner.at(choice.prune_threshold, choice.prune_max, scope=choice.prune_scope))
-        return stages.decide_prune(result, np.concatenate([self._sentence_scores[q.id, i] for i in kept])).kept
+        kept, scorer = [r.index for r, _ in result.kept_results], choice.prune_scorer
+        self.score_sentences([(q, i) for i in kept], scorer)
+        pruner = self.scorers[scorer][0].at(choice.prune_threshold, choice.prune_max, scope=choice.prune_scope)
+        scores = np.concatenate([self._sentence_scores[scorer, q.id, i] for i in kept])
+        return SieveStages(pruner=pruner).decide_prune(result, scores).kept
 
     def prompt(self, choice: Choice, q: Question) -> str:
         passages = self.passages(choice, q)
@@ -423,11 +434,11 @@ class Selection:
         from ragsieve.eval.qa import contains_answer
         from ragsieve.prompts import first_line
 
-        pruned = [c for c in choices if c.prune != "off"]
-        if pruned:  # every sentence the pruned prompts need, scored in one batch
-            unpruned = {replace(c, prune_threshold=None, prune_max=None, prune="off", prune_scope="passage")
-                        for c in pruned}
-            self.score_sentences([(q, i) for c in unpruned for q in questions for i in self._kept_indices(c, q)])
+        for scorer in {c.prune_scorer for c in choices if c.prune != "off"}:  # each scorer's sentences in one batch
+            unpruned = {replace(c, prune_threshold=None, prune_max=None, prune="off", prune_scope="passage",
+                                prune_scorer=ZERO_SHOT) for c in choices if c.prune != "off" and c.prune_scorer == scorer}
+            self.score_sentences([(q, i) for c in unpruned for q in questions for i in self._kept_indices(c, q)],
+                                 scorer)
         prompts = [[self.prompt(c, q) for q in questions] for c in choices]
         flat = [t for row in prompts for t in row]
         self.asked.update(flat)

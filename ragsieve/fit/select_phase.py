@@ -16,6 +16,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING
 
+from ragsieve.errors import RagsieveError
 from ragsieve.fit.config import gate_budget
 from ragsieve.fit.probe import closed_book_confidence
 
@@ -117,7 +118,7 @@ def _ranked_selection(state: "FitState") -> tuple["Selection", list[str]]:
     dev, test = state.splits["dev"], state.splits["test"]
     selection = Selection(state.builder, state.answers, state.candidates, state.config.select,
                           progress=lambda done, total: state.progress("select", done, total),
-                          pruner=_sentence_pruner(state), sentence_store=_sentence_store(state))
+                          scorers=_sentence_scorers(state))
     sources = [RETRIEVER, state.config.align.init] + (["reranker"] if state.reranker_spec == "reranker" else [])
     selection.add_ranking(RETRIEVER, dev + test)
     state.rankings.rank_all(sources[1:], dev + test, "select")
@@ -129,24 +130,36 @@ def _ranked_selection(state: "FitState") -> tuple["Selection", list[str]]:
     return selection, sources
 
 
-def _sentence_pruner(state: "FitState"):
-    """The pruner the grid's prune configurations score sentences with: the reranker alignment started from
-    (zero-shot, ``title: sentence``); None when the grid prunes nothing."""
+def _sentence_scorers(state: "FitState") -> dict:
+    """The sentence scorers the grid's prune configurations try, by name: zero-shot (the reranker alignment
+    started from, ``title: sentence``) and each of ``select.prune_scorers`` that loads (a keep head is refused
+    for other cross-encoder weights than its own: then it is left out, and said); each with the store its
+    scores outlive the run in, keyed by its weights. None of them when the grid prunes nothing."""
     c = state.config.select
     if not (c.prune_quantiles or c.prune_max_sentences or c.prune_across_sentences):
-        return None
+        return {}
+    from ragsieve.fit.select import ZERO_SHOT
     from ragsieve.prune import SentencePruner
+    from ragsieve.registry import load_reranker
 
-    return SentencePruner(state.rankings.ranker(state.config.align.init))
+    start = state.config.align.init
+    zero_shot = SentencePruner(state.rankings.ranker(start))
+    scorers = {ZERO_SHOT: (zero_shot, _sentence_store(state, state.ranker_base(start)))}
+    for spec in c.prune_scorers:
+        try:
+            scorers[spec] = (SentencePruner(load_reranker(spec)), _sentence_store(state, spec))
+        except RagsieveError as why:
+            log.warning("fit: sentence scorer %s left out of the grid: %s", spec, why)
+    return scorers
 
 
-def _sentence_store(state: "FitState"):
-    """Sentence scores kept across runs beside the candidate scores, keyed by the pruning scorer's weights."""
+def _sentence_store(state: "FitState", scorer_spec: str):
+    """Sentence scores kept across runs beside the candidate scores, keyed by the scorer's weights."""
     from ragsieve.data.score_records import PairScores
     from ragsieve.registry import reranker_scores_key
 
-    key = reranker_scores_key(state.ranker_base(state.config.align.init))
-    if key is None or _sentence_pruner(state) is None:
+    key = reranker_scores_key(scorer_spec)
+    if key is None:
         return None
     return PairScores(state.scores_root() / ("sentences-" + hashlib.sha1(key.encode()).hexdigest()[:16]),
                       "sentences", {"scoring_key": key, "unit": "title: sentence"})
