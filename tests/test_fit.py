@@ -250,7 +250,7 @@ def test_frugal_fit_on_150_own_corpus_questions_does_not_ship_closed_book(tmp_pa
                       f"candidates: 3\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 2, guard: false,"
                       " train: {lr: 0.001, batch_size: 8, max_length: 48}}\ngrade: false\n"
                       "select: {ks: [0, 1, 2], plain_ks: [1, 2], prune_quantiles: [], prune_max_sentences: [1],"
-                      " n_boot: 200}\n")
+                      " prune_across_sentences: [], prune_scorers: [], n_boot: 200}\n")
     out = tmp_path / "sieve"
     result = cli("fit", "--index", index, "--questions", qa, "--llm", f"openai:{server.url}#own", "--out", out,
                  "--config", config, "--objective", "frugal")
