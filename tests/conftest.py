@@ -112,6 +112,15 @@ def tiny_llm(tiny_llm_dir):
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The embedded SmolLM2's converted folder (tokenizer + safetensors), built from its GGUF on first use (≈ 20 s)."""
+    from ragsieve.models.llm import resolve_llm_path
+    from ragsieve.models.specs import DEFAULT_LLM
+
+    return Path(resolve_llm_path(DEFAULT_LLM))
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     """The real embedded SmolLM2-135M-Instruct (converted from GGUF once per cache)."""
     from ragsieve.models import load_local_llm
