@@ -86,7 +86,7 @@ def test_make_refuses_a_wrong_python_in_one_line_before_creating_the_venv(tmp_pa
     for option, says in ((f"NEEDED_PYTHON={other}", f"needs Python {other}: {sys.executable} is {this};"),
                          (f"PYTHON={tmp_path / 'python-absent'}", "is not a Python;")):
         python = option if option.startswith("PYTHON=") else f"PYTHON={sys.executable}"
-        proc = subprocess.run(["make", "install", f"VENV={venv}", python, option], cwd=REPO,
+        proc = subprocess.run(["make", "--no-print-directory", "install", f"VENV={venv}", python, option], cwd=REPO,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0, proc.stdout + proc.stderr
         lines = (proc.stdout + proc.stderr).strip().splitlines()
