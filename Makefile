@@ -42,12 +42,16 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 demo: install
 	$(VENV)/bin/ragsieve demo
 
+# One pytest-xdist worker per core (tests/conftest.py: free ports, temporary folders, the Ray tests on one worker).
+TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
 test: install
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # The inner loop: everything but the slow tier (PostgreSQL, Ray, whole fits, studies; tests/conftest.py).
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Every number in README.md's Results section, re-derived from the committed JSON (tools/results_sources.yaml).
 check-results: install
@@ -55,7 +59,7 @@ check-results: install
 
 # Speed and memory targets: each script writes bench/results/<name>.json (one run each).
 # bench/retrieval.py also puts its vectors into pgvector (a throwaway PostgreSQL, as the tests start).
-# bench/fit.py times a whole fit (~35-50 min on 2 cores) in a fresh folder, so no phase is resumed.
+# bench/fit.py times a whole fit (≈ 60 min on 2 cores: bench/results/fit.json) in a fresh folder, so no phase is resumed.
 # Not here: bench/evolve_budget.py estimates the CPU hours of an evolve config from its sizes
 # (`python bench/evolve_budget.py CONFIG`); it measures nothing and writes no result.
 bench: install
