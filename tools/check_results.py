@@ -190,7 +190,7 @@ def check(readme: str, sources: dict) -> list[str]:
 #: a cited source: a committed JSON file or a results folder (a file inside it stands for the folder)
 CITED = re.compile(r"`((?:bench/)?results/[\w./*-]+)`")
 NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
-COUNTED = re.compile(r"\b(" + "|".join(list(NUMBER_WORDS)[2:]) + r")((?: [\w-]+){1,3}):", flags=re.I)
+COUNTED = re.compile(r"\b(" + "|".join(list(NUMBER_WORDS)[2:]) + r")((?:\s+[\w-]+){1,3}):", flags=re.I)
 
 
 def prose(text: str) -> str:
