@@ -53,7 +53,8 @@ test: install
 test-fast: install
 	$(PYTEST) -m "not slow"
 
-# Every number in README.md's Results section, re-derived from the committed JSON (tools/results_sources.yaml).
+# Every number in README.md's Results section, re-derived from the committed JSON (tools/results_sources.yaml), and
+# every figure README.md and ragsieve/assets/README.md attribute to a JSON file or results folder, and their counts.
 check-results: install
 	$(PY) tools/check_results.py
 
@@ -72,8 +73,9 @@ bench: install
 	$(PY) bench/serve.py --ray --seconds 45 --grace 45
 	$(PY) bench/fit.py --out "$$(mktemp -d)/fit"
 
-# The README against the code: its cheap shell commands run, every flag it shows exists in that
-# command's --help, every `from ragsieve...` import in its code blocks imports (tools/check_docs.py).
+# The README against the code: its quickstart prints what it shows, its cheap shell commands run, every flag it
+# shows exists in that command's --help, every `from ragsieve...` import in its code blocks imports, its
+# Architecture diagram is import-linter's layers (tools/check_docs.py).
 check-docs: install
 	$(PY) tools/check_docs.py --list
 
