@@ -304,12 +304,16 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
 
     lines = [f"# `ragsieve fit`'s grid and test comparison: {folder.name} (`bench/fit.py` writes it from `sieve.json`)",
              "",
-             f"{sel['n_configurations']} configurations on {sel['n_dev']} dev questions"
-             + (f", raced ({race['survivors']} answered every dev question; a row with a smaller n was dropped once "
+             f"{sel['n_configurations']} configurations on {sel.get('n_held_out', sel['n_dev'])} "
+             + ("held-out (dev + test) questions" if "n_held_out" in sel else "dev questions")
+             + (f", raced ({race['survivors']} answered every question; a row with a smaller n was dropped once "
                 "a no more expensive configuration answered measurably better, one-sided exact McNemar "
                 f"p < {race['alpha']})" if race.get("race") else "")
              + f". Objective: {sel['objective']}. Chosen: **{sel['chosen']}**; best plain: "
-             f"**{sel['best_plain']}**; shipped: **{sel['shipped']}**. Accuracy: the LLM's answer contains a gold "
+             f"**{sel['best_plain']}**; shipped: **{sel['shipped']}**"
+             + (f" ({'decided' if sel['decided'] else 'not decided by the evidence'}: {sel['reason']})"
+                if "decided" in sel else "")
+             + ". Accuracy: the LLM's answer contains a gold "
              "answer; Wilson 95 % intervals; frontier: no other row is at least as accurate for fewer prompt tokens "
              "(or LLM seconds).", ""]
     grid = []
@@ -319,9 +323,10 @@ def write_report(sieve_dir: Path, folder: Path) -> None:
         dropped = f"{row['dominated_by']} (after {row['raced_out_after']})" if row.get("raced_out_after") else ""
         grid.append([row["name"], row["n"], f"{row['accuracy']:.3f}", ci(row), f"{row['prompt_tokens']:.1f}",
                      f"{row['llm_seconds']:.2f}", front, dropped])
-    lines += markdown_rows(["configuration", "n", "dev accuracy", "95 % CI", "prompt tokens", "LLM s / question",
+    lines += markdown_rows(["configuration", "n", "accuracy", "95 % CI", "prompt tokens", "LLM s / question",
                             "frontier", "dropped by"], grid)
-    lines += ["", f"## Test ({metrics['n_questions']['test']} questions)", ""]
+    lines += ["", f"## Held out: {metrics['estimated_on']}" if "estimated_on" in metrics
+              else f"## Test ({metrics['n_questions']['test']} questions)", ""]
     lines += markdown_rows(["", "accuracy", "95 % CI", "prompt tokens"],
                            [[name, f"{row['accuracy']:.3f}", ci(row),
                              f"{row['prompt_tokens']:.1f}" if "prompt_tokens" in row else ""]

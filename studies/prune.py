@@ -60,15 +60,19 @@ class PruneStudyConfig(StrictConfig):
     max_new_tokens: int = 16
     batch_size: int = 8
     n_boot: int = 2000
-    alpha: float = Field(0.05, gt=0, lt=1)  # "measurably" for the frugal choice on dev and the tests on test
+    alpha: float = Field(0.05, gt=0, lt=1)  # the McNemar tests reported on test
+    # "as good as" (issue #70): the frugal choice on dev and the shipping rule on test need non-inferiority at this
+    # margin (the paired difference's 95 % lower bound above -margin), as fit's do-no-harm guard does
+    margin: float = Field(0.02, gt=0, lt=1)
     seed: int = 0
     data_dir: str | None = None
     max_questions: int = Field(0, ge=0, description="0: every question (a smoke run: fewer)")
     # write the prune level chosen on this dataset's dev into the shipped default sieve (embedded:default,
-    # fitted on NQ), unless the pruned default answers measurably worse than the best plain one on test
+    # fitted on NQ), unless fit's do-no-harm rule says no on a test set (not shown non-inferior at the margin and
+    # below the best plain configuration at the point estimate)
     ship_to: str | None = None
     ship_from: Literal["nq", "hotpotqa"] = "nq"
-    # another prune study's out_dir: ship only if this study's default answers no measurably worse than that
+    # another prune study's out_dir: ship only if this study's default does no harm (the same rule) against that
     # study's shipped default on every test set, from no more prompt tokens (what replacing it must show)
     compare_with: str | None = None
 
@@ -233,13 +237,17 @@ def _row(name: str, correct, tokens) -> dict[str, Any]:
 
 
 def _vs(row: dict, base: dict, config: PruneStudyConfig) -> dict[str, Any]:
-    from ragsieve.eval.stats import relative_mean_change
-    from ragsieve.fit.select import compare
+    from ragsieve.eval.stats import non_inferior, relative_mean_change
+    from ragsieve.fit.decide import compare
 
     acc = compare(row["correct"], base["correct"], n_boot=config.n_boot, seed=config.seed)
     tokens = relative_mean_change(row["tokens_each"], base["tokens_each"], n_boot=config.n_boot, seed=config.seed)
+    margin_test = non_inferior(row["correct"], base["correct"], config.margin)
     return {"accuracy_diff": acc["diff"], "accuracy_ci95": acc["ci95"], "mcnemar_p": acc["p_value"],
             "a_only": acc["a_only"], "b_only": acc["b_only"], "measurably_worse": acc["measurably_worse"],
+            # shipping and replacing read this: "not measurably worse" is not "as good"
+            "non_inferiority": margin_test.to_dict(),
+            "not_shown_and_below": not margin_test.shown and margin_test.diff < 0,
             "prompt_tokens_change": tokens}
 
 
@@ -281,7 +289,8 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     from ragsieve.data.score_records import PairScores
     from ragsieve.fit.config import SelectConfig
 
-    from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection, choose
+    from ragsieve.fit.decide import choose
+    from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection
     from ragsieve.prune import SentencePruner
     from ragsieve.registry import load_reranker, reranker_scores_key
     from ragsieve.retrieve.cached import build_or_load_index
@@ -328,11 +337,11 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     dev_plain = selection.evaluate(plain, dev)
     best_plain = max(dev_plain, key=lambda r: (r["correct_count"], -r["prompt_tokens"]))["choice"]
     # the shipped default's configuration (the base reranker's top 1) and its prune threshold chosen on dev as fit
-    # chooses with objective frugal: the fewest prompt tokens not measurably less accurate (exact McNemar)
+    # chooses with objective frugal: the fewest prompt tokens shown non-inferior at the margin
     default = Choice(1, config.reranker)
     default_pruned = [replace(default, prune_threshold=t, prune_max=n, prune=name) for t, n, name in levels]
     dev_default = selection.evaluate([default] + default_pruned, dev)
-    chosen = choose(dev_default, "frugal", alpha=config.alpha)
+    chosen = choose(dev_default, "frugal", margin=config.margin)
     reranked = [Choice(k, config.reranker) for k in ks]
     prune_ks = (config.prune_ks or {}).get(dataset, ks)
     pruned = [Choice(k, config.reranker, prune_threshold=t, prune_max=n, prune=name)
@@ -430,7 +439,8 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]], config: Prun
     if compared:
         lines += [f"## Against the default of `{compared['against']}`", "",
                   "This study's default against that study's shipped default on the same test questions (paired); "
-                  f"it replaces it only when not measurably worse on any set from no more prompt tokens: "
+                  f"it replaces it only when it does no harm on any set (shown non-inferior at the margin, or at or above "
+                  f"it at the point estimate) from no more prompt tokens: "
                   f"**{'replaces' if compared['replaces'] else 'does not replace'}**.", "",
                   "| dataset | this study | that study | Δ accuracy [95 % CI] | McNemar p | Δ prompt tokens [95 % CI] |",
                   "|---|---|---|---|---|---|"]
@@ -448,7 +458,7 @@ def write_report(out_dir: Path, results: dict[str, dict[str, Any]], config: Prun
                   f"{shipped['prune_threshold'] if shipped['prune_threshold'] is not None else 'none'}, "
                   f"sentence cap {shipped['prune_max'] or 'none'}) → "
                   f"{'shipped' if shipped['shipped'] else 'not shipped'}"
-                  + (" (measurably worse than the best plain configuration on a test set)"
+                  + (" (below the best plain configuration on a test set and not shown non-inferior)"
                      if shipped["measurably_worse_than_best_plain"] else "") + ". On each test set:", "",
                   "| dataset | n | accuracy [95 % CI] | best plain | Δ accuracy [95 % CI] | McNemar p | "
                   "Δ prompt tokens [95 % CI] |", "|---|---|---|---|---|---|---|"]
@@ -489,8 +499,8 @@ def _outcomes(out_dir: Path, dataset: str, name: str) -> dict[str, Any]:
 
 def compare_with(results: dict[str, dict[str, Any]], config: PruneStudyConfig, out_dir: Path) -> dict[str, Any]:
     """This study's default (its shipped rows) against ``config.compare_with``'s shipped default on the same test
-    questions, per dataset: paired accuracy difference (bootstrap, McNemar) and prompt-token change. ``replaces``:
-    not measurably worse on any set, and no more prompt tokens on any (point estimate)."""
+    questions, per dataset: paired accuracy difference (bootstrap, McNemar, the margin verdict) and prompt-token
+    change. ``replaces``: no harm on any set (:func:`_harms`), and no more prompt tokens on any (point estimate)."""
     other_dir = Path(config.compare_with)
     other = json.loads((other_dir / "metrics.json").read_text(encoding="utf-8"))
     theirs = shipped_rows(other, other["shipped"]["chosen_on"])
@@ -503,16 +513,23 @@ def compare_with(results: dict[str, dict[str, Any]], config: PruneStudyConfig, o
             raise RagsieveError(f"{dataset}: the two studies tested different questions")
         out["datasets"][dataset] = {"ours": row["name"], "theirs": theirs[dataset]["name"], **_vs(ours, their, config)}
     compared = out["datasets"].values()
-    out["replaces"] = bool(compared) and all(not c["measurably_worse"] and c["prompt_tokens_change"]["change"] <= 0
+    out["replaces"] = bool(compared) and all(not _harms(c) and c["prompt_tokens_change"]["change"] <= 0
                                              for c in compared)
     return out
+
+
+def _harms(versus: dict[str, Any]) -> bool:
+    """fit's do-no-harm rule (ragsieve.fit.decide.do_no_harm) on a study's comparison: harm unless shown
+    non-inferior at the margin or at or above the other at the point estimate. A comparison written before the
+    margin existed falls back to the rule it was decided by (measurably worse)."""
+    return versus.get("not_shown_and_below", versus["measurably_worse"])
 
 
 def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str | Path,
                  pruner: str | None = None, allowed: bool = True, source: str = "results/prune/metrics.json"
                  ) -> dict[str, Any]:
     """The default sieve in ``folder`` with the prune level ``ship_from``'s dev chose, recorded with the test
-    comparison on every dataset, unless it answers measurably worse than the best plain configuration on any of
+    comparison on every dataset, unless it does harm against the best plain configuration (:func:`_harms`) on any of
     them or ``allowed`` is False (then the sieve is left as it is). Returns what was decided."""
     from ragsieve.pipeline.sieve_config import SIEVE_FILE, read_sieve_config
 
@@ -520,7 +537,7 @@ def ship_default(results: dict[str, dict[str, Any]], ship_from: str, folder: str
     tested = {d: {"row": r["name"], "best_plain": results[d]["best_plain"],
                   **{k: r[k] for k in ("n", "accuracy", "ci95", "prompt_tokens")}, "vs_best_plain": r.get("vs_best_plain")}
               for d, r in shipped_rows(results, ship_from).items()}
-    harm = any(t["vs_best_plain"] and t["vs_best_plain"]["measurably_worse"] for t in tested.values())
+    harm = any(t["vs_best_plain"] and _harms(t["vs_best_plain"]) for t in tested.values())
     decision = {"chosen_on_dev": choice["chosen"], "chosen_on": ship_from, "prune_threshold": choice["prune_threshold"],
                 "prune_max": choice["prune_max"], "measurably_worse_than_best_plain": harm,
                 "shipped": allowed and not harm and choice["prune"] != "off", "test": tested,

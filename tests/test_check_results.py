@@ -88,3 +88,15 @@ def test_a_count_that_disagrees_with_its_list_fails():
     assert "Three\nconsequences worth knowing:" in files["README.md"]
     files["README.md"] = files["README.md"].replace("Three\nconsequences worth knowing:", "Two\nconsequences worth knowing:")
     assert [p for p in checker.check_quoted(files, stated) if "announces 2 and lists 3" in p]
+
+
+def test_a_margin_verdict_is_re_derived_from_the_committed_outcomes():
+    """Issue #70: "as good as" only at a stated margin; a row that calls the shipped default non-inferior where
+    its per-question outcomes leave the interval below −δ fails, naming what the outcomes give."""
+    checker = _checker()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    sources = yaml.safe_load((REPO / "tools" / "results_sources.yaml").read_text(encoding="utf-8"))
+    planted = readme.replace("+3.0 pp): undecided at δ = 2 pp", "+3.0 pp): non-inferior at δ = 2 pp", 1)
+    assert planted != readme
+    problems = checker.check(planted, sources)
+    assert len(problems) == 1 and "gives 'undecided at δ = 2 pp'" in problems[0]

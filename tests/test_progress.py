@@ -102,6 +102,10 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
         assert f"fit {phase}: started" in lines, (phase, err)
     for phase in ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "grade", "evaluate"):
         assert any(x.startswith(f"fit {phase}: done, ") for x in lines), (phase, err)  # ... and ends
+    # a phase's clock starts when it begins: evaluate starts after select's last line, not at select's first
+    # "done" (issue #70: "25/25 in 13m45s" for an evaluate that takes seconds)
+    last_select = max(i for i, x in enumerate(lines) if x.startswith("fit select:"))
+    assert lines.index("fit evaluate: started") > last_select, err
     within = [m for x in lines if (m := STATUS.match(x)) and m["task"] == "fit label"]
     assert within, err  # within a phase: done/total, rate, time left
     assert "fit " not in out and (sieve / "sieve.json").is_file() and not (tmp_path / ".sieve.partial").exists()

@@ -8,7 +8,10 @@ those parts (as written, or ×100 for a percentage or percentage points; the sig
 "trails by 6.6 pp" reads a negative difference); otherwise the check fails and names the row and the
 number. A new number without a source fails too, so the table cannot drift from the runs. The
 numbers a verdict rests on are also pinned to their one JSON value (a regex whose groups are the
-numbers, and the value of each), so they cannot match a neighbour by accident.
+numbers, and the value of each), so they cannot match a neighbour by accident. A claim that one configuration
+is as good as another (``margins``: "non-inferior at δ = 2 pp" / "undecided at δ = 2 pp") is re-derived from
+the committed per-question outcomes (:func:`ragsieve.eval.stats.non_inferior`), and its interval's numbers
+may be quoted.
 
 Outside that table the same numbers get quoted again, and two more checks keep those quotes honest, over
 README.md (all but its Results section) and ragsieve/assets/README.md:
@@ -153,6 +156,36 @@ def derive(expression: str, cache: dict) -> float:
     return float(eval(arithmetic, {"__builtins__": {}}))  # digits and operators only, checked above
 
 
+def margin_test(claim: dict):
+    """The non-inferiority test a README row's verdict rests on: ``a`` against ``b`` at ``margin``, from the
+    per-question outcomes of a committed rows file (``{"name", "correct"}`` per line), or from the paired
+    counts of a committed comparison (``counts``: a ``file.json:path`` holding ``n``, ``a_correct``, ``a_only``,
+    ``b_only``)."""
+    sys.path.insert(0, str(ROOT))
+    from ragsieve.eval.stats import NonInferiority, paired_proportion_difference
+
+    if "counts" in claim:
+        file, _, path = claim["counts"].partition(":")
+        c = json.loads((ROOT / file).read_text(encoding="utf-8"))
+        for key in path.split("."):
+            c = c[key]
+        both = c["a_correct"] - c["a_only"]
+        diff, low, high = paired_proportion_difference(both, c["a_only"], c["b_only"],
+                                                       c["n"] - both - c["a_only"] - c["b_only"])
+        return NonInferiority(c["n"], c["a_correct"], both + c["b_only"], c["a_only"], c["b_only"], diff, low, high,
+                              float(claim["margin"]))
+    from ragsieve.eval.stats import non_inferior
+
+    outcomes = {}
+    for line in (ROOT / claim["rows"]).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        outcomes[row["name"]] = row["correct"]
+    missing = [name for name in (claim["a"], claim["b"]) if name not in outcomes]
+    if missing:
+        raise SystemExit(f"tools/results_sources.yaml: {claim['rows']} has no row {missing}")
+    return non_inferior(outcomes[claim["a"]], outcomes[claim["b"]], float(claim["margin"]))
+
+
 def check(readme: str, sources: dict) -> list[str]:
     """The mismatches: rows without a declaration, numbers without a source, declarations without a row."""
     problems, cache, seen = [], {}, set()
@@ -166,6 +199,15 @@ def check(readme: str, sources: dict) -> list[str]:
         seen.add(name)
         values = [v for spec in entry.get("json", []) for v in load(spec, cache)]
         values += [derive(expr, cache) for expr in entry.get("derived", [])]
+        for claim in entry.get("margins", []):  # "as good as" only at a margin, re-derived from the outcomes
+            found, test = re.search(claim["text"], text), margin_test(claim)
+            values += [test.diff, test.low, test.high, test.margin]
+            if not found:
+                problems.append(f"row '{key[:60]}': no text matches margin claim /{claim['text']}/")
+            elif found.group(1) != test.verdict:
+                problems.append(f"row '{key[:60]}': says '{found.group(1)}' where "
+                                f"{claim.get('rows') or claim['counts']} gives '{test.verdict}' ({test.diff:+.3f} "
+                                f"[{test.low:+.3f}, {test.high:+.3f}])")
         stated = {written(str(x))[0] for x in entry.get("stated", {})}
         for pin in entry.get("pinned", []):  # a number at its place: the regex's groups, one JSON value each
             found = re.search(pin["text"], text)

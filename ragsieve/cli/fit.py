@@ -34,8 +34,13 @@ def fit_cmd(
     ),
     objective: Optional[str] = typer.Option(
         None, "--objective", help="Choose the sieve for: accuracy (default) | frugal (fewest prompt tokens "
-        "among the configurations not measurably less accurate on dev) | tokens=<mean prompt tokens budget>."
+        "among the configurations shown non-inferior to the most accurate at --margin) | tokens=<mean prompt "
+        "tokens budget>."
     ),
+    margin: Optional[float] = typer.Option(
+        None, "--margin", help="Non-inferiority margin in accuracy (default 0.02): a cheaper configuration, or the "
+        "choice over the best plain one, counts as good as it only when the 95 % interval of the difference "
+        "clears -margin."),
     records: Optional[Path] = typer.Option(
         None, "--records", help="Folder of text-free records (answers by prompt digest, confidence shifts by id), "
         "kept as the fit runs and read when it starts: a fit resumes from them on another machine."),
@@ -55,8 +60,9 @@ def fit_cmd(
                    "max_questions": max_questions, "top_k": top_k, "candidates": candidates})
     values.update({k: v for k, v in (("generator", generator), ("ray", ray), ("records", records and str(records)))
                    if v is not None})  # unset: the file's
-    if objective is not None:
-        values["select"] = {**(values.get("select") or {}), "objective": objective}
+    for key, value in (("objective", objective), ("margin", margin)):
+        if value is not None:
+            values["select"] = {**(values.get("select") or {}), key: value}
     cfg = build_config(FitConfig, values, source=str(config or "options"))  # checked before anything loads
     output_dir(out, overwrite=overwrite)
     check_fit_questions(cfg)  # too few questions: one line, before any phase
@@ -67,51 +73,64 @@ def fit_cmd(
             started: list[str] = []
             t0 = time.perf_counter()
 
-            def progress(phase: str, done: int, total: int) -> None:
+            def starting(phase: str) -> None:
+                """A phase begins: every earlier one has ended (some report only their end, a skipped one
+                nothing), and this one's clock starts now, not when the phase before it first said "done"."""
                 if not started:  # said once loading worked, so a bad input stays the only line on stderr
                     started.append(phase)
                     bar.note(f"fit: questions, index and {cfg.llm} loaded in {time.perf_counter() - t0:.0f}s; "
                              f"phases: {', '.join(PHASES)}")
-                # phases run in order: one that reports has ended every earlier one (some report only their end,
-                # a skipped one nothing), and one that is done starts the next (so a log shows when it began)
                 for earlier in PHASES[: PHASES.index(phase)]:
                     if earlier not in finished:
                         finished.add(earlier)
                         bar.update(tasks[earlier], completed=1, total=1)
-                bar.update(tasks[phase], completed=done, total=total)
-                if done >= total and phase not in finished:
-                    finished.add(phase)
-                    later = PHASES[PHASES.index(phase) + 1 :]
-                    if later:
-                        bar.start_task(tasks[later[0]])
+                bar.start_task(tasks[phase])
 
-            sieve = fit_sieve(cfg.model_copy(update={"out": str(work)}), progress)
-    test = sieve.metrics.get("test", {})
-    for name, m in test.items():
+            def progress(phase: str, done: int, total: int) -> None:
+                bar.update(tasks[phase], completed=done, total=total)
+                if done >= total:
+                    finished.add(phase)
+
+            sieve = fit_sieve(cfg.model_copy(update={"out": str(work)}), progress, starting)
+    _print_decision(sieve.metrics, out, sieve.beta)
+
+
+def _print_decision(metrics: dict, out: Path, beta) -> None:
+    """The held-out accuracies, the choice and whether the evidence decided it, in a few lines."""
+    if metrics.get("estimated_on"):
+        console.print(f"held-out accuracy, {metrics['estimated_on']}:")
+    for name, m in metrics.get("test", {}).items():
         lo, hi = m["ci95"]
         console.print(f"{name:>14}: accuracy {m['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] (n={m['n']})")
-    selection = sieve.metrics.get("selection", {})
+    selection = metrics.get("selection", {})
     _print_frontier(selection)
-    console.print(f"chosen by answers on dev: {selection.get('shipped')} (best plain: {selection.get('best_plain')})")
-    versus = sieve.metrics.get("do_no_harm", {}).get("chosen_vs_best_plain")
+    console.print(f"chosen by answers: {selection.get('chosen')} (best plain: {selection.get('best_plain')}); "
+                  f"shipped: {selection.get('shipped')}")
+    harm = metrics.get("do_no_harm", {})
+    versus = harm.get("chosen_vs_best_plain")
     if versus:
         lo, hi = versus["ci95"]
-        console.print(f"on test, chosen - best plain: {versus['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
-                      f"(n={versus['n']}, McNemar p = {versus['p_value']:.3g}: {versus['verdict']})")
-    if selection.get("note"):
-        console.print(f"note: {selection['note']}")
-    console.print(f"retrieval rate {sieve.metrics.get('retrieval_rate', 1.0):.2f}, β = {sieve.beta}; wrote {out}/sieve.json")
+        console.print(f"held out, chosen - best plain: {versus['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+                      f"(n={versus['n']}, McNemar p = {versus['p_value']:.3g})")
+    if harm.get("reason"):
+        console.print(("" if harm.get("decided") else "not decided by the evidence: ") + harm["reason"])
+    if power := harm.get("power"):
+        console.print(f"these {power['n']} questions detect differences of about "
+                      f"{100 * power['detectable_difference']:.1f} points (80 % power); the margin is "
+                      f"{100 * harm['margin']:g} points" + ("" if power["enough"] else
+                      f": about {power['questions_for_margin']} questions would show it"))
+    console.print(f"retrieval rate {metrics.get('retrieval_rate', 1.0):.2f}, β = {beta}; wrote {out}/sieve.json")
 
 
 def _print_frontier(selection: dict) -> None:
-    """The dev grid's accuracy-against-prompt-tokens frontier as a table: what each extra token buys."""
+    """The grid's accuracy-against-prompt-tokens frontier on the held-out questions: what each token buys."""
     from rich.table import Table
 
     rows = sorted((r for r in selection.get("grid", []) if r.get("frontier_tokens")), key=lambda r: r["prompt_tokens"])
     if not rows:
         return
-    n_dev = selection.get("n_dev") or max(r["n"] for r in rows)
-    table = Table(title=f"frontier on dev (n={n_dev}, {selection.get('n_configurations', len(rows))} "
+    n_held = selection.get("n_held_out") or selection.get("n_dev") or max(r["n"] for r in rows)
+    table = Table(title=f"frontier on dev + test (n={n_held}, {selection.get('n_configurations', len(rows))} "
                         "configurations; all in sieve.json, plotted in frontier.png)",
                   caption="* dropped by the race: its estimate is on the first n questions only")
     for column in ("configuration", "accuracy", "95 % CI", "prompt tokens", "LLM s / question"):

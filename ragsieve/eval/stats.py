@@ -19,6 +19,9 @@ query's examples are not independent and resampling them one by one makes the in
 * :func:`verdict` — the words a README uses for a paired difference ("no measurable difference" for p ≥ 0.05);
 * :func:`target_verdict` / :func:`family_verdict` — the words a README uses for a target: "met" only when
   the 95 % interval clears it, "met at the point estimate, not shown" when it straddles, else "missed";
+* :func:`non_inferior` / :func:`margin_verdict` — "as good as" only at a stated margin δ: the lower bound of
+  the paired difference's interval (:func:`paired_proportion_difference`, Newcombe's) must clear −δ;
+* :func:`detectable_difference` / :func:`questions_needed` — what a paired comparison of n examples can show;
 * :func:`holm` — Holm's step-down adjustment of a family of p-values (several tests on one test set);
 * :func:`auroc_interval` / :func:`auroc_difference` — AUROC and a paired AUROC difference, bootstrapped
   over whole groups (questions), since a question's examples are not independent.
@@ -502,3 +505,144 @@ def auroc_difference(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndar
         side = d <= 0 if out["diff"] > 0 else d >= 0
         out["p_value"] = 1.0 if out["diff"] == 0 else min(1.0, 2 * float(side.mean()))
     return out
+
+
+# -- "as good as": non-inferiority at a stated margin --------------------------------------------------------
+
+#: the margin ``fit`` and the studies judge "as good as" by unless told otherwise (accuracy points); see
+#: :class:`ragsieve.fit.config.SelectConfig.margin` for why 2 points
+DEFAULT_MARGIN = 0.02
+
+
+def paired_proportion_difference(both: int, a_only: int, b_only: int, neither: int, confidence: float = 0.95
+                                 ) -> tuple[float, float, float]:
+    """``(diff, low, high)``: A's accuracy minus B's on the same examples, with Newcombe's hybrid score
+    interval for paired proportions (Newcombe 1998, method 10: Wilson intervals of each accuracy, combined
+    with the paired outcomes' correlation). Unlike a bootstrap, it does not shrink to [0, 0] when the two
+    methods agree on every one of a few examples: 29 agreeing questions (6 right) still leave ±7 points.
+
+    Example (Newcombe's worked example: 36 both right, 12 A only, 2 B only, 0 neither)::
+
+        >>> [round(x, 4) for x in paired_proportion_difference(36, 12, 2, 0)]
+        [0.2, 0.0569, 0.3404]
+    """
+    from scipy.stats import binomtest
+
+    n = both + a_only + b_only + neither
+    if n <= 0 or min(both, a_only, b_only, neither) < 0:
+        raise DataError(f"a paired difference needs non-negative counts and at least one example, got "
+                        f"{(both, a_only, b_only, neither)}")
+    right_a, right_b = both + a_only, both + b_only
+    p_a, p_b = right_a / n, right_b / n
+
+    def wilson(k: int) -> tuple[float, float]:
+        ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+        return float(ci.low), float(ci.high)
+
+    (low_a, high_a), (low_b, high_b) = wilson(right_a), wilson(right_b)
+    margins = (right_a * (n - right_a) * right_b * (n - right_b))
+    phi = 0.0 if margins == 0 else (both * neither - a_only * b_only) / np.sqrt(margins)
+    below = np.sqrt(max((p_a - low_a) ** 2 - 2 * phi * (p_a - low_a) * (high_b - p_b) + (high_b - p_b) ** 2, 0.0))
+    above = np.sqrt(max((high_a - p_a) ** 2 - 2 * phi * (high_a - p_a) * (p_b - low_b) + (p_b - low_b) ** 2, 0.0))
+    diff = p_a - p_b
+    return float(diff), float(max(diff - below, -1.0)), float(min(diff + above, 1.0))
+
+
+NON_INFERIOR = "non-inferior"
+UNDECIDED = "undecided"
+INFERIOR = "worse by more than the margin"
+
+
+def margin_verdict(low: float, high: float, margin: float) -> str:
+    """The words for A against B at margin δ (accuracy points), from the 95 % interval of A − B:
+    "non-inferior at δ = 2 pp" when the lower bound clears −δ, "worse by more than the margin (δ = 2 pp)" when
+    the upper bound is below −δ, else "undecided at δ = 2 pp" (the data cannot tell).
+
+    >>> margin_verdict(-0.012, +0.031, 0.02), margin_verdict(-0.056, 0.031, 0.02)
+    ('non-inferior at δ = 2 pp', 'undecided at δ = 2 pp')
+    """
+    points = f"δ = {margin * 100:g} pp"
+    if low > -margin:
+        return f"{NON_INFERIOR} at {points}"
+    if high < -margin:
+        return f"{INFERIOR} ({points})"
+    return f"{UNDECIDED} at {points}"
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """A against B on the same examples at margin δ: the difference of accuracies with its 95 % interval
+    (:func:`paired_proportion_difference`); ``shown`` when the lower bound clears −δ."""
+
+    n: int
+    a_correct: int
+    b_correct: int
+    a_only: int
+    b_only: int
+    diff: float
+    low: float
+    high: float
+    margin: float
+
+    @property
+    def shown(self) -> bool:
+        return self.low > -self.margin
+
+    @property
+    def verdict(self) -> str:
+        return margin_verdict(self.low, self.high, self.margin)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ci95": [self.low, self.high], "non_inferior": self.shown, "verdict": self.verdict}
+
+
+def non_inferior(correct_a: Sequence[int] | np.ndarray, correct_b: Sequence[int] | np.ndarray,
+                 margin: float = DEFAULT_MARGIN, confidence: float = 0.95) -> NonInferiority:
+    """Is A no more than ``margin`` less accurate than B, as far as these paired right/wrong outcomes show?
+    "No measurable difference" is not "as good": a cheaper configuration is as good only when the interval's
+    lower bound clears −δ (ICH E9 / CONSORT non-inferiority).
+
+    Example::
+
+        >>> non_inferior([0] * 5 + [1] + [0] * 23, [1] * 6 + [0] * 23).shown    # 1/29 vs 6/29: p = 0.06, not "as good"
+        False
+        >>> non_inferior([1] * 60 + [0] * 240, [1] * 60 + [0] * 240).verdict     # the same answers on 300 questions
+        'non-inferior at δ = 2 pp'
+    """
+    a, b = np.asarray(correct_a).astype(bool), np.asarray(correct_b).astype(bool)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise DataError(f"non-inferiority needs two equal-length outcome vectors, got {a.shape} and {b.shape}")
+    both, a_only, b_only = int(np.sum(a & b)), int(np.sum(a & ~b)), int(np.sum(~a & b))
+    diff, low, high = paired_proportion_difference(both, a_only, b_only, len(a) - both - a_only - b_only, confidence)
+    return NonInferiority(len(a), int(a.sum()), int(b.sum()), a_only, b_only, diff, low, high, float(margin))
+
+
+def detectable_difference(discordant: int, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest accuracy difference a paired comparison of ``n`` examples detects with ``power`` at
+    two-sided ``alpha``, from the share of examples the two methods disagree on (Connor 1987's normal
+    approximation of McNemar's power without its small δ² term, which errs large; the disagreement is
+    smoothed by one example, so that a few agreeing examples do not promise a zero). It is also about the
+    half-width a non-inferiority interval needs to clear a margin that size.
+
+    >>> round(detectable_difference(5, 29), 3), round(detectable_difference(40, 500), 3)
+    (0.233, 0.036)
+    """
+    from scipy.stats import norm
+
+    if n <= 0:
+        return 1.0
+    share = (discordant + 1) / (n + 1)
+    return float(min(1.0, (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * np.sqrt(share / n)))
+
+
+def questions_needed(discordant: int, n: int, margin: float, *, alpha: float = 0.05, power: float = 0.8) -> int:
+    """How many paired examples would make :func:`detectable_difference` reach ``margin`` at the disagreement
+    share seen in ``discordant`` of ``n``.
+
+    >>> questions_needed(5, 29, 0.02)
+    3925
+    """
+    from scipy.stats import norm
+
+    share = (discordant + 1) / (n + 1) if n > 0 else 1.0
+    return int(np.ceil((norm.ppf(1 - alpha / 2) + norm.ppf(power)) ** 2 * share / margin ** 2))

@@ -88,26 +88,33 @@ def _accuracy(correct) -> dict:
 
 
 def _test_metrics(state: "FitState") -> dict[str, Any]:
-    """Test accuracy (Wilson intervals) of closed book, plain top-k, the best plain configuration and the
-    sieve; the retrieval rate, the do-no-harm test, the dev grid and the preference groups."""
+    """Held-out accuracy (Wilson intervals) of closed book, plain top-k, the best plain configuration and the
+    sieve, each on every dev and test question out of fold (cross-fitted: a fold is answered by the choice made
+    on the other folds); the retrieval rate, the do-no-harm guard, the grid and the preference groups."""
     from ragsieve.fit.select import public_rows
 
-    test, shipped, shipped_key = state.splits["test"], state.shipped, state.shipped_key
+    held_out, shipped, shipped_key = state.splits["dev"] + state.splits["test"], state.shipped, state.shipped_key
     gated = _is_gated(state)
 
-    def on_test(key: str) -> dict:  # a test row of the selection: accuracy and its mean prompt tokens
+    def on_held_out(key: str) -> dict:  # an out-of-fold row: accuracy and its mean prompt tokens
         row = state.test_rows[key]
         return {**_accuracy(row["correct"]), "prompt_tokens": float(np.mean(row["tokens_each"]))}
 
-    plain_k = np.array([state.plain[q.id] for q in test])
+    plain_k = np.array([state.plain[q.id] for q in held_out])
+    folds = state.selection.get("cross_fitted", {}).get("k", 0)
     return {
         "n_questions": {k: len(v) for k, v in state.splits.items()},
-        "test": {"closed_book": on_test("closed_book"), f"plain_top{state.config.top_k}": _accuracy(plain_k),
-                 "best_plain": on_test("best_plain"), "sieve": on_test(shipped_key)},
+        # "test": the held-out estimates (the key sieve.json has always had)
+        "test": {"closed_book": on_held_out("closed_book"), f"plain_top{state.config.top_k}": _accuracy(plain_k),
+                 "best_plain": on_held_out("best_plain"), "sieve": on_held_out(shipped_key)},
+        "estimated_on": f"dev + test ({len(held_out)} questions), cross-fitted over {folds} folds" if folds > 1
+        else f"dev + test ({len(held_out)} questions), in sample",
         "configurations": {"best_plain": state.test_rows["best_plain"]["name"],
                            "sieve": state.test_rows[shipped_key]["name"]},
         "retrieval_rate": float(np.mean([shipped.k > 0 and (not gated or state.confidence[q.id] <= shipped.beta)
-                                         for q in test])),
+                                         for q in held_out])),
+        "margin": state.config.select.margin, "decided": state.do_no_harm["decided"],
+        "power_before_fit": getattr(state, "power_before", None),
         "do_no_harm": state.do_no_harm,
         "selection": {**state.selection, "grid": public_rows(state.selection_rows)},
         "preference_groups": {k: len(v) for k, v in state.prefs.items()},

@@ -4,17 +4,21 @@ Reads the questions and their candidates; writes ``<work>/generations.jsonl`` (e
 as it is made, so a killed fit answers only what is missing) through the answer cache, which the selection
 reuses. For a local LLM that is also the generator, the prompts' hidden states at the probe's layers are
 captured from the same prefill into the state cache. The state gets ``closed`` and ``plain`` (question id →
-whether the closed-book / top-k answer contains a gold answer).
+whether the closed-book / top-k answer contains a gold answer) and ``power_before`` (what the held-out
+questions can show; a warning when less than the selection's margin).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ragsieve.fit.state import FitState
+
+log = logging.getLogger(__name__)
 
 
 def label_answers(state: "FitState") -> None:
@@ -34,6 +38,28 @@ def label_answers(state: "FitState") -> None:
         state.answers.capture_states = None
     state.closed = {g.question_id: g.correct for g in gens if g.variant == "closed"}
     state.plain = {g.question_id: g.correct for g in gens if g.variant == f"top{k}"}
+    state.power_before = check_power(state)
+
+
+def check_power(state: "FitState") -> dict:
+    """What the held-out questions (dev + test) can show, said before the long phases: the smallest accuracy
+    difference they detect, from how often closed book and top-k answers disagree on every labelled question
+    (the only paired answers at hand yet), against the selection's margin; a warning when it is larger, with
+    the number of questions that would suffice."""
+    from ragsieve.fit.decide import power
+
+    ids = [q.id for q in state.questions]
+    share = sum(state.closed[i] != state.plain[i] for i in ids) / max(len(ids), 1)
+    n = len(state.splits["dev"]) + len(state.splits["test"])
+    margin = state.config.select.margin
+    found = power(round(share * n), n, margin)
+    if not found["enough"]:
+        log.warning("fit: %d held-out questions (dev + test) detect accuracy differences of about %.1f points "
+                    "(80 %% power; closed book and top-%d disagree on %.0f %% of questions), more than the %.1f-point "
+                    "margin: about %d held-out questions would show it. fit goes on and ships what the evidence "
+                    "supports (sieve.json: decided)", n, 100 * found["detectable_difference"], state.config.top_k,
+                    100 * share, 100 * margin, found["questions_for_margin"])
+    return {**found, "from": f"closed book vs top{state.config.top_k} on {len(ids)} labelled questions"}
 
 
 def _label(state: "FitState", requests, path: Path, phase: str):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ragsieve.fit.align import align_reranker
 from ragsieve.fit.config import FitConfig
@@ -74,6 +74,7 @@ class Fit(FitState):
     def run(self) -> SieveConfig:
         self.load()
         for phase in PHASES:
+            self.on_phase(phase)
             start = time.perf_counter()
             getattr(self, f"phase_{phase}")()
             self.timings[phase] = round(time.perf_counter() - start, 2)
@@ -115,10 +116,12 @@ class Fit(FitState):
         return save_grader(self, choice, how)
 
 
-def fit_sieve(config: FitConfig, progress: Optional[Progress] = None) -> SieveConfig:
-    """Run every phase (resuming from ``<out>/work``) and return the written ``sieve.json``."""
+def fit_sieve(config: FitConfig, progress: Optional[Progress] = None,
+              on_phase: Optional[Callable[[str], None]] = None) -> SieveConfig:
+    """Run every phase (resuming from ``<out>/work``) and return the written ``sieve.json``; ``progress`` gets
+    each phase's (done, total) reports, ``on_phase`` each phase's name as it begins."""
     check_fit_questions(config)
-    return Fit(config, progress).run()
+    return Fit(config, progress, on_phase).run()
 
 
 # imported from here before the phases had modules of their own (the CLI, bench/fit.py)

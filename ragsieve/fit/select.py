@@ -17,7 +17,7 @@ Example::
     selection.add_ranking("retriever", questions)             # the retriever's order
     selection.add_ranking("embedded:base", questions, load_reranker("embedded:base"))
     rows, record = selection.race(selection.grid(["retriever", "embedded:base"], dev), dev)
-    best = choose(rows, "accuracy")
+    best = choose(rows, "accuracy")          # ragsieve.fit.decide: choosing, cross-fitting, the guard
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import numpy as np
 
 from ragsieve.data.records import Passage, Question
-from ragsieve.fit.config import SelectConfig, token_budget
+from ragsieve.fit.config import SelectConfig
+from ragsieve.fit.decide import outcome_row, raced_out
 from ragsieve.prompts.builder import PromptBuilder, in_prompt_order
 
 if TYPE_CHECKING:
@@ -351,8 +352,11 @@ class Selection:
                     out.append(variant)
         return out
 
-    def plain(self, ks: Sequence[int]) -> list[Choice]:
-        """Plain retrieval at each k (the do-no-harm baseline's candidates)."""
+    def plain(self, ks: Sequence[int], policy_beta: Optional[float] = None) -> list[Choice]:
+        """Plain retrieval at each k (the do-no-harm baseline's candidates); behind ``policy_beta`` when the user
+        set a retrieval budget, which binds the baseline as it binds every configuration of the grid."""
+        if policy_beta is not None and policy_beta < 1.0 and self.confidence:
+            return [Choice(k, beta=float(policy_beta), gate="policy") for k in ks if k > 0]
         return [Choice(k) for k in ks if k > 0]
 
     # -- prompts and answers ------------------------------------------------------------------------
@@ -434,14 +438,7 @@ class Selection:
     @staticmethod
     def _row(choice: Choice, correct: Sequence[int], tokens: Sequence[int], seconds: Sequence[float]
              ) -> dict[str, Any]:
-        from ragsieve.eval.classification import accuracy_interval
-
-        hits, n = int(sum(correct)), len(correct)
-        return {**choice.to_dict(), "n": n, "correct_count": hits, "accuracy": hits / n if n else 0.0,
-                "ci95": list(accuracy_interval(hits, n)) if n else [0.0, 1.0],
-                "prompt_tokens": float(np.mean(tokens)) if n else 0.0,
-                "llm_seconds": float(np.mean(seconds)) if n else 0.0, "correct": list(correct),
-                "tokens_each": list(tokens), "choice": choice}
+        return outcome_row(choice, correct, tokens, seconds)
 
     def evaluate(self, choices: Sequence[Choice], questions: Sequence[Question]) -> list[dict[str, Any]]:
         """One row per configuration on ``questions``: accuracy with its Wilson 95 % interval, mean prompt
@@ -513,40 +510,6 @@ class Selection:
         return [out[x] for x in dict.fromkeys(choices)], record
 
 
-def raced_out(row: dict[str, Any]) -> bool:
-    """The row's configuration was dropped by :meth:`Selection.race` (its estimates are on fewer questions)."""
-    return row.get("raced_out_after") is not None
-
-
-def choose(rows: Sequence[dict[str, Any]], objective: str = "accuracy", *, alpha: float = 0.05) -> dict[str, Any]:
-    """The most accurate row (``tokens=<budget>``: among those within the budget of mean prompt tokens, or
-    the cheapest if none is); ties go to fewer prompt tokens, then to the simpler configuration. Rows the race
-    dropped cannot win (something no more expensive answered measurably better).
-
-    ``frugal``: the row with the fewest mean prompt tokens among those not measurably worse than the most
-    accurate row on the same questions (two-sided exact McNemar p ≥ ``alpha``, or no fewer correct); ties go
-    to the more accurate, then the simpler. A small dev split tells few differences apart, so this leans to
-    cheap configurations; ``fit``'s do-no-harm check on test still guards the best plain one's accuracy."""
-    budget = token_budget(objective)
-    pool = [r for r in rows if not raced_out(r)] or list(rows)
-    if budget is not None:
-        within = [r for r in pool if r["prompt_tokens"] <= budget]
-        pool = within or [min(pool, key=lambda r: r["prompt_tokens"])]
-    most = min(pool, key=lambda r: (-r["correct_count"], round(r["prompt_tokens"], 6), r["choice"].simplicity))
-    if objective != "frugal":
-        return most
-    from ragsieve.eval.stats import mcnemar_exact
-
-    def as_good(row: dict[str, Any]) -> bool:
-        if row is most or row["correct_count"] >= most["correct_count"]:
-            return True
-        same_questions = len(row["correct"]) == len(most["correct"])
-        return same_questions and mcnemar_exact(row["correct"], most["correct"]).p_value >= alpha
-
-    return min((r for r in pool if as_good(r)),
-               key=lambda r: (round(r["prompt_tokens"], 6), -r["correct_count"], r["choice"].simplicity))
-
-
 def frontier(rows: Sequence[dict[str, Any]], cost: str) -> list[int]:
     """Indices of the rows no other row beats on both accuracy and ``cost`` (the Pareto frontier), cheapest first.
 
@@ -561,51 +524,16 @@ def frontier(rows: Sequence[dict[str, Any]], cost: str) -> list[int]:
     return out
 
 
-def compare(a: Sequence[int], b: Sequence[int], *, alpha: float = 0.05, n_boot: int = 2000,
-            seed: int = 0) -> dict[str, Any]:
-    """A minus B on the same questions: exact McNemar and the accuracy difference with a paired-bootstrap
-    95 % interval; ``measurably_worse`` when A loses with McNemar p < ``alpha``."""
-    from ragsieve.eval.stats import mcnemar_exact, paired_bootstrap
-
-    test = mcnemar_exact(a, b)
-    diff = paired_bootstrap(np.asarray(a, float), np.asarray(b, float), n_boot=n_boot, seed=seed)
-    return {"n": test.n, "a_correct": test.a_correct, "b_correct": test.b_correct, "a_only": test.a_only,
-            "b_only": test.b_only, "p_value": test.p_value, "diff": diff.diff, "ci95": [diff.low, diff.high],
-            "verdict": test.verdict, "measurably_worse": bool(test.p_value < alpha and test.diff < 0)}
-
-
-def do_no_harm(on_test: dict[str, dict[str, Any]], *, alpha: float = 0.05, n_boot: int = 2000,
-               seed: int = 0) -> dict[str, Any]:
-    """The test comparison of the configuration chosen on dev (``on_test["chosen"]``) with the best plain one
-    and closed book (rows of :meth:`Selection.evaluate` on the same test questions). ``shipped`` is
-    ``best_plain`` when the choice answers measurably worse than it (exact McNemar p < ``alpha``), with a
-    one-line ``note`` saying so; else ``chosen``."""
-    from ragsieve.eval.stats import relative_mean_change
-
-    chosen, plain = on_test["chosen"], on_test["best_plain"]
-    vs_plain = compare(chosen["correct"], plain["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
-    vs_closed = compare(chosen["correct"], on_test["closed_book"]["correct"], alpha=alpha, n_boot=n_boot, seed=seed)
-    worse = vs_plain["measurably_worse"]
-    note = (f"the configuration chosen on dev ({chosen['name']}) answers measurably worse than the best plain one "
-            f"({plain['name']}) on test ({vs_plain['diff']:+.3f}, McNemar p = {vs_plain['p_value']:.3g}): fit ships "
-            "the plain configuration") if worse else ""
-    return {"n_test": vs_plain["n"], "shipped": "best_plain" if worse else "chosen", "note": note,
-            "chosen_vs_best_plain": vs_plain, "chosen_vs_closed_book": vs_closed,
-            "prompt_tokens_vs_best_plain": relative_mean_change(chosen["tokens_each"], plain["tokens_each"],
-                                                                n_boot=n_boot, seed=seed),
-            "alpha": alpha}
-
-
 def public_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows as ``sieve.json`` records them: no per-question outcomes, frontier membership marked (a row
     the race dropped keeps ``raced_out_after`` and ``dominated_by``; its ``n`` is the questions it saw)."""
     on_tokens, on_seconds = set(frontier(rows, "prompt_tokens")), set(frontier(rows, "llm_seconds"))
-    return [{**{k: v for k, v in r.items() if k not in ("correct", "tokens_each", "choice")},
+    return [{**{k: v for k, v in r.items() if k not in ("correct", "tokens_each", "seconds_each", "choice")},
              "frontier_tokens": i in on_tokens, "frontier_seconds": i in on_seconds} for i, r in enumerate(rows)]
 
 
 def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[str, dict[str, Any]]) -> Path:
-    """Dev accuracy against mean prompt tokens and against LLM seconds per question: every configuration
+    """Held-out accuracy against mean prompt tokens and against LLM seconds per question: every configuration
     (hollow: dropped by the race, on fewer questions), the frontier as a line, and the ``marks`` (label → row:
     chosen, best plain, closed book) named."""
     import matplotlib
@@ -629,7 +557,7 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: str | Path, marks: dict[
                        zorder=3)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"dev accuracy (n = {max((r['n'] for r in rows), default=0)})")
+    axes[0].set_ylabel(f"held-out accuracy, dev + test (n = {max((r['n'] for r in rows), default=0)})")
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle("Accuracy against cost for every configuration of the grid")
     fig.tight_layout()

@@ -1,11 +1,13 @@
-"""Phase 9 of ``ragsieve fit``: the configuration chosen by the LLM's answers on dev, checked on test.
+"""Phase 9 of ``ragsieve fit``: the configuration chosen by the LLM's answers, cross-fitted over dev + test.
 
 Reads the candidates, the rankings of the retriever, the start reranker and the aligned one (if kept), the
 probe's Conf(Q), β and the grade thresholds; asks the LLM through the answer cache (``<work>/answers.sqlite``,
-so a resumed fit asks nothing twice). The grid, the race and the do-no-harm test are
-:mod:`ragsieve.fit.select`'s. Writes nothing itself: the state gets the shipped choice (``shipped``,
-``shipped_key``), ``do_no_harm``, the dev rows (``selection_rows``, ``selection_marks``), the test rows
-(``test_rows``), the summary (``selection``) and ``confidence`` (question id → Conf(Q)).
+so a resumed fit asks nothing twice). The grid and the race are :mod:`ragsieve.fit.select`'s; the choice,
+the cross-fitting and the do-no-harm guard :mod:`ragsieve.fit.decide`'s. The grid's thresholds (grade, gate,
+prune quantiles) come from dev; the grid is raced and answered on dev + test, so a 150-question fit decides
+from its 60 held-out questions, not 30. Writes nothing itself: the state gets the shipped choice
+(``shipped``, ``shipped_key``), ``do_no_harm``, the grid's rows (``selection_rows``, ``selection_marks``), the
+out-of-fold rows (``test_rows``), the summary (``selection``) and ``confidence`` (question id → Conf(Q)).
 """
 
 from __future__ import annotations
@@ -25,54 +27,86 @@ log = logging.getLogger(__name__)
 
 
 def select_configuration(state: "FitState") -> None:
-    """The configuration chosen by the LLM's answers on dev, checked on test against closed book and
-    the best plain configuration (see :mod:`ragsieve.fit.select`)."""
-    from ragsieve.fit.select import Choice, choose, do_no_harm
+    """The configuration chosen by the LLM's answers on every non-train question, cross-fitted (see
+    :mod:`ragsieve.fit.decide`), and shipped only where the evidence supports it."""
+    from ragsieve.fit.decide import choose, cross_fit, do_no_harm
+    from ragsieve.fit.select import Choice
 
     c = state.config.select
-    dev, test = state.splits["dev"], state.splits["test"]
+    pool = state.splits["dev"] + state.splits["test"]  # chosen and estimated by cross-fitting over both
     selection, sources = _ranked_selection(state)
     # the user's gate policy bounds the grid: none = no gate, a budget = every retrieval behind its β
     gates = "off" if state.config.gate == "none" else "policy" if gate_budget(state.config.gate) else "choose"
-    grid = selection.grid(sources, dev, state.f1_thresholds, state.beta, gates)
+    grid = selection.grid(sources, state.splits["dev"], state.f1_thresholds, state.beta, gates)
     if not state.config.grade:
         grid = [g for g in grid if g.threshold is None]
     start = state.answers.stats()
     # raced: a configuration measurably beaten by one no more expensive stops being answered; the plain
-    # ones stay to the end (the do-no-harm baseline is chosen among them on every dev question)
-    rows, race = selection.race(grid, dev, protect=selection.plain(c.plain_ks))
+    # ones stay to the end (the do-no-harm baseline is chosen among them on every question)
+    plain = selection.plain(c.plain_ks, state.beta if gates == "policy" else None)
+    rows, race = selection.race(grid, pool, protect=plain)
     refined = selection.placement_variants(rows)  # other placements, around the best surviving rows only
-    rows += selection.evaluate(refined, dev)
-    plain_rows = selection.evaluate(selection.plain(c.plain_ks), dev)
+    rows += selection.evaluate(refined, pool)
+    plain_rows = selection.evaluate(plain, pool)
+    closed_row = selection.evaluate([Choice(0)], pool)[0]
     used = {k: v - start[k] for k, v in state.answers.stats().items()}
-    chosen, best_plain = choose(rows, c.objective, alpha=c.alpha), choose(plain_rows)
-    closed_row = selection.evaluate([Choice(0)], dev)[0]
-    asked_on_dev = len(selection.asked)  # the test questions are asked below
-    on_test = dict(zip(("chosen", "best_plain", "closed_book"), selection.evaluate(
-        [chosen["choice"], best_plain["choice"], Choice(0)], test)))
-    state.do_no_harm = do_no_harm(on_test, alpha=c.alpha, n_boot=c.n_boot, seed=state.config.seed)
-    shipped, note = state.do_no_harm["shipped"], state.do_no_harm["note"]
-    if note:
-        log.warning("fit: %s", note)
+    fitted = cross_fit(rows, plain_rows, closed_row, folds=c.folds, objective=c.objective, margin=c.margin,
+                       seed=state.config.seed)
+    chosen, best_plain = fitted["chosen_all"], fitted["best_plain_all"]
+    held_out = {key: fitted[key] for key in ("chosen", "best_plain", "closed_book")}
+    state.do_no_harm = do_no_harm(held_out, margin=c.margin, alpha=c.alpha, n_boot=c.n_boot, seed=state.config.seed)
+    shipped = state.do_no_harm["shipped"]
+    (log.info if state.do_no_harm["decided"] else log.warning)("fit: %s", state.do_no_harm["reason"])
     state.shipped_key = shipped
-    state.shipped = on_test[shipped]["choice"]
+    state.shipped = (chosen if shipped == "chosen" else best_plain)["choice"]
     state.confidence = selection.confidence
     state.selection_rows, state.selection_marks = rows, {"chosen": chosen, "best plain": best_plain,
                                                          "closed book": closed_row}
-    state.test_rows = on_test
-    state.selection = {
-        "objective": c.objective, "n_dev": len(dev), "n_configurations": len(rows),
+    state.test_rows = held_out
+    vs_most = _against_most_accurate(rows, chosen, c.margin)
+    state.selection = _summary(state, selection, fitted, race, used, vs_most=vs_most)
+    state.progress("select", 1, 1)
+
+
+def _against_most_accurate(rows: list[dict], chosen: dict, margin: float) -> dict:
+    """The choice against the most accurate configuration on the same questions, at the margin: what a frugal
+    or token-budget choice gave up (nothing to say when the choice is the most accurate)."""
+    from ragsieve.eval.stats import non_inferior
+    from ragsieve.fit.decide import choose
+
+    most = choose(rows)
+    if most["choice"] == chosen["choice"]:
+        return {"most_accurate": most["name"], "is_most_accurate": True}
+    test = non_inferior(chosen["correct"], most["correct"], margin)
+    return {"most_accurate": most["name"], "is_most_accurate": False, **test.to_dict()}
+
+
+def _summary(state: "FitState", selection: "Selection", fitted: dict, race: dict, used: dict, vs_most: dict) -> dict:
+    """``sieve.json``'s ``selection``: what was chosen on which questions, how it was estimated, and why it
+    shipped."""
+    c = state.config.select
+    pool = state.splits["dev"] + state.splits["test"]
+    chosen, best_plain, closed_row = fitted["chosen_all"], fitted["best_plain_all"], fitted["closed_book"]
+    guard = state.do_no_harm
+    return {
+        "objective": c.objective, "margin": c.margin, "n_dev": len(state.splits["dev"]),
+        "n_test": len(state.splits["test"]), "n_held_out": len(pool), "n_configurations": len(state.selection_rows),
         # an endpoint's tokenizer is not at hand: its prompt tokens are estimated (PromptBuilder)
         "prompt_tokens_from": "characters / 4" if state.endpoint_only else "the LLM's tokenizer",
-        "chosen": chosen["name"], "best_plain": best_plain["name"], "shipped": on_test[shipped]["name"],
-        "note": note,
-        "dev": {name: _row_summary(row) for name, row in (("chosen", chosen), ("best_plain", best_plain),
-                                                          ("closed_book", closed_row))},
-        "answer_cache": used, "race": race,
+        "chosen": chosen["name"], "best_plain": best_plain["name"],
+        "shipped": (chosen if guard["shipped"] == "chosen" else best_plain)["name"],
+        "decided": guard["decided"], "reason": guard["reason"], "note": guard["note"],
+        "vs_most_accurate": vs_most,
+        # chosen on every held-out question (in-sample: optimistic for the winner) ...
+        "in_sample": {name: _row_summary(row) for name, row in (("chosen", chosen), ("best_plain", best_plain),
+                                                                ("closed_book", closed_row))},
+        # ... and estimated out of fold: each fold answered by the choice made on the other folds
+        "cross_fitted": {"k": fitted["k"], "folds": fitted["folds"],
+                         "chosen": _row_summary(fitted["chosen"]), "best_plain": _row_summary(fitted["best_plain"])},
+        "power": guard["power"], "answer_cache": used, "race": race,
         # the prompts the grid, the refinement and the plain rows put to the LLM (or found in the cache)
-        "unique_prompts_per_dev_question": round(asked_on_dev / max(len(dev), 1), 2),
+        "unique_prompts_per_held_out_question": round(len(selection.asked) / max(len(pool), 1), 2),
     }
-    state.progress("select", 1, 1)
 
 
 def _ranked_selection(state: "FitState") -> tuple["Selection", list[str]]:

@@ -38,6 +38,7 @@ class FitState:
     candidates: dict[str, list[Passage]]  # retrieve: question id → its retrieved passages
     closed: dict[str, bool]  # label: question id → answered right closed-book
     plain: dict[str, bool]  # label: ... with the retriever's top k
+    power_before: dict  # label: what the held-out questions can show (ragsieve.fit.decide.power)
     probe: Optional["ConfidenceProbe"]  # probe (None: an endpoint)
     beta: Optional[float]  # gate
     gate_dev: Optional[dict]
@@ -55,13 +56,15 @@ class FitState:
     test_rows: dict[str, dict]
     sieve: SieveConfig  # evaluate
 
-    def __init__(self, config: FitConfig, progress: Optional[Progress] = None):
+    def __init__(self, config: FitConfig, progress: Optional[Progress] = None,
+                 on_phase: Optional[Callable[[str], None]] = None):
         from ragsieve.specs import ModelSpec
 
         # an endpoint only: answers, no hidden states (no probe, no gate, preferences from answers)
         self.endpoint_only = ModelSpec.parse(config.llm).is_endpoint
         self.config = config
         self.progress = progress or (lambda phase, done, total: None)
+        self.on_phase = on_phase or (lambda phase: None)  # a phase begins (its progress clock starts)
         self.out = Path(config.out)
         self.work = config.work
         self.timings: dict[str, float] = {}

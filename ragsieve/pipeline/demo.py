@@ -143,7 +143,7 @@ def _modes(cfg: DemoConfig, retriever, console: Console) -> tuple[dict, dict, in
 
             modes["sieve_pruned"] = (_with_pruner(sieved, SentencePruner(sieved.reranker, cfg.prune_threshold)), True)
         selection = _fit_selection(cfg)
-        best_k = selection.get("dev", {}).get("best_plain", {}).get("k")
+        best_k = selection.get("in_sample", selection.get("dev", {})).get("best_plain", {}).get("k")
         if best_k and best_k != cfg.top_k:  # fit's best plain configuration: the retriever's top k it chose on dev
             plain = pipeline.model_copy(update={"top_k": best_k})
             modes[f"rag_top{best_k}"] = (RAGPipeline.from_config(plain, llm=pipe.llm, retriever=retriever), True)
