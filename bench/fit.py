@@ -24,7 +24,10 @@ on 2 cores. Writes ``bench/results/fit.json``.
 ``--ship`` then copies the fitted sieve (without ``work/``) to ``ragsieve/assets/sieves/default``
 and its metrics to ``results/fit/metrics.json``: how the shipped default sieve is built.
 ``--ship-finished`` ships a fit that already ran to the end with the same ``--out`` and ``--result``,
-without running it again.
+without running it again. Neither replaces a shipped sieve whose sentence pruner the fit does not reproduce:
+the default prunes with the keep head (``pruner: prune-head``, chosen by ``experiments/prune_with_head.yaml``),
+which ``fit`` never chooses (it scores sentences zero-shot), so ``--ship`` refuses in one line before the fit
+starts, unless ``--keep-pruner`` carries the shipped pruning (pruner, threshold, best N) into the new sieve.
 ``--prepare-only`` writes the QA file, builds (or loads) the cached index, prints the split sizes and
 exits before the LLM loads.
 
@@ -159,6 +162,9 @@ def main() -> None:
     parser.add_argument("--ship-finished", action="store_true",
                         help="ship a fit that already finished (<out>/sieve/sieve.json and the --result JSON it "
                              "wrote) without running it again: a rerun with --ship re-ranks every dev and test question")
+    parser.add_argument("--keep-pruner", action="store_true",
+                        help="with --ship: the new sieve prunes as the shipped one does (its pruner, threshold and "
+                             "best N; the keep head today), which the fit itself cannot choose")
     parser.add_argument("--regrade", action="store_true",
                         help="only recalibrate the shipped sieve's grader threshold on the same dev split "
                              "(after embedded:base changes, its scores move and the old threshold means nothing)")
@@ -167,8 +173,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.dataset != "nq" and (args.ship or args.ship_finished or args.regrade):
         parser.error(f"--ship and --regrade concern the shipped NQ default sieve, not --dataset {args.dataset}")
+    if (args.ship or args.ship_finished) and not args.keep_pruner:
+        refuse_losing_the_pruner(None)  # before an hour of fitting, not after
     if args.ship_finished:
-        ship_finished(Path(args.out) / "sieve", Path(args.result))
+        ship_finished(Path(args.out) / "sieve", Path(args.result), keep_pruner=args.keep_pruner)
         if args.records:
             write_report(Path(args.out) / "sieve", Path(args.records).parent)
         return
@@ -273,7 +281,7 @@ def main() -> None:
     Path(args.result).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("questions", "minutes_total", "llm_forward_share", "seconds_by_phase")}))
     if args.ship:
-        ship(out / "sieve", fit.sieve, result)
+        ship(out / "sieve", fit.sieve, result, keep_pruner=args.keep_pruner)
     if args.records:
         write_report(out / "sieve", Path(args.records).parent)
 
@@ -379,7 +387,34 @@ def regrade(fit) -> None:
     print(f"regraded {target / 'grader'}: threshold {old['threshold']:.4f} -> {new['threshold']:.4f}")
 
 
-def ship_finished(sieve_dir: Path, result_file: Path) -> None:
+PRUNING = ("pruner", "prune_threshold", "prune_max_sentences")
+
+
+def shipped_sieve():
+    """The shipped default sieve's config (None before one ships)."""
+    from ragsieve.paths import ASSETS_DIR
+    from ragsieve.pipeline.sieve_config import SieveConfig
+
+    file = ASSETS_DIR / "sieves" / "default" / "sieve.json"
+    return SieveConfig.model_validate_json(file.read_text()) if file.is_file() else None
+
+
+def refuse_losing_the_pruner(sieve) -> None:
+    """Exit in one line when shipping ``sieve`` (None: any sieve ``fit`` writes, which prunes with no pruner or
+    its start reranker) would replace a default that prunes with another sentence scorer (the keep head)."""
+    current = shipped_sieve()
+    if current is None or current.pruner is None:
+        return
+    if sieve is not None and sieve.pruner == current.pruner:
+        return
+    would = "whatever `fit` chooses (zero-shot sentence scores, never the keep head)" if sieve is None else (
+        f"pruner {sieve.pruner!r}" if sieve.pruner else "no pruner of its own")
+    raise SystemExit(f"not shipped: the default sieve prunes with {current.pruner!r} (best "
+                     f"{current.prune_max_sentences} sentence(s), experiments/prune_with_head.yaml) and this sieve with "
+                     f"{would}: add --keep-pruner to keep it, then check it with that study")
+
+
+def ship_finished(sieve_dir: Path, result_file: Path, keep_pruner: bool = False) -> None:
     """:func:`ship` for a fit that already finished: its sieve.json and the bench result it wrote."""
     from ragsieve.pipeline.sieve_config import SieveConfig
 
@@ -387,15 +422,20 @@ def ship_finished(sieve_dir: Path, result_file: Path) -> None:
     if missing:
         raise SystemExit(f"--ship-finished: {', '.join(missing)} missing: run the fit to the end first")
     sieve = SieveConfig.model_validate_json((sieve_dir / "sieve.json").read_text())
-    ship(sieve_dir, sieve, json.loads(result_file.read_text()))
+    ship(sieve_dir, sieve, json.loads(result_file.read_text()), keep_pruner=keep_pruner)
 
 
-def ship(sieve_dir: Path, sieve, result: dict) -> None:
-    """The fitted sieve → ragsieve/assets/sieves/default (weights ≤ 50 MB each) + results/fit/metrics.json."""
+def ship(sieve_dir: Path, sieve, result: dict, keep_pruner: bool = False) -> None:
+    """The fitted sieve → ragsieve/assets/sieves/default (weights ≤ 50 MB each) + results/fit/metrics.json;
+    with ``keep_pruner`` it prunes as the shipped default did, else a default whose pruner it drops stays."""
     import shutil
 
     from ragsieve.paths import ASSETS_DIR
 
+    current = shipped_sieve()
+    if keep_pruner and current is not None:
+        sieve = sieve.model_copy(update={k: getattr(current, k) for k in PRUNING})
+    refuse_losing_the_pruner(sieve)
     target = ASSETS_DIR / "sieves" / "default"
     # the top-level files and only the folders sieve.json uses: an aligned reranker the selection did not
     # choose stays out of git; the size check reads exactly what the copy below takes
@@ -418,6 +458,7 @@ def ship(sieve_dir: Path, sieve, result: dict) -> None:
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(sieve_dir, target, ignore=left_out)
+    (target / "sieve.json").write_text(sieve.model_dump_json(indent=2) + "\n")  # with the kept pruning, if any
     results = Path("results/fit")
     results.mkdir(parents=True, exist_ok=True)
     (results / "metrics.json").write_text(json.dumps({"shipped_sieve": json.loads(sieve.model_dump_json()),

@@ -14,6 +14,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one torch thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RAGSIEVE_DATA") or REPO.parent / "shared" / "data")
@@ -47,12 +49,20 @@ SLOW_TESTS = {
 }
 
 
+# `make test` runs the suite on one pytest-xdist worker per core (`--dist loadgroup`): every test starts its
+# servers and databases on free ports in temporary folders, so any two run side by side, except two local Ray
+# instances, which would each claim both cores: the Ray tests share one worker.
+RAY_FILES = {"test_fit_ray.py", "test_serve_ray.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", None) or item.name
         if (item.path.name in SLOW_FILES or name in SLOW_TESTS
                 or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)
+        if item.path.name in RAY_FILES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"benchmark data not found at {SHARED_DATA}")
@@ -109,6 +119,15 @@ def tiny_llm(tiny_llm_dir):
     from ragsieve.models import load_local_llm
 
     return load_local_llm(str(tiny_llm_dir))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The embedded SmolLM2's converted folder (tokenizer + safetensors), built from its GGUF on first use (≈ 20 s)."""
+    from ragsieve.models.llm import resolve_llm_path
+    from ragsieve.models.specs import DEFAULT_LLM
+
+    return Path(resolve_llm_path(DEFAULT_LLM))
 
 
 @pytest.fixture(scope="session")

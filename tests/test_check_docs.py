@@ -67,3 +67,49 @@ def test_cheap_commands_run_in_a_scratch_folder(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "3 command(s) run" in captured.out and "index/missing" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
+
+
+QUICKSTART = '''# demo
+
+<!-- check-docs: runs, and prints the text block after it -->
+```python
+from ragsieve.eval.qa import normalize_answer
+print(normalize_answer("The  Hamlet!"))
+```
+
+```text
+PRINTED
+```
+'''
+
+
+def test_the_quickstart_runs_and_must_print_what_the_readme_shows(tmp_path, capsys):
+    from ragsieve.eval.qa import normalize_answer
+
+    readme = tmp_path / "README.md"
+    readme.write_text(QUICKSTART.replace("PRINTED", normalize_answer("The  Hamlet!")))
+    assert _checker().main(["--readme", str(readme), "--list"]) == 0, capsys.readouterr().err
+    assert "python snippet" in capsys.readouterr().out
+    readme.write_text(QUICKSTART.replace("PRINTED", "hamlet, 15 -> 6 tokens"))  # output that drifted
+    assert _checker().main(["--readme", str(readme)]) == 1
+    assert "the snippet prints 'hamlet', the README shows 'hamlet, 15 -> 6 tokens'" in capsys.readouterr().err
+    readme.write_text(QUICKSTART.replace("normalize_answer(", "no_such_function("))
+    assert _checker().main(["--readme", str(readme)]) == 1
+    assert "the snippet fails: NameError" in capsys.readouterr().err
+
+
+def test_the_readme_quickstart_is_checked():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    (line, code, printed), = _checker().runnable_snippets(readme)
+    assert 'Sieve.load("embedded:default")' in code and "tokens)" in printed and line < 60  # on the first screen
+
+
+def test_the_architecture_diagram_is_the_layers_contract():
+    checker = _checker()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert checker.check_architecture(readme, pyproject) == []
+    dropped = readme.replace("grade | prune\n", "grade\n", 1)
+    assert "missing: prune" in checker.check_architecture(dropped, pyproject)[0]
+    swapped = readme.replace("probe\nretrieve | prompts\n", "retrieve | prompts\nprobe\n", 1)
+    assert "order or grouping" in checker.check_architecture(swapped, pyproject)[0]

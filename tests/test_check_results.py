@@ -41,6 +41,55 @@ def test_numbers_skip_names_and_read_signs():
     assert not checker.backed("0.731", [0.7297])
 
 
+def _quoted_files() -> tuple[dict[str, str], dict]:
+    checker = _checker()
+    files = {name: (REPO / name).read_text(encoding="utf-8") for name in checker.PROSE_FILES}
+    return files, yaml.safe_load((REPO / "tools" / "prose_sources.yaml").read_text(encoding="utf-8")) or {}
+
+
+def test_readme_and_assets_readme_quote_only_what_their_sources_hold():
+    files, stated = _quoted_files()
+    assert _checker().check_quoted(files, stated) == []
+
+
+def test_a_number_quoted_outside_the_results_table_that_its_folder_does_not_hold_fails():
+    """The assets README quoted the grader's intervals of an older run ([0.724, 0.823]); its row cites
+    results/grader_scale/, whose metrics.json holds [0.713, 0.843] (0.823 happens to be another value there)."""
+    checker = _checker()
+    files, stated = _quoted_files()
+    assets = files["ragsieve/assets/README.md"]
+    assert "P 0.776 [0.713, 0.843]" in assets
+    files["ragsieve/assets/README.md"] = assets.replace("P 0.776 [0.713, 0.843]", "P 0.776 [0.724, 0.823]", 1)
+    problems = checker.check_quoted(files, stated)
+    assert len(problems) == 1 and "0.724 is in none of results/grader_scale/" in problems[0], problems
+
+
+def test_a_figure_attributed_to_a_json_file_that_does_not_hold_it_fails():
+    checker = _checker()
+    files, stated = _quoted_files()
+    readme = files["README.md"]
+    planted = ("\nA single process served 26.3 pairs/s (`bench/results/serve.json`). The shipped default scored "
+               "65.3 pairs/s there too (`bench/results/serve.json`).\n\n## Model specs")
+    files["README.md"] = readme.replace("\n## Model specs", planted, 1)
+    problems = checker.check_quoted(files, stated)
+    assert len(problems) == 1 and "26.3 is in none of bench/results/serve.json" in problems[0], problems
+    files["README.md"] = readme.replace("\n## Model specs", "\nSee `bench/results/nope.json`.\n\n## Model specs", 1)
+    assert any("`bench/results/nope.json` does not exist" in p for p in checker.check_quoted(files, stated))
+
+
+def test_a_count_that_disagrees_with_its_list_fails():
+    checker = _checker()
+    inline = "It answers 50 questions three ways: closed-book, with the top-3 passages, through the sieve and without it.\n"
+    assert checker.check_counts(inline, "x.md") == ['x.md:1: "three ways:" announces 3 and lists 4']
+    assert checker.check_counts(inline.replace("three", "four"), "x.md") == []
+    bullets = "Two consequences worth knowing:\n\n- **One.** a,\n  b.\n- **Two.** c (d, e).\n- **Three.** f.\n\nNext.\n"
+    assert checker.check_counts(bullets, "x.md") == ['x.md:1: "Two consequences worth knowing:" announces 2 and lists 3']
+    files, stated = _quoted_files()
+    assert "Three\nconsequences worth knowing:" in files["README.md"]
+    files["README.md"] = files["README.md"].replace("Three\nconsequences worth knowing:", "Two\nconsequences worth knowing:")
+    assert [p for p in checker.check_quoted(files, stated) if "announces 2 and lists 3" in p]
+
+
 def test_a_margin_verdict_is_re_derived_from_the_committed_outcomes():
     """Issue #70: "as good as" only at a stated margin; a row that calls the shipped default non-inferior where
     its per-question outcomes leave the interval below −δ fails, naming what the outcomes give."""

@@ -24,9 +24,9 @@ from ragsieve.data import (
     write_jsonl,
 )
 from ragsieve.errors import DataError, RagsieveError
-from ragsieve.paths import REPO_DIR
+from tests.conftest import SHARED_DATA
 
-SHARED = REPO_DIR.parent / "shared" / "data"
+SHARED = SHARED_DATA  # ../shared/data or $RAGSIEVE_DATA, as the loaders read it
 needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data dir {SHARED} absent")
 
 # --------------------------------------------------------------------------- jsonl

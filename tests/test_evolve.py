@@ -58,9 +58,6 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-SMOLLM2_TOKENIZER = Path.home() / ".cache" / "ragsieve" / "models" / "smollm2-135m-instruct-v1"
-
-
 def synthetic_examples(n: int, dataset: str = "pubmedqa", prefix: str = "ex") -> list[LabeledPair]:
     """Learnable toy task: label 1 iff the context mentions the fox."""
     rng = random.Random(n)
@@ -102,11 +99,10 @@ def test_verdict_tokens_first_token_at_answer_position(tiny_llm):
         verdict_tokens(tiny_llm.tokenizer, same_start, tiny_llm.format_prompt)
 
 
-@pytest.mark.skipif(not (SMOLLM2_TOKENIZER / "tokenizer.json").exists(), reason="SmolLM2 cache not built")
-def test_smollm2_label_words_take_the_no_space_variant_after_the_chat_template():
+def test_smollm2_label_words_take_the_no_space_variant_after_the_chat_template(smollm2_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(SMOLLM2_TOKENIZER)
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
 
     def fmt(text):
         return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)

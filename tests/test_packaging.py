@@ -69,3 +69,26 @@ def test_the_wheel_ships_the_library_without_the_studies(tmp_path):
     assert not [n for n in names if n.startswith(("studies/", "ragsieve/studies/"))]
     assert {"ragsieve/cli/studies.py", "ragsieve/pipeline/demo.py", "ragsieve/retrieve/evaluation.py"} <= set(names)
     assert {n.split("/")[0] for n in names} == {"ragsieve", wheel.name.split("-py3")[0] + ".dist-info"}
+
+
+def test_make_refuses_a_wrong_python_in_one_line_before_creating_the_venv(tmp_path):
+    """The Makefile's NEEDED_PYTHON is pyproject's requires-python; a Python of another version (here: the
+    real interpreter against a Makefile told to need another one) or none at all is one line, exit non-zero,
+    and no .venv."""
+    import re
+    import tomllib
+
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    needed = re.search(r"^NEEDED_PYTHON \?= (\S+)$", (REPO / "Makefile").read_text(), flags=re.M).group(1)
+    assert requires == f">={needed},<3.{int(needed.split('.')[1]) + 1}", (requires, needed)
+    venv = tmp_path / ".venv"
+    this, other = f"3.{sys.version_info[1]}", f"3.{sys.version_info[1] + 1}"
+    for option, says in ((f"NEEDED_PYTHON={other}", f"needs Python {other}: {sys.executable} is {this};"),
+                         (f"PYTHON={tmp_path / 'python-absent'}", "is not a Python;")):
+        python = option if option.startswith("PYTHON=") else f"PYTHON={sys.executable}"
+        proc = subprocess.run(["make", "--no-print-directory", "install", f"VENV={venv}", python, option], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0, proc.stdout + proc.stderr
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        assert len(lines) == 1 and "ragsieve needs Python" in lines[0] and says in lines[0], lines
+        assert not venv.exists()

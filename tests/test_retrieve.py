@@ -110,6 +110,12 @@ def test_bm25_finds_exact_term_passage() -> None:
     assert bm25.search("the of and", k=5) == []  # stopwords only: nothing matches
 
 
+def test_bm25_over_stopword_only_passages_scores_zero_instead_of_failing() -> None:
+    bm25 = BM25Retriever.build([Passage("p0", "a"), Passage("p1", "the of")])
+    assert bm25.scores("who wrote hamlet").tolist() == [0.0, 0.0]
+    assert bm25.search("a", k=2) == []
+
+
 # -- search contract ------------------------------------------------------------------------
 
 

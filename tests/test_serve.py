@@ -124,6 +124,12 @@ def test_uncalibrated_scores_are_the_logistic_of_the_raw_score(bm25_server):
     assert all(0.0 <= s <= 1.0 for s in got.values())
 
 
+def test_bm25_over_stopword_only_documents_answers_zero_scores(bm25_server):
+    r = httpx.post(f"{bm25_server.url}/v1/rerank", json={"query": QUERY, "documents": ["a", "the"]})
+    assert r.status_code == 200, r.text
+    assert sorted(x["relevance_score"] for x in r.json()["results"]) == [0.5, 0.5]  # logistic of a zero score
+
+
 def test_open_webui_and_dify_style_raw_json(bm25_server):
     # Open WebUI's external reranker: POST {model, query, documents, top_n} with a Bearer key
     body = {"model": "bge-reranker-v2-m3", "query": QUERY, "documents": DOCS, "top_n": 4}

@@ -14,6 +14,10 @@ Three checks over the README's fenced code blocks (and the ``ragsieve ...`` comm
    anything that loads an LLM take minutes to hours.
 3. **Imports.** Every ``import`` / ``from ragsieve... import ...`` line in a Python block
    imports, and every dotted ``ragsieve.x.y`` name in inline code resolves.
+4. **Snippets that run.** A Python block after the line ``<!-- check-docs: runs ... -->`` (the quickstart)
+   runs as shown and must print exactly the ``text`` block that follows it.
+5. **Architecture.** The layer diagram under "## Architecture" lists the layers of import-linter's
+   "ragsieve layers" contract in ``pyproject.toml``, in order, each with the same packages.
 
 Runs in-process (one Python, models loaded once): well under two minutes on 2 cores.
 
@@ -348,6 +352,64 @@ def check_imports(readme: str) -> list[str]:
     return failures
 
 
+RUNS_MARK = "<!-- check-docs: runs"
+
+
+def runnable_snippets(readme: str) -> list[tuple[int, str, str]]:
+    """``(line, code, printed)``: each Python block marked ``<!-- check-docs: runs ... -->`` on the line before
+    it, with the ``text`` block that follows it (what it prints)."""
+    lines, blocks, found = readme.splitlines(), code_blocks(readme), []
+    for (lang, first, body), after in zip(blocks, blocks[1:] + [("", 0, "")]):
+        before = [line for line in lines[: first - 2] if line.strip()][-1:]  # the line before the fence
+        if lang == "python" and before and before[0].startswith(RUNS_MARK):
+            if after[0] != "text":
+                raise SystemExit(f"README.md:{first}: a `{RUNS_MARK}` block needs the text block it prints after it")
+            found.append((first, body, after[2]))
+    return found
+
+
+def check_snippets(readme: str) -> tuple[list[str], list[str]]:
+    """``(failures, ran)``: every marked snippet runs in a fresh namespace and prints its text block."""
+    failures, ran = [], []
+    for line, code, printed in runnable_snippets(readme):
+        out, start = io.StringIO(), time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})  # noqa: S102 - our README
+        except Exception as exc:  # noqa: BLE001 - any failure is what this check reports
+            failures.append(f"README.md:{line}: the snippet fails: {type(exc).__name__}: {exc}")
+            continue
+        if out.getvalue().strip() != printed.strip():
+            failures.append(f"README.md:{line}: the snippet prints {out.getvalue().strip()!r}, the README shows "
+                            f"{printed.strip()!r}")
+        ran.append(f"README.md:{line}: python snippet ({time.perf_counter() - start:.1f}s)")
+    return failures, ran
+
+
+def check_architecture(readme: str, pyproject: str) -> list[str]:
+    """The "## Architecture" diagram against import-linter's layers contract (``studies`` above it aside)."""
+    import tomllib
+
+    contracts = tomllib.loads(pyproject)["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c.get("name") == "ragsieve layers")
+    want = [{p.strip().removeprefix("ragsieve.") for p in layer.split("|")} for layer in layers]
+    heading = readme.find("\n## Architecture")
+    if heading < 0:
+        return []
+    line = readme[:heading].count("\n") + 2
+    block = next((body for lang, first, body in code_blocks(readme) if first > line), "")
+    shown = [{p.strip() for p in re.sub(r"\(.*\)", "", row).split("|")} for row in block.splitlines()
+             if row.strip() and not row.startswith("studies")]
+    if shown == want:
+        return []
+    missing = sorted(set().union(*want) - set().union(*shown))
+    extra = sorted(set().union(*shown) - set().union(*want))
+    return [f"README.md:{line}: the Architecture diagram is not pyproject.toml's layers contract"
+            + (f" (missing: {', '.join(missing)})" if missing else "") + (f" (not a layer: {', '.join(extra)})" if extra
+                                                                        else "") + (" (order or grouping)" if not
+                                                                                   (missing or extra) else "")]
+
+
 def resolves(dotted: str) -> bool:
     """``ragsieve.a.b.Name``: the longest importable module prefix, then attributes."""
     parts = dotted.split(".")
@@ -380,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
             scratch_inputs(scratch)
         failures, ran, skipped = check_shell(readme, scratch)
     failures += check_imports(readme)
+    failures += check_architecture(readme, (REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    if not args.no_run:
+        snippet_failures, snippets_ran = check_snippets(readme)
+        failures += snippet_failures
+        ran += snippets_ran
     if args.list:
         print("ran:\n  " + "\n  ".join(ran))
         print("skipped (flags checked):\n  " + "\n  ".join(skipped))

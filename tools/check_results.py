@@ -13,6 +13,17 @@ is as good as another (``margins``: "non-inferior at δ = 2 pp" / "undecided at 
 the committed per-question outcomes (:func:`ragsieve.eval.stats.non_inferior`), and its interval's numbers
 may be quoted.
 
+Outside that table the same numbers get quoted again, and two more checks keep those quotes honest, over
+README.md (all but its Results section) and ragsieve/assets/README.md:
+
+* **Attributed figures** (:func:`check_prose`). A sentence that cites a committed JSON file (```bench/results/
+  x.json```) or a results folder (```results/x/```, or a file in it: that folder's JSON files) may only hold
+  numbers those files hold, at the precision written; a number stated rather than measured there is declared in
+  ``tools/prose_sources.yaml`` with the reason. A figure moved to the wrong file, or left behind by a rerun,
+  fails.
+* **Counts** (:func:`check_counts`). "three ways: a, b, c and d" or "Two consequences:" followed by a bulleted
+  list: the number word must equal the items listed.
+
 Run from the repository root: ``python tools/check_results.py`` (exit 1 on a mismatch).
 """
 
@@ -29,6 +40,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = Path(__file__).with_name("results_sources.yaml")
+PROSE_SOURCES = Path(__file__).with_name("prose_sources.yaml")
+#: the prose files whose quoted figures are checked (besides README.md outside its Results section)
+PROSE_FILES = ("README.md", "ragsieve/assets/README.md")
 # A number: optional sign (ASCII or the typographic minus), digits with thousands commas, decimals.
 NUMBER = re.compile(r"(?P<sign>[−+-]?)(?P<digits>\d{1,3}(?:,\d{3})+|\d+)(?P<decimals>\.\d+)?")
 
@@ -213,16 +227,129 @@ def check(readme: str, sources: dict) -> list[str]:
     return problems
 
 
+# -- quoted outside the Results table ---------------------------------------------------------------
+
+#: a cited source: a committed JSON file or a results folder (a file inside it stands for the folder)
+CITED = re.compile(r"`((?:bench/)?results/[\w./*-]+)`")
+NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+COUNTED = re.compile(r"\b(" + "|".join(list(NUMBER_WORDS)[2:]) + r")((?:\s+[\w-]+){1,3}):", flags=re.I)
+
+
+def prose(text: str) -> str:
+    """``text`` without its Results section and code blocks (line numbers kept)."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = re.sub(r"^## Results\n.*?(?=^## |\Z)", blank, text, flags=re.S | re.M)
+    return re.sub(r"^```.*?^```", blank, text, flags=re.S | re.M)
+
+
+def sentences(text: str) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, sentence, sources cited) of each paragraph's sentences, wrapped lines joined. A table's cells are
+    paragraphs, and what a row cites (its "where" / "built by" cell) every sentence of the row cites."""
+    line = 1
+    for para in re.split(r"(\n\s*\n)", text):
+        if para.strip().startswith("|"):
+            chunks = [(line + i, cell, CITED.findall(row)) for i, row in enumerate(para.strip("\n").split("\n"))
+                      for cell in row.strip().strip("|").split(" | ")]
+        else:
+            chunks = [(line, para, [])] if para.strip() else []
+        for at, chunk, row_cites in chunks:
+            for sentence in re.split(r"(?<=[.;])\s+(?=[A-Z(`*])", " ".join(chunk.split())):
+                yield at, sentence, list(dict.fromkeys(CITED.findall(sentence) + row_cites))
+        line += para.count("\n")
+
+
+def cited_values(cited: list[str], cache: dict) -> list[float]:
+    """Every number in the cited JSON files, or in the JSON files at the top of a cited results folder."""
+    values: list[float] = []
+    for ref in cited:
+        path = ref.split("*")[0] if "*" in ref else ref
+        if ref.endswith(".json") and "*" not in ref:
+            files = [ROOT / ref]
+        else:
+            folder = ROOT / path if (ROOT / path).is_dir() else (ROOT / path).parent
+            files = sorted(folder.glob(Path(ref).name if "*" in ref else "*.json"))
+        for file in files:
+            values += load(str(file.relative_to(ROOT)), cache) if file.is_file() else []
+    return values
+
+
+def check_prose(text: str, name: str, stated: dict) -> list[str]:
+    """Numbers of sentences that cite a JSON file or results folder and that the cited files do not hold.
+
+    ``stated``: sentence start → {number: why} for numbers that are a setting or a target, not a measurement."""
+    problems, cache = [], {}
+    for line, sentence, cited in sentences(prose(text)):
+        if not cited:
+            continue
+        missing = [ref for ref in cited if not (ROOT / ref.split("*")[0]).exists()
+                   and not any((ROOT / ref.split("*")[0]).parent.glob(Path(ref).name))]
+        problems += [f"{name}:{line}: `{ref}` does not exist" for ref in missing]
+        values = cited_values(cited, cache)
+        values += [v / 1000 for v in values]  # a latency the JSON holds in ms, quoted in s
+        allowed = {written(str(x))[0] for start, numbers_ in stated.items() if sentence.startswith(start)
+                   for x in numbers_}
+        for token in numbers(sentence):
+            if abs(written(token)[0]) not in allowed and not backed(token, values):
+                problems.append(f"{name}:{line}: {token} is in none of {', '.join(cited)}: \"{sentence[:90]}...\"")
+    return problems
+
+
+def split_top_level(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` outside parentheses and brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        depth += text[i] in "([{"
+        depth -= text[i] in ")]}"
+        if depth == 0 and text.startswith(separator, i):
+            parts.append(text[start:i])
+            i = start = i + len(separator)
+            continue
+        i += 1
+    return parts + [text[start:]]
+
+
+def listed_items(rest: str) -> int:
+    """How many items follow a "three ways:": a bulleted list's top-level bullets, else the sentence's
+    top-level "a, b and c"."""
+    bullets = re.match(r"[ \t]*\n(?:\s*\n)*((?:[-*] .*\n(?:[ \t]+.*\n)*)+)", rest)
+    if bullets:
+        return len(re.findall(r"^[-*] ", bullets.group(1), flags=re.M))
+    sentence = " ".join(re.split(r"\.(?:\s|$)|\n\s*\n", rest, maxsplit=1)[0].split())
+    parts = split_top_level(sentence, ", ")
+    if " and " in parts[-1] and not parts[-1].startswith("and "):
+        parts = parts[:-1] + split_top_level(parts[-1], " and ")
+    return len(parts)
+
+
+def check_counts(text: str, name: str) -> list[str]:
+    """"three ways:" / "Two consequences worth knowing:" whose list holds another number of items."""
+    text, problems = prose(text), []
+    for m in COUNTED.finditer(text):
+        said, listed = NUMBER_WORDS[m.group(1).lower()], listed_items(text[m.end():])
+        if said != listed:
+            line = text[: m.start()].count("\n") + 1
+            problems.append(f"{name}:{line}: \"{m.group(0)}\" announces {said} and lists {listed}")
+    return problems
+
+
+def check_quoted(files: dict[str, str], stated: dict) -> list[str]:
+    """:func:`check_prose` and :func:`check_counts` over ``{name: text}``."""
+    return [p for name, text in files.items() for p in check_prose(text, name, stated) + check_counts(text, name)]
+
+
 def main() -> int:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     problems = check(readme, yaml.safe_load(SOURCES.read_text(encoding="utf-8")))
+    problems += check_quoted({name: (ROOT / name).read_text(encoding="utf-8") for name in PROSE_FILES},
+                             yaml.safe_load(PROSE_SOURCES.read_text(encoding="utf-8")) or {})
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
-        print(f"check-results: {len(problems)} number(s) of README.md's Results not backed by the committed JSON",
+        print(f"check-results: {len(problems)} number(s) or count(s) of README.md not backed by the committed JSON",
               file=sys.stderr)
         return 1
-    print("check-results: every number in README.md's Results section matches the committed JSON")
+    print("check-results: every number in README.md's Results section, and every figure README.md and "
+          "ragsieve/assets/README.md attribute to a JSON file or results folder, matches the committed JSON")
     return 0
 
 

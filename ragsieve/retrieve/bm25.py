@@ -83,8 +83,12 @@ class BM25Retriever(Retriever):
         tokens = bm25s.tokenize(
             [p.full_text for p in passages], stopwords=_STOPWORDS, stemmer=_stemmer(), show_progress=False
         )
+        empty = not tokens.vocab
+        if empty:  # every passage is stopwords (e.g. ["a"]): bm25s cannot index an empty vocabulary, so give it ""
+            tokens = bm25s.tokenization.Tokenized(ids=tokens.ids, vocab={"": 0})
         model = bm25s.BM25(k1=k1, b=b)
-        model.index(tokens, show_progress=False)
+        with np.errstate(invalid="ignore" if empty else "warn"):  # mean length 0: no term scores anyway
+            model.index(tokens, show_progress=False)
         return cls(passages, model, k1=k1, b=b)
 
     def _query_ids(self, query: str) -> list[int]:
