@@ -31,7 +31,7 @@ CHATML_TEMPLATE = (
 # that kind is slow without anyone remembering a marker.
 SLOW_FIXTURES = {"postgres", "pg"}
 SLOW_FILES = {"test_fit.py", "test_fit_hotpotqa.py", "test_fit_ray.py", "test_serve_ray.py", "test_experiments.py",
-              "test_pgvector.py", "test_feedback_store.py"}
+              "test_pgvector.py", "test_feedback_store.py", "test_index_ray.py"}
 
 
 # tests elsewhere that run a study or a whole fit end to end, resume a killed training, or load the real default

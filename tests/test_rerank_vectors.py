@@ -66,8 +66,10 @@ def test_index_hits_carry_the_vector_the_cosine_reads_instead_of_encoding(cosine
     from ragsieve.retrieve.dense import DenseRetriever
     from ragsieve.retrieve.hybrid import HybridRetriever
 
-    dense = DenseRetriever.build(PASSAGES, exact=True, show_progress=False)
-    hybrid = HybridRetriever.build(PASSAGES, exact=True, show_progress=False)
+    # both on torch fp32, as this ranker encodes (the shipped default's cosine and the index's default backend
+    # agree as well: tests/test_index_backends.py)
+    dense = DenseRetriever.build(PASSAGES, exact=True, show_progress=False, encoder_backend="torch")
+    hybrid = HybridRetriever.build(PASSAGES, exact=True, show_progress=False, encoder_backend="torch")
     for retriever in (dense, hybrid):
         hits = retriever.search("who wrote hamlet", k=4)
         assert all(stored_vector(h.passage, dense.encoder_spec) is not None for h in hits)

@@ -238,6 +238,8 @@ def skip_reason(words: list[str]) -> str | None:
     for key in (path, words[0] if words else ""):
         if key in SKIP:
             return SKIP[key]
+    if "--ray" in words:
+        return "starts a Ray instance (tests/test_index_ray.py runs one)"
     if words[:1] == ["index"] and "--dataset" in words:
         return "encodes a benchmark's passage pool (minutes)"
     if words[:1] == ["index"] and "--passages" not in words:

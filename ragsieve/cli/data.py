@@ -50,6 +50,15 @@ def index_cmd(
     dataset: str = typer.Option("nq-oracle", help="Without --passages: the benchmark whose passage pool is indexed."),
     kind: Optional[str] = typer.Option(None, help="bm25 | dense | hybrid (default hybrid; dense with --store)."),
     encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
+    encoder_backend: Optional[str] = typer.Option(
+        None, "--encoder-backend", help="Where passages encode: torch | torch-bf16 | onnx | openvino-bf16 (default: "
+        "openvino-bf16 on a CPU with bf16 units, else torch). Recorded in the index; queries encode on it too."
+    ),
+    ray: Optional[str] = typer.Option(
+        None, "--ray", help="Encode on Ray Data actors (one model copy each): 'local' or a cluster address. "
+        "A killed build keeps its finished shards and encodes only the rest when run again."
+    ),
+    shard_size: int = typer.Option(1000, "--shard-size", min=1, help="With --ray: passages per shard."),
     data_dir: Optional[Path] = DataDirOption,
     skip_bad: bool = SkipBadOption,
     overwrite: bool = OverwriteOption,
@@ -58,6 +67,7 @@ def index_cmd(
     from ragsieve.checks import existing_dir, output_dir
     from ragsieve.config import build_config
     from ragsieve.data import load_dataset
+    from ragsieve.models.encoder import index_encoder_backend
     from ragsieve.retrieve import ChunkConfig, add_to_index, build_index, read_corpus
     from ragsieve.retrieve.pgvector import StoreURL, check_store_target, is_store_url
 
@@ -74,6 +84,11 @@ def index_cmd(
     target = StoreURL.parse(store).where if store else str(out)
     chunking = build_config(ChunkConfig, {"chunk_tokens": chunk_tokens, "overlap_tokens": overlap_tokens,
                                           "tokenizer": encoder}, source="options")
+    if encoder_backend is not None and add:
+        raise RagsieveError("--add encodes on the backend that built the index: drop --encoder-backend")
+    ray_options = {"ray": ray, "ray_shard_size": shard_size} if ray else {}
+    backend = None if add or kind == "bm25" else index_encoder_backend(encoder_backend)  # refused before reading
+    encoding = f" (encoder on {backend}{', on Ray ' + ray if ray else ''})" if backend else ""
     def phase(text: str) -> None:
         # one plain line per phase on stderr, once the inputs are read (an error stays the only line);
         # encoding adds its own progress lines
@@ -87,8 +102,8 @@ def index_cmd(
         items = read_corpus(passages, chunking)
         if store:
             check_store_target(store, adding=items)
-        phase(f"adding {len(items)} passages to {target}")
-        add_to_index(store or out, items, show_progress=True)
+        phase(f"adding {len(items)} passages to {target}{' (on Ray ' + ray + ')' if ray else ''}")
+        add_to_index(store or out, items, show_progress=True, **ray_options)
         console.print(f"added {len(items)} passages → {target}")
         return
     if out is not None:
@@ -97,8 +112,9 @@ def index_cmd(
         check_store_target(store, overwrite=overwrite)  # the server, pgvector and the table, likewise
     if passages:
         items = read_corpus(passages, chunking)
-        phase(f"building a {kind} index over {len(items)} passages")
-        build_index(items, store or out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
+        phase(f"building a {kind} index over {len(items)} passages{encoding}")
+        build_index(items, store or out, kind=kind, encoder_spec=encoder, overwrite=overwrite,
+                    **_encoding_options(kind, backend, ray_options))
         console.print(f"indexed {len(items)} passages from {len(passages)} path(s) ({kind}) → {target}")
         return
     ds = load_dataset(dataset, data_dir=data_dir, skip_bad=skip_bad)
@@ -106,9 +122,15 @@ def index_cmd(
         raise RagsieveError(f"dataset '{dataset}' has no passage pool to index")
     if ds.skipped_lines:
         err_console.print(f"[yellow]skipped {ds.skipped_lines} malformed line(s)[/]")
-    phase(f"building a {kind} index over {len(ds.passages)} passages of {dataset}")
-    build_index(ds.passages, store or out, kind=kind, encoder_spec=encoder, overwrite=overwrite)
+    phase(f"building a {kind} index over {len(ds.passages)} passages of {dataset}{encoding}")
+    build_index(ds.passages, store or out, kind=kind, encoder_spec=encoder, overwrite=overwrite,
+                **_encoding_options(kind, backend, ray_options))
     console.print(f"indexed {len(ds.passages)} passages of {dataset} ({kind}) → {target}")
+
+
+def _encoding_options(kind: str, backend: str | None, ray_options: dict) -> dict:
+    """The build options saying where passages encode (none for BM25, which encodes nothing)."""
+    return {} if kind == "bm25" else {"encoder_backend": backend, **ray_options}
 
 
 @app.command("retrieve")

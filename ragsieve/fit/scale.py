@@ -22,44 +22,14 @@ Needs the optional extra ``ragsieve[ray]``. Example (a local Ray instance on thi
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from ragsieve.cluster import cluster_cpus, init_ray, set_actor_threads
 from ragsieve.data.records import Passage
-from ragsieve.errors import RagsieveError
 from ragsieve.probe.labels import LabeledGeneration, LabelRequest
-
-
-def init_ray(address: str, num_cpus: int | None = None) -> None:
-    """Connect to ``address`` (``ray://...`` or ``host:port``) or start a local instance (``local``)."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise RagsieveError("--ray needs Ray Data: pip install 'ragsieve[ray]'") from exc
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if address == "local":
-        # Serve's HTTP proxy must say it is ready within 5 s, 3 times over, or it is killed and started
-        # again; on a busy 2-core machine its start alone took > 20 s and Serve looped. The local
-        # instance's processes inherit this environment.
-        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-        ray.init(num_cpus=num_cpus, **kwargs)
-    else:
-        ray.init(address=address, **kwargs)
-    import logging
-
-    ray.data.DataContext.get_current().enable_progress_bars = False  # fit draws its own per phase
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-
-
-def _set_threads(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, threads))  # one actor per CPU: no oversubscription
 
 
 class ConfidenceShiftScorer:
@@ -69,7 +39,7 @@ class ConfidenceShiftScorer:
         from ragsieve.models import load_local_llm
         from ragsieve.probe.model import ConfidenceProbe
 
-        _set_threads(threads)
+        set_actor_threads(threads)
         self.probe = ConfidenceProbe.load(probe, load_local_llm(llm), batch_size=batch_size)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -88,7 +58,7 @@ class RequestAnswerer:
         from ragsieve.models import load_local_llm
         from ragsieve.prompts.builder import PromptBuilder
 
-        _set_threads(threads)
+        set_actor_threads(threads)
         self.llm = load_local_llm(llm)
         self.builder = PromptBuilder(self.llm, None, max_prompt_tokens)
         self.max_new_tokens = max_new_tokens
@@ -114,12 +84,6 @@ def request_from_json(text: str) -> LabelRequest:
     return LabelRequest(**row)
 
 
-def _workers(address: str) -> int:
-    import ray
-
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
-
-
 def ray_confidence_shifts(
     address: str, rows: Sequence[dict], *, llm: str, probe: str, batch_size: int = 8
 ) -> dict[str, list[float]]:
@@ -131,7 +95,7 @@ def ray_confidence_shifts(
 
     items = [{"question_id": r["question_id"], "question": r["question"],
               "passages": json.dumps([p if isinstance(p, dict) else asdict(p) for p in r["passages"]])} for r in rows]
-    workers = min(_workers(address), len(items))
+    workers = min(cluster_cpus(), len(items))
     # one block per actor and no repartition: on a small cluster the actors hold every CPU, so a
     # shuffle task would wait for a CPU forever
     out = ray.data.from_items(items, override_num_blocks=workers).map_batches(
@@ -151,7 +115,7 @@ def ray_answer_requests(
     init_ray(address)
     import ray
 
-    workers = min(_workers(address), len(requests))
+    workers = min(cluster_cpus(), len(requests))
     rows = [{"request": request_to_json(r)} for r in requests]
     out = ray.data.from_items(rows, override_num_blocks=workers).map_batches(
         RequestAnswerer,

@@ -38,9 +38,56 @@ def encoder_batch_size(backend: str) -> int:
     return 64 if backend in ("torch", "torch-bf16") else ONNX_BATCH
 
 
+#: what "the vectors match fp32" means for an index encoder backend: every vector within this cosine of torch
+#: fp32's for the same text, and recall@10 of the index built with it within :data:`INDEX_RECALL_TOLERANCE` of an
+#: fp32-built index's (tests/test_index_backends.py checks the first, bench/index.py measures both)
+INDEX_MIN_COSINE = 0.999
+INDEX_RECALL_TOLERANCE = 0.005
+#: backends an index may encode on: those within that tolerance (onnx-int8's vectors are not: min cosine ≈ 0.986)
+INDEX_ENCODER_BACKENDS = ("torch", "torch-bf16", "onnx", "openvino-bf16")
+#: the default where the CPU has bf16 matrix units: OpenVINO bf16, ≈ 2.8× torch fp32's chunks/s on 200-token
+#: chunks (bench/results/index.json), cosine to fp32 ≥ 0.9999
+INDEX_DEFAULT_BACKEND = "openvino-bf16"
+
+
+def index_encoder_backend(requested: str | None = None) -> str:
+    """The backend an index encodes on: ``requested`` (an :data:`INDEX_ENCODER_BACKENDS` name), or by default
+    :data:`INDEX_DEFAULT_BACKEND` on a CPU with bf16 matrix units and torch fp32 elsewhere; then as this process
+    can run it (:func:`ragsieve.models.cpu.cpu_backend`: no OpenVINO beside jemalloc, no bf16 without the units).
+
+    Example::
+
+        index_encoder_backend()          # 'openvino-bf16' on a CPU with AVX512-BF16 or AMX, else 'torch'
+        index_encoder_backend("onnx")    # 'onnx'
+    """
+    from ragsieve.models.cpu import cpu_backend, fast_bf16
+
+    if not requested:
+        requested = INDEX_DEFAULT_BACKEND if fast_bf16() else "torch"
+    if requested not in INDEX_ENCODER_BACKENDS:
+        raise ModelNotAvailable(f"encoder backend '{requested}' cannot build an index; known: "
+                                f"{', '.join(INDEX_ENCODER_BACKENDS)} (onnx-int8 vectors stray too far from fp32)")
+    return cpu_backend(requested)
+
+
+def load_backend_encoder(spec: str = DEFAULT_ENCODER, backend: str = "torch", threads: int | None = None,
+                         bulk: bool = False) -> "SentenceTransformer | OnnxEncoder":
+    """The bi-encoder ``spec`` on ``backend`` (an :data:`ENCODER_BACKENDS` name): ``SentenceTransformer`` for the
+    torch ones (bf16 autocast is the caller's: :func:`ragsieve.models.cpu.autocast`), else :class:`OnnxEncoder`;
+    ``bulk`` (an index build) compiles OpenVINO for throughput rather than one call's latency.
+
+    Example::
+
+        load_backend_encoder("embedded:all-minilm-l6-v2", "openvino-bf16").encode(["a passage"])
+    """
+    if backend in ("torch", "torch-bf16"):
+        return load_encoder(spec)
+    return load_onnx_encoder(spec, backend, threads, bulk)
+
+
 @lru_cache(maxsize=4)
 def load_onnx_encoder(spec: str = DEFAULT_ENCODER, backend: str = "onnx-int8",
-                      threads: int | None = None) -> "OnnxEncoder":
+                      threads: int | None = None, bulk: bool = False) -> "OnnxEncoder":
     """The bi-encoder's ONNX export (on first use) on onnxruntime (``onnx`` fp32 or ``onnx-int8``) or OpenVINO
     (``openvino-bf16``); ``encode()`` as :func:`load_encoder`'s.
 
@@ -52,7 +99,8 @@ def load_onnx_encoder(spec: str = DEFAULT_ENCODER, backend: str = "onnx-int8",
         raise ModelNotAvailable(f"unknown encoder backend '{backend}'; known: {', '.join(ENCODER_BACKENDS)}")
     from ragsieve.models.onnx import onnx_engine
 
-    return OnnxEncoder(spec, int8=backend == "onnx-int8", threads=threads, engine=onnx_engine(backend))
+    return OnnxEncoder(spec, int8=backend == "onnx-int8", threads=threads, engine=onnx_engine(backend),
+                       throughput=bulk)
 
 
 @lru_cache(maxsize=4)
@@ -90,7 +138,7 @@ class OnnxEncoder:
     """
 
     def __init__(self, spec: str = DEFAULT_ENCODER, int8: bool = True, threads: int | None = None,
-                 engine: str = "onnxruntime"):
+                 engine: str = "onnxruntime", throughput: bool = False):
         from tokenizers import Tokenizer
 
         from ragsieve.models.onnx import OnnxModel
@@ -102,7 +150,15 @@ class OnnxEncoder:
         self.tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_seq_length)
-        self.model = OnnxModel(path, engine, threads)
+        self.model = OnnxModel(path, engine, threads, throughput=throughput)
+        self.backend = "openvino-bf16" if engine == "openvino-bf16" else ("onnx-int8" if int8 else "onnx")
+        self._dim: int | None = None
+
+    def get_sentence_embedding_dimension(self) -> int:
+        """The vectors' width (``SentenceTransformer``'s name for it), read from one forward."""
+        if self._dim is None:
+            self._dim = int(self.encode(["a"]).shape[1])
+        return self._dim
 
     def encode(self, texts: Sequence[str], batch_size: int = 32, normalize_embeddings: bool = True,
                **_: object) -> np.ndarray:
@@ -110,8 +166,9 @@ class OnnxEncoder:
         from ragsieve.models.onnx import model_batches
 
         out: np.ndarray | None = None
-        for idx, feeds in model_batches(self.model, self.tokenizer.encode_batch(list(texts)), batch_size):
-            states = self.model(feeds)
+        batches = list(model_batches(self.model, self.tokenizer.encode_batch(list(texts)), batch_size))
+        for i, states in self.model.run_batches((i, feeds) for i, (_, feeds) in enumerate(batches)):
+            idx, feeds = batches[i]
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             vecs = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
             if out is None:

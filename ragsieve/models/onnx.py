@@ -7,7 +7,7 @@ import logging
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -57,6 +57,8 @@ class OnnxModel:
     """One ONNX graph on an :data:`ENGINES` engine: ``model(feeds)`` is its first output for a dict of int64
     arrays (extra keys are dropped; :attr:`inputs` names the graph's own). Safe to call from several threads.
     :attr:`batch_invariant` is False for a dynamically quantised (int8) graph: run its inputs one at a time, unpadded.
+    ``throughput=True`` compiles OpenVINO for bulk work (one stream per core, :meth:`run_batches` keeps each busy):
+    ≈ 1.2-1.6× the texts/s of one latency stream on 2 cores, at a higher latency per call.
 
     Example::
 
@@ -64,10 +66,11 @@ class OnnxModel:
         logits = model({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
     """
 
-    def __init__(self, path: str | Path, engine: str = "onnxruntime", threads: int | None = None):
+    def __init__(self, path: str | Path, engine: str = "onnxruntime", threads: int | None = None,
+                 throughput: bool = False):
         if engine not in ENGINES:
             raise ValueError(f"unknown ONNX engine '{engine}'; known: {', '.join(ENGINES)}")
-        self.path, self.engine = Path(path), engine
+        self.path, self.engine, self.throughput = Path(path), engine, throughput and engine != "onnxruntime"
         self.batch_invariant = not _quantises_per_batch(path)
         if engine == "onnxruntime":
             self._session = onnx_session(path, threads)
@@ -88,7 +91,7 @@ class OnnxModel:
             log.info("openvino-bf16 needs a CPU with AMX or AVX512-BF16; running OpenVINO in f32")
         # LATENCY: one stream on the given threads, as one ranker call runs; 0 threads = OpenVINO's default
         self._compiled = ov.Core().compile_model(str(path), "CPU", {
-            "INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "THROUGHPUT" if self.throughput else "LATENCY",
             "INFERENCE_NUM_THREADS": int(threads or 0)})
         self.inputs = {name for port in self._compiled.inputs for name in port.get_names()}
         self._requests = threading.local()  # an infer request serves one call at a time
@@ -101,6 +104,21 @@ class OnnxModel:
         if request is None:
             request = self._requests.request = self._compiled.create_infer_request()
         return np.array(request.infer(feeds)[0])  # a copy: the request reuses its output buffer
+
+    def run_batches(self, batches: Iterable[tuple[Any, dict[str, np.ndarray]]]) -> list[tuple[Any, np.ndarray]]:
+        """``(key, first output)`` of every ``(key, feeds)`` batch, in any order: side by side, one per stream,
+        on a throughput-compiled OpenVINO model; else one after the other."""
+        if not self.throughput:
+            return [(key, self(feeds)) for key, feeds in batches]
+        import openvino as ov
+
+        done: list[tuple[Any, np.ndarray]] = []
+        queue = ov.AsyncInferQueue(self._compiled, 0)  # 0: as many requests as the model has streams
+        queue.set_callback(lambda request, key: done.append((key, np.array(request.get_output_tensor(0).data))))
+        for key, feeds in batches:
+            queue.start_async({k: v for k, v in feeds.items() if k in self.inputs}, key)
+        queue.wait_all()
+        return done
 
 
 #: rows are padded to a multiple of this many tokens and only rows of one padded width share a batch, so a pair's

@@ -30,13 +30,12 @@ class BiEncoderRanker(BaseRanker):
 
     def __init__(self, encoder_spec: str = DEFAULT_ENCODER, batch_size: int | None = None, backend: str = "torch",
                  threads: int | None = None, vector_cache: "PassageVectorCache | None" = None):
-        from ragsieve.models.encoder import encoder_batch_size, load_encoder, load_onnx_encoder
+        from ragsieve.models.encoder import encoder_batch_size, load_backend_encoder
         from ragsieve.rerank.vectors import PassageVectorCache
 
         # onnx-int8: ≈ 1.8× the passages/s of torch on one thread, cosines within ≈ 0.02 of fp32 (mean 0.006);
         # ``threads`` sets onnxruntime's (torch's is process-wide: torch.set_num_threads)
-        self.encoder = load_encoder(encoder_spec) if backend in ("torch", "torch-bf16") \
-            else load_onnx_encoder(encoder_spec, backend, threads)
+        self.encoder = load_backend_encoder(encoder_spec, backend, threads)
         self.batch_size = batch_size or encoder_batch_size(backend)
         self.backend = backend
         self.encoder_spec = encoder_spec

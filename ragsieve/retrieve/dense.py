@@ -34,6 +34,10 @@ DEFAULT_EF_CONSTRUCTION = 200
 DEFAULT_EF_SEARCH = 64
 DEFAULT_BATCH_SIZE = 64
 
+#: batches per encoder call in :func:`embed_texts`: enough to keep every OpenVINO stream busy, few enough for
+#: progress lines every few seconds
+BATCHES_PER_CALL = 8
+
 _INDEX_FILE = "index.faiss"
 _EMB_FILE = "embeddings.npy"
 _CONFIG_FILE = "dense.json"
@@ -50,6 +54,10 @@ def count_truncated(encoder: "SentenceTransformer", texts: Sequence[str], chunk:
     tokenizer = getattr(encoder, "tokenizer", None)
     if not max_len or tokenizer is None:
         return 0
+    if not hasattr(tokenizer, "convert_ids_to_tokens"):  # an ONNX encoder's tokenizers.Tokenizer
+        from ragsieve.models.onnx import fast_tokenizer
+
+        tokenizer = fast_tokenizer(tokenizer)
     n = 0
     for start in range(0, len(texts), chunk):
         # verbose=False: we count the long ones ourselves instead of one tokenizer warning per call
@@ -66,14 +74,15 @@ def report_truncated(encoder: "SentenceTransformer", texts: Sequence[str]) -> in
         truncated = report_truncated(encoder, [p.full_text for p in passages])
     """
     truncated = count_truncated(encoder, texts)
-    if truncated:
-        log.warning(
-            "%d of %d passages are longer than the encoder's max_seq_length (%s tokens) and were truncated",
-            truncated,
-            len(texts),
-            encoder.max_seq_length,
-        )
+    warn_truncated(truncated, len(texts), f"{encoder.max_seq_length} tokens")
     return truncated
+
+
+def warn_truncated(truncated: int, n: int, window: str) -> None:
+    """The one warning about passages longer than the encoder's window (``window``: how long it is)."""
+    if truncated:
+        log.warning("%d of %d passages are longer than the encoder's max_seq_length (%s) and were truncated",
+                    truncated, n, window)
 
 
 def embed_texts(
@@ -83,11 +92,13 @@ def embed_texts(
     batch_size: int = DEFAULT_BATCH_SIZE,
     show_progress: bool = True,
     description: str = "embedding",
+    backend: str = "torch",
 ) -> np.ndarray:
     """Encode ``texts`` to L2-normalised float32 vectors ``(len(texts), dim)``, with progress on stderr.
 
-    Texts are encoded longest-first in batches of ``batch_size`` (less padding per batch),
-    and returned in input order.
+    Texts are encoded longest-first in batches of ``batch_size`` (less padding per batch), handed to the encoder
+    :data:`BATCHES_PER_CALL` batches at a time (an OpenVINO encoder compiled for throughput runs them side by
+    side), and returned in input order; ``backend`` is the encoder's (``torch-bf16`` runs under bf16 autocast).
 
     Example::
 
@@ -95,21 +106,19 @@ def embed_texts(
     """
     if batch_size <= 0:
         raise RagsieveError(f"batch_size must be positive, got {batch_size}")
+    from ragsieve.models.cpu import autocast
+
     n = len(texts)
     dim = _encoder_dim(encoder)
     out = np.empty((n, dim), dtype=np.float32)
     order = sorted(range(n), key=lambda i: -len(texts[i]))
 
     def encode_all(advance: Any) -> None:
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            vecs = encoder.encode(
-                [texts[i] for i in idx],
-                batch_size=batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+        for start in range(0, n, batch_size * BATCHES_PER_CALL):
+            idx = order[start : start + batch_size * BATCHES_PER_CALL]
+            with autocast(backend):
+                vecs = encoder.encode([texts[i] for i in idx], batch_size=batch_size, normalize_embeddings=True,
+                                      convert_to_numpy=True, show_progress_bar=False)
             out[idx] = np.asarray(vecs, dtype=np.float32)
             advance(len(idx))
 
@@ -132,16 +141,17 @@ def _encoder_dim(encoder: "SentenceTransformer") -> int:
     return int(dim)
 
 
-def load_index_encoder(encoder_spec: str, dim: int) -> "SentenceTransformer":
-    """Load the bi-encoder an index was built with, refusing one whose vectors are not ``dim``-d.
+def load_index_encoder(encoder_spec: str, dim: int, backend: str = "torch") -> "SentenceTransformer":
+    """Load the bi-encoder an index was built with, on ``backend`` (:func:`query_backend`: the one that built it,
+    as this process can run it), refusing one whose vectors are not ``dim``-d.
 
     Example::
 
-        encoder = load_index_encoder("embedded:all-minilm-l6-v2", 384)
+        encoder = load_index_encoder("embedded:all-minilm-l6-v2", 384, "openvino-bf16")
     """
-    from ragsieve.models.encoder import load_encoder
+    from ragsieve.models.encoder import load_backend_encoder
 
-    encoder = load_encoder(encoder_spec)
+    encoder = load_backend_encoder(encoder_spec, backend)
     if _encoder_dim(encoder) != dim:
         raise RagsieveError(
             f"encoder '{encoder_spec}' gives {_encoder_dim(encoder)}-d vectors "
@@ -150,18 +160,29 @@ def load_index_encoder(encoder_spec: str, dim: int) -> "SentenceTransformer":
     return encoder
 
 
+def query_backend(index_backend: str) -> str:
+    """The backend queries of an index built on ``index_backend`` encode on: the same, or where this process cannot
+    run it, its fallback (:func:`ragsieve.models.cpu.cpu_backend`; vectors within the index tolerance either way)."""
+    from ragsieve.models.cpu import cpu_backend
+
+    return cpu_backend(index_backend)
+
+
 def encode_queries(
-    encoder: "SentenceTransformer", queries: Sequence[str], *, batch_size: int = DEFAULT_BATCH_SIZE
+    encoder: "SentenceTransformer", queries: Sequence[str], *, batch_size: int = DEFAULT_BATCH_SIZE,
+    backend: str = "torch",
 ) -> np.ndarray:
-    """Normalised float32 query vectors ``(len(queries), dim)``, in one batched encoder call.
+    """Normalised float32 query vectors ``(len(queries), dim)``, in one batched encoder call on ``backend``.
 
     Example::
 
         q = encode_queries(load_encoder(), ["who wrote Hamlet"])
     """
-    vecs = encoder.encode(
-        list(queries), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-    )
+    from ragsieve.models.cpu import autocast
+
+    with autocast(backend):
+        vecs = encoder.encode(list(queries), batch_size=batch_size, normalize_embeddings=True,
+                              convert_to_numpy=True, show_progress_bar=False)
     return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
@@ -179,17 +200,30 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
     return x / norms
 
 
+def build_backend(requested: str | None, encoder: Any = None, embeddings: "np.ndarray | None" = None) -> str:
+    """The encoder backend an index build records and encodes on: ``requested`` as given for injected
+    ``embeddings`` (the caller knows what made them), else :func:`ragsieve.models.encoder.index_encoder_backend`
+    of ``requested`` or of a given ``encoder``'s own backend (torch for a ``SentenceTransformer``)."""
+    from ragsieve.models.encoder import index_encoder_backend
+
+    if embeddings is not None and requested:
+        return requested
+    return index_encoder_backend(requested or (getattr(encoder, "backend", "torch") if encoder is not None else None))
+
+
 def passage_vectors(
     passages: Sequence[Passage],
     embeddings: "np.ndarray | None" = None,
     *,
     encoder: "SentenceTransformer | None" = None,
     encoder_spec: str = DEFAULT_ENCODER,
+    backend: str = "torch",
     batch_size: int = DEFAULT_BATCH_SIZE,
     show_progress: bool | None = None,
 ) -> tuple[np.ndarray, int | None, "SentenceTransformer | None"]:
     """(unit rows, how many texts were truncated or None if unknown, the encoder used) for ``passages``:
-    encoded with ``encoder`` (loaded from ``encoder_spec`` if None), or ``embeddings`` checked and normalised.
+    encoded on ``backend`` with ``encoder`` (loaded from ``encoder_spec`` if None), or ``embeddings`` checked and
+    normalised (on Ray actors: :func:`ragsieve.retrieve.scale.ray_vectors`).
 
     Example::
 
@@ -200,13 +234,14 @@ def passage_vectors(
         if vecs.ndim != 2 or vecs.shape[0] != len(passages):
             raise RagsieveError(f"embeddings have shape {vecs.shape}; expected ({len(passages)}, dim)")
         return normalise_rows(vecs), None, encoder
-    if encoder is None:
-        from ragsieve.models.encoder import load_encoder
-
-        encoder = load_encoder(encoder_spec)
     texts = [p.full_text for p in passages]
+    if encoder is None:
+        from ragsieve.models.encoder import load_backend_encoder
+
+        encoder = load_backend_encoder(encoder_spec, backend, bulk=True)
     truncated = report_truncated(encoder, texts)
-    return embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress), truncated, encoder
+    vecs = embed_texts(encoder, texts, batch_size=batch_size, show_progress=show_progress, backend=backend)
+    return vecs, truncated, encoder
 
 
 def make_faiss_index(
@@ -269,6 +304,7 @@ class DenseRetriever(Retriever):
         ef_construction: int = DEFAULT_EF_CONSTRUCTION,
         truncated_count: int | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        encoder_backend: str = "torch",
     ) -> None:
         super().__init__(passages)
         if index.ntotal != len(self.passages) or embeddings.shape[0] != len(self.passages):
@@ -279,6 +315,7 @@ class DenseRetriever(Retriever):
         self.index = index
         self.embeddings = embeddings
         self.encoder_spec = encoder_spec
+        self.encoder_backend = encoder_backend  # what built the vectors; queries are encoded on it too
         self._encoder = encoder
         self.exact = exact
         self.m = m
@@ -302,23 +339,27 @@ class DenseRetriever(Retriever):
         batch_size: int = DEFAULT_BATCH_SIZE,
         show_progress: bool = True,
         truncated_count: int | None = None,
+        encoder_backend: str | None = None,
     ) -> "DenseRetriever":
         """Embed ``passages`` (``full_text``) and index them.
 
         Inputs: ``encoder_spec`` (spec string saved with the index) or an already loaded
-        ``encoder`` (its spec is still what gets saved); ``embeddings`` ``(n, dim)`` skips
+        ``encoder`` (its spec is still what gets saved); ``encoder_backend`` (saved too: queries encode on it)
+        defaults to :func:`ragsieve.models.encoder.index_encoder_backend`'s choice, or a given encoder's own;
+        ``embeddings`` ``(n, dim)`` skips
         encoding (rows are re-normalised), and ``truncated_count`` then says how many of them
         were encoded from truncated text, if the caller knows; ``exact`` picks ``IndexFlatIP`` over HNSW;
         ``m`` / ``ef_construction`` / ``ef_search`` tune HNSW; ``batch_size`` and
-        ``show_progress`` control encoding.
+        ``show_progress`` control encoding (on Ray actors: ``build_index(..., ray="local")``).
 
         Example::
 
             dense = DenseRetriever.build(passages, embeddings=vecs, exact=True)
         """
         passages = check_passages(passages)
+        backend = build_backend(encoder_backend, encoder, embeddings)
         vecs, truncated, encoder = passage_vectors(passages, embeddings, encoder=encoder, encoder_spec=encoder_spec,
-                                                   batch_size=batch_size, show_progress=show_progress)
+                                                   backend=backend, batch_size=batch_size, show_progress=show_progress)
         if embeddings is not None:
             truncated = truncated_count  # the caller's encoding: only it knows
         index = make_faiss_index(vecs, exact=exact, m=m, ef_construction=ef_construction, ef_search=ef_search)
@@ -333,6 +374,7 @@ class DenseRetriever(Retriever):
             ef_construction=ef_construction,
             truncated_count=truncated,
             batch_size=batch_size,
+            encoder_backend=backend,
         )
 
     # -- encoder ----------------------------------------------------------------------------
@@ -340,8 +382,13 @@ class DenseRetriever(Retriever):
     def encoder(self) -> "SentenceTransformer":
         """The bi-encoder, loaded from ``encoder_spec`` on first use."""
         if self._encoder is None:
-            self._encoder = load_index_encoder(self.encoder_spec, self.dim)
+            self._encoder = load_index_encoder(self.encoder_spec, self.dim, self.query_backend)
         return self._encoder
+
+    @property
+    def query_backend(self) -> str:
+        """The backend queries encode on: the index's own (:func:`query_backend`)."""
+        return query_backend(self.encoder_backend)
 
     @property
     def dim(self) -> int:
@@ -365,7 +412,7 @@ class DenseRetriever(Retriever):
 
             q = dense.encode_queries(["who wrote Hamlet"])
         """
-        return encode_queries(self.encoder, queries, batch_size=self.batch_size)
+        return encode_queries(self.encoder, queries, batch_size=self.batch_size, backend=self.query_backend)
 
     # -- search -----------------------------------------------------------------------------
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
@@ -414,6 +461,7 @@ class DenseRetriever(Retriever):
         """The settings saved next to the index (JSON-able)."""
         return {
             "encoder": self.encoder_spec,
+            "encoder_backend": self.encoder_backend,
             "exact": self.exact,
             "m": self.m,
             "ef_construction": self.ef_construction,
@@ -466,6 +514,7 @@ class DenseRetriever(Retriever):
                 ef_construction=int(cfg.get("ef_construction", DEFAULT_EF_CONSTRUCTION)),
                 truncated_count=cfg.get("truncated_count"),
                 batch_size=int(cfg.get("batch_size", DEFAULT_BATCH_SIZE)),
+                encoder_backend=str(cfg.get("encoder_backend", "torch")),  # indexes before #74: torch built them
             )
         if embeddings.ndim != 2 or embeddings.shape[1:] != (index.d,):
             raise damaged(path / _EMB_FILE, f"shape {embeddings.shape} does not fit a {index.d}-d index", INDEX_REBUILD)

@@ -38,6 +38,7 @@ from ragsieve.retrieve.bm25 import BM25Retriever
 from ragsieve.retrieve.dense import DenseRetriever
 from ragsieve.retrieve.hybrid import HybridRetriever
 from ragsieve.retrieve.pgvector import add_to_store_index, build_store_index, is_store_url, load_store_index
+from ragsieve.retrieve.scale import drop_ray_work, new_vectors, ray_vectors
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -91,7 +92,8 @@ def build_index(
     bi-encoder (ignored for ``"bm25"``); ``overwrite`` replaces an existing ``out_dir``;
     ``options`` go to the retriever's ``build`` (e.g. ``exact=True``, ``m=32``,
     ``ef_search=64``, ``batch_size=64``, ``show_progress=False``, ``embeddings=vecs``,
-    ``k1``/``b`` for BM25, ``rrf_k``/``depth`` for hybrid). Duplicate passage ids raise.
+    ``k1``/``b`` for BM25, ``rrf_k``/``depth`` for hybrid, ``encoder_backend="openvino-bf16"``, ``ray="local"``:
+    :meth:`DenseRetriever.build`). Duplicate passage ids raise.
 
     Example::
 
@@ -107,7 +109,10 @@ def build_index(
     passages = check_passages(passages)
     if cls.uses_encoder:
         options = {"encoder_spec": encoder_spec, **options}
-    retriever = cls.build(passages, **options)
+    recorded = {k: v for k, v in options.items() if k not in ("encoder_spec", "truncated_count", *_RUN_OPTIONS)}
+    build_options, work = _encode_on_ray(passages, options) if cls.uses_encoder else (options, None)
+    retriever = cls.build(passages, **{k: v for k, v in build_options.items() if k not in _RUN_OPTIONS})
+    dense = _dense_part(retriever)
 
     with atomic_directory(out, overwrite=overwrite, exists_hint=OVERWRITE_HINT) as tmp:
         write_passages(passages, tmp / PASSAGES_FILE)
@@ -116,21 +121,49 @@ def build_index(
             "format_version": FORMAT_VERSION,
             "kind": kind,
             "encoder": options.get("encoder_spec") if cls.uses_encoder else None,
+            "encoder_backend": dense.encoder_backend if dense else None,
             "n_passages": len(passages),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "options": _jsonable_options({k: v for k, v in options.items()
-                                          if k not in ("encoder_spec", "truncated_count")}),
+            "options": _jsonable_options(recorded),
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    drop_ray_work(work)
     return retriever
+
+
+#: options of how one build ran, not of the index it made
+_RUN_OPTIONS = ("ray", "ray_workers", "ray_shard_size")
+
+
+def _encode_on_ray(passages: list[Passage], options: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
+    """``options`` with the passages' vectors encoded on Ray when ``ray`` is among them (and none were given),
+    and the job's shard folder; else ``options`` as given."""
+    if not options.get("ray") or options.get("embeddings") is not None:
+        return options, None
+    from ragsieve.retrieve.dense import DEFAULT_BATCH_SIZE, build_backend
+
+    backend = build_backend(options.get("encoder_backend"), options.get("encoder"))
+    vecs, truncated, work = ray_vectors(
+        passages, encoder_spec=options["encoder_spec"], backend=backend, address=options["ray"],
+        workers=options.get("ray_workers"), shard_size=options.get("ray_shard_size"),
+        batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE), show_progress=options.get("show_progress", True))
+    return {**options, "embeddings": vecs, "truncated_count": truncated, "encoder_backend": backend}, work
+
+
+def _dense_part(retriever: Retriever) -> DenseRetriever | None:
+    if isinstance(retriever, DenseRetriever):
+        return retriever
+    return getattr(retriever, "dense", None)
 
 
 #: build options a later ``add_to_index`` must repeat to get the same index
 _KEPT_OPTIONS = ("exact", "m", "ef_construction", "ef_search", "k1", "b", "rrf_k", "depth")
 
 
-def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_progress: bool = False) -> Retriever:
-    """Append ``passages`` to an existing index: only the new passages are encoded.
+def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_progress: bool = False,
+                 ray: str | None = None, **ray_options: Any) -> Retriever:
+    """Append ``passages`` to an existing index: only the new passages are encoded, on the backend that built
+    the index (on Ray actors with ``ray="local"`` or an address; ``ray_workers``, ``ray_shard_size``).
 
     BM25 statistics are recomputed over the whole pool (cheap); dense vectors of the
     existing passages are reused from ``embeddings.npy`` and the vector index is rebuilt
@@ -141,7 +174,7 @@ def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_pro
         add_to_index("index/mine", read_corpus(["new_docs/"]))
     """
     if is_store_url(index_dir):  # rows join the live HNSW graph: nothing is rebuilt
-        return add_to_store_index(str(index_dir), passages, show_progress=show_progress)
+        return add_to_store_index(str(index_dir), passages, show_progress=show_progress, ray=ray, **ray_options)
     path = Path(index_dir)
     manifest = read_manifest(path)
     old = load_index(path)
@@ -152,19 +185,18 @@ def add_to_index(index_dir: str | Path, passages: Iterable[Passage], *, show_pro
     kind = manifest["kind"]
     cls = _retriever_class(kind)
     options = {k: v for k, v in (manifest.get("options") or {}).items() if k in _KEPT_OPTIONS}
+    work = None
     if cls.uses_encoder:
-        from ragsieve.models.encoder import load_encoder
-        from ragsieve.retrieve.dense import embed_texts, report_truncated
-
-        dense = old if kind == "dense" else old.dense
-        encoder = load_encoder(manifest["encoder"])
-        texts = [p.full_text for p in new]
-        truncated = report_truncated(encoder, texts)
-        vecs = embed_texts(encoder, texts, show_progress=show_progress)
+        dense = _dense_part(old)
+        vecs, truncated, work = new_vectors(new, dense.encoder_spec, dense.query_backend, show_progress, ray,
+                                            **ray_options)
         before = dense.truncated_count  # None: built from injected vectors, so unknown it stays
-        options.update(embeddings=np.concatenate([dense.embeddings, vecs]), encoder_spec=manifest["encoder"],
+        options.update(embeddings=np.concatenate([dense.embeddings, vecs]), encoder_spec=dense.encoder_spec,
+                       encoder_backend=dense.encoder_backend,
                        truncated_count=None if before is None else before + truncated)
-    return build_index([*old.passages, *new], path, kind=kind, overwrite=True, **options)
+    retriever = build_index([*old.passages, *new], path, kind=kind, overwrite=True, **options)
+    drop_ray_work(work)
+    return retriever
 
 
 def read_manifest(index_dir: str | Path) -> dict[str, Any]:

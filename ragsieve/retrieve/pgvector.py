@@ -47,9 +47,10 @@ from ragsieve.errors import RagsieveError
 from ragsieve.specs import DEFAULT_ENCODER, is_index_url
 from ragsieve.retrieve.base import Hit, Retriever, _check_k, check_passages
 from ragsieve.retrieve.dense import (
-    DEFAULT_BATCH_SIZE, DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_M, embed_texts, report_truncated,
-    encode_queries, load_index_encoder, normalise_rows, passage_vectors,
+    DEFAULT_BATCH_SIZE, DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_M, build_backend, encode_queries,
+    load_index_encoder, normalise_rows, passage_vectors, query_backend,
 )
+from ragsieve.retrieve.scale import drop_ray_work, new_vectors, ray_vectors
 
 if TYPE_CHECKING:
     import psycopg
@@ -260,11 +261,15 @@ def build_store_index(
     ef_search: int = DEFAULT_EF_SEARCH,
     batch_size: int = DEFAULT_BATCH_SIZE,
     show_progress: bool = True,
+    encoder_backend: str | None = None,
+    ray: str | None = None,
+    ray_workers: int | None = None,
+    ray_shard_size: int | None = None,
 ) -> "PgVectorRetriever":
     """Embed ``passages`` and write them, with an HNSW index (cosine), into the table ``url`` names.
 
-    Inputs as :meth:`DenseRetriever.build` (``embeddings`` skips encoding; ``m`` /
-    ``ef_construction`` / ``ef_search`` tune HNSW); ``kind`` must be ``"dense"``;
+    Inputs as :meth:`DenseRetriever.build` (``embeddings`` skips encoding; ``encoder_backend`` and ``ray``
+    choose where encoding runs; ``m`` / ``ef_construction`` / ``ef_search`` tune HNSW); ``kind`` must be ``"dense"``;
     ``overwrite`` replaces an existing ragsieve index in that table (never another table).
 
     Example::
@@ -280,15 +285,23 @@ def build_store_index(
         raise RagsieveError(f"HNSW settings: need m >= 2, ef_construction >= 2*m and 1 <= ef_search <= "
                             f"{_MAX_EF_SEARCH}, got m={m}, ef_construction={ef_construction}, ef_search={ef_search}")
     check_store_target(url, overwrite=overwrite)  # before the (long) encoding, not after it
-
-    vecs, truncated, encoder = passage_vectors(passages, embeddings, encoder=encoder, encoder_spec=encoder_spec,
-                                               batch_size=batch_size, show_progress=show_progress)
+    backend = build_backend(encoder_backend, encoder, embeddings)
+    work = None
+    if ray and embeddings is None:
+        vecs, truncated, work = ray_vectors(passages, encoder_spec=encoder_spec, backend=backend, address=ray,
+                                            workers=ray_workers, shard_size=ray_shard_size, batch_size=batch_size,
+                                            show_progress=show_progress)
+    else:
+        vecs, truncated, encoder = passage_vectors(passages, embeddings, encoder=encoder, encoder_spec=encoder_spec,
+                                                   backend=backend, batch_size=batch_size,
+                                                   show_progress=show_progress)
     dim = int(vecs.shape[1])
     manifest = {
         "format_version": FORMAT_VERSION,
         "kind": "dense",
         "backend": "pgvector",
         "encoder": encoder_spec,
+        "encoder_backend": backend,
         "dim": dim,
         "n_passages": len(passages),
         "truncated_count": truncated,
@@ -317,11 +330,14 @@ def build_store_index(
                           i=f"{store.table}_hnsw", t=store.table, hnsw_m=m, efc=ef_construction))
         conn.execute(_sql("INSERT INTO {m} (name, manifest) VALUES (%s, %s)", m=MANIFESTS_TABLE),
                      (store.table, Jsonb(manifest)))
+    drop_ray_work(work)
     return PgVectorRetriever(url, manifest, encoder=encoder)
 
 
-def add_to_store_index(url: str, passages: Iterable[Passage], *, show_progress: bool = False) -> "PgVectorRetriever":
-    """Append ``passages`` to a PostgreSQL index: only they are encoded, and they join the live HNSW graph.
+def add_to_store_index(url: str, passages: Iterable[Passage], *, show_progress: bool = False, ray: str | None = None,
+                       ray_workers: int | None = None, ray_shard_size: int | None = None) -> "PgVectorRetriever":
+    """Append ``passages`` to a PostgreSQL index: only they are encoded (on the index's backend; on Ray actors
+    with ``ray``), and they join the live HNSW graph.
 
     Example::
 
@@ -332,11 +348,9 @@ def add_to_store_index(url: str, passages: Iterable[Passage], *, show_progress: 
     store = StoreURL.parse(url)
     new = check_passages(passages)
     check_store_target(url, adding=new)
-    manifest = load_store_index(url).manifest
-    encoder = load_index_encoder(manifest["encoder"], int(manifest["dim"]))
-    texts = [p.full_text for p in new]
-    truncated = report_truncated(encoder, texts)
-    vecs = embed_texts(encoder, texts, show_progress=show_progress)
+    index = load_store_index(url)
+    vecs, truncated, work = new_vectors(new, index.encoder_spec, index.query_backend, show_progress, ray,
+                                        ray_workers, ray_shard_size)
     with connect(store) as conn, _database_errors(store, "adding passages"), conn.transaction():
         # the manifest row lock keeps two appends from taking the same positions
         row = conn.execute(_sql("SELECT manifest FROM {m} WHERE name = %s FOR UPDATE", m=MANIFESTS_TABLE),
@@ -348,7 +362,8 @@ def add_to_store_index(url: str, passages: Iterable[Passage], *, show_progress: 
                     "truncated_count": None if before is None else before + truncated}
         conn.execute(_sql("UPDATE {m} SET manifest = %s WHERE name = %s", m=MANIFESTS_TABLE),
                      (Jsonb(manifest), store.table))
-    return PgVectorRetriever(url, manifest, encoder=encoder)
+    drop_ray_work(work)
+    return PgVectorRetriever(url, manifest)
 
 
 def load_store_index(url: str) -> "PgVectorRetriever":
@@ -393,6 +408,7 @@ class PgVectorRetriever(Retriever):
         self.store = StoreURL.parse(url)
         self.manifest = manifest
         self.encoder_spec = str(manifest["encoder"])
+        self.encoder_backend = str(manifest.get("encoder_backend", "torch"))  # indexes before #74: torch built them
         self.dim = int(manifest["dim"])
         options = manifest.get("options") or {}
         self.ef_search = int(options.get("ef_search", DEFAULT_EF_SEARCH))
@@ -439,8 +455,13 @@ class PgVectorRetriever(Retriever):
     def encoder(self) -> "SentenceTransformer":
         """The bi-encoder the index was built with, loaded on first use."""
         if self._encoder is None:
-            self._encoder = load_index_encoder(self.encoder_spec, self.dim)
+            self._encoder = load_index_encoder(self.encoder_spec, self.dim, self.query_backend)
         return self._encoder
+
+    @property
+    def query_backend(self) -> str:
+        """The backend queries encode on: the index's own (:func:`ragsieve.retrieve.dense.query_backend`)."""
+        return query_backend(self.encoder_backend)
 
     @contextmanager
     def _connection(self) -> Iterator["psycopg.Connection"]:
@@ -509,7 +530,7 @@ class PgVectorRetriever(Retriever):
 
             retriever.encode_queries(["who wrote Hamlet"]).shape  # (1, 384)
         """
-        return encode_queries(self.encoder, queries, batch_size=self.batch_size)
+        return encode_queries(self.encoder, queries, batch_size=self.batch_size, backend=self.query_backend)
 
     def _search(self, query: str, k: int) -> list[Hit]:
         return self._search_batch([query], k)[0]

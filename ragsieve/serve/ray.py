@@ -372,7 +372,7 @@ def serve_on_ray(
     ``address``: ``local`` starts a Ray instance here (``num_cpus`` caps it), anything else
     is a cluster address. ``port=0`` takes a free port. ``options`` go to :func:`deployment`.
     """
-    from ragsieve.fit.scale import init_ray  # the one place ragsieve connects to Ray
+    from ragsieve.cluster import init_ray
     from ragsieve.serve.runner import bind
 
     _, serve = _ray_serve()
