@@ -83,7 +83,7 @@ def test_index_on_ray_matches_one_process_resumes_after_kill_and_adds(tmp_path):
     assert second.returncode == 0, err[-3000:]
     resumed = [line for line in err.splitlines() if "shards already encoded" in line]
     assert resumed and int(resumed[0].split()[0]) >= kept, err[-3000:]
-    assert "encoder on" in err and "on Ray local" in err
+    assert "on Ray local" in " ".join(err.split())  # the phase line (wrapped to the console's width)
     assert not shard_files(work)  # the finished job's shards are gone
     # HNSW vs HNSW over the same vectors: compare the vectors and ids, not the graph
     assert_same_index(tmp_path / "one-process", tmp_path / "on-ray")

@@ -15,7 +15,7 @@ import pytest
 
 from ragsieve.data.records import Passage
 from ragsieve.errors import RagsieveError
-from ragsieve.retrieve import PgVectorRetriever, build_index, load_index
+from ragsieve.retrieve import PgVectorRetriever, add_to_index, build_index, load_index
 
 # a corpus of our own: one unmistakable answer per question
 DOCS = [
@@ -200,3 +200,35 @@ def test_bad_url_and_missing_extension_are_one_line(pg, corpus, cli):
     with pytest.raises(RagsieveError, match="not a ragsieve index"):
         build_index([Passage("a", "x")], pg.url(table="theirs"), kind="dense", embeddings=np.ones((1, 4)),
                     overwrite=True)
+
+
+@pytest.mark.integration
+def test_the_store_records_its_encoder_backend_queries_on_it_and_ray_builds_it_alike(pg):
+    """A pgvector index records the backend that encoded it (issue #74); queries and `--add` encode on it; the same
+    build on a local Ray (`index --store URL --ray local`) writes the same rows."""
+    ray = pytest.importorskip("ray")
+    from ragsieve.models.encoder import load_backend_encoder
+    from ragsieve.models.specs import DEFAULT_ENCODER
+
+    passages = [Passage(d["id"], d["text"], d["title"]) for d in DOCS]
+    url = pg.url(table="onnx_built")
+    build_index(passages[:5], url, kind="dense", encoder_backend="onnx", show_progress=False)
+    retriever = load_index(url)
+    assert retriever.manifest["encoder_backend"] == "onnx" and retriever.query_backend == "onnx"
+    query = load_backend_encoder(DEFAULT_ENCODER, "onnx").encode(["who wrote Hamlet"], normalize_embeddings=True)
+    hit = retriever.search("who wrote Hamlet", k=1)[0]
+    assert hit.passage.id == "hamlet"
+    assert hit.score == pytest.approx(float(np.asarray(hit.passage.meta["stored_vector"]) @ query[0]), abs=1e-5)
+    added = add_to_index(url, passages[5:])
+    assert added.manifest["encoder_backend"] == "onnx" and len(load_index(url)) == 6
+
+    try:
+        on_ray = build_index(passages, pg.url(table="on_ray"), kind="dense", encoder_backend="onnx", ray="local",
+                             ray_shard_size=2, show_progress=False)
+    finally:
+        ray.shutdown()
+    assert on_ray.manifest["encoder_backend"] == "onnx" and "ray" not in on_ray.manifest["options"]
+    for query_text in ("highest mountain", "which currency", "largest planet"):
+        want, got = load_index(url).search(query_text, k=6), load_index(pg.url(table="on_ray")).search(query_text, k=6)
+        assert [h.passage.id for h in got] == [h.passage.id for h in want]
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
