@@ -33,6 +33,12 @@ def datasets_cmd(data_dir: Optional[Path] = DataDirOption) -> None:
     console.print(table)
 
 
+_ENCODER_BACKEND_HELP = ("Where passages encode: torch | torch-bf16 | onnx | openvino-bf16 (default: openvino-bf16 on "
+                         "a CPU with bf16 units, else torch). Recorded in the index; queries encode on it too.")
+_RAY_HELP = ("Encode on Ray Data actors (one model copy each): 'local' or a cluster address. A killed build keeps "
+             "its finished shards and encodes only the rest when run again.")
+
+
 @app.command("index")
 def index_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Index directory to create (or to extend with --add)."),
@@ -50,14 +56,8 @@ def index_cmd(
     dataset: str = typer.Option("nq-oracle", help="Without --passages: the benchmark whose passage pool is indexed."),
     kind: Optional[str] = typer.Option(None, help="bm25 | dense | hybrid (default hybrid; dense with --store)."),
     encoder: str = typer.Option(DEFAULT_ENCODER, help="Bi-encoder spec for dense/hybrid."),
-    encoder_backend: Optional[str] = typer.Option(
-        None, "--encoder-backend", help="Where passages encode: torch | torch-bf16 | onnx | openvino-bf16 (default: "
-        "openvino-bf16 on a CPU with bf16 units, else torch). Recorded in the index; queries encode on it too."
-    ),
-    ray: Optional[str] = typer.Option(
-        None, "--ray", help="Encode on Ray Data actors (one model copy each): 'local' or a cluster address. "
-        "A killed build keeps its finished shards and encodes only the rest when run again."
-    ),
+    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help=_ENCODER_BACKEND_HELP),
+    ray: Optional[str] = typer.Option(None, "--ray", help=_RAY_HELP),
     shard_size: int = typer.Option(1000, "--shard-size", min=1, help="With --ray: passages per shard."),
     data_dir: Optional[Path] = DataDirOption,
     skip_bad: bool = SkipBadOption,
