@@ -49,14 +49,25 @@ def spy_backends(monkeypatch):
     return calls
 
 
-def test_the_default_backend_follows_the_cpu_and_the_tolerance_rules_out_int8(monkeypatch):
+def test_the_default_backend_follows_the_cpu_and_the_tolerance_rules_out_int8(monkeypatch, tmp_path):
     from ragsieve.models.cpu import fast_bf16
-    from ragsieve.models.encoder import index_encoder_backend
+    from ragsieve.models.encoder import index_encoder_backend, resolve_encoder_path
 
+    # an encoder the ONNX path cannot run (CLS pooling) falls back to torch, as does one that is no local folder
+    minilm = Path(resolve_encoder_path(DEFAULT_ENCODER))
+    cls_pooled = tmp_path / "cls-encoder"
+    (cls_pooled / "1_Pooling").mkdir(parents=True)
+    for name in ("modules.json", "tokenizer.json", "model.safetensors"):
+        (cls_pooled / name).symlink_to(minilm / name)
+    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
+    (cls_pooled / "1_Pooling" / "config.json").write_text(json.dumps(
+        {**pooling, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
     try:
         monkeypatch.setenv("RAGSIEVE_CPU_BF16", "1")
         fast_bf16.cache_clear()
         assert index_encoder_backend() == "openvino-bf16"
+        assert index_encoder_backend(spec=str(cls_pooled)) == "torch"
+        assert index_encoder_backend(spec="hf:some/remote-encoder") == "torch"
         monkeypatch.setenv("RAGSIEVE_CPU_BF16", "0")  # a CPU without bf16 units: torch fp32, as before #74
         fast_bf16.cache_clear()
         assert index_encoder_backend() == "torch"

@@ -87,7 +87,7 @@ def index_cmd(
     if encoder_backend is not None and add:
         raise RagsieveError("--add encodes on the backend that built the index: drop --encoder-backend")
     ray_options = {"ray": ray, "ray_shard_size": shard_size} if ray else {}
-    backend = None if add or kind == "bm25" else index_encoder_backend(encoder_backend)  # refused before reading
+    backend = None if add or kind == "bm25" else index_encoder_backend(encoder_backend, encoder)  # refused early
     encoding = f" (encoder on {backend}{', on Ray ' + ray if ray else ''})" if backend else ""
     def phase(text: str) -> None:
         # one plain line per phase on stderr, once the inputs are read (an error stays the only line);

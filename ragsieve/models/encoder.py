@@ -50,10 +50,11 @@ INDEX_ENCODER_BACKENDS = ("torch", "torch-bf16", "onnx", "openvino-bf16")
 INDEX_DEFAULT_BACKEND = "openvino-bf16"
 
 
-def index_encoder_backend(requested: str | None = None) -> str:
+def index_encoder_backend(requested: str | None = None, spec: str = DEFAULT_ENCODER) -> str:
     """The backend an index encodes on: ``requested`` (an :data:`INDEX_ENCODER_BACKENDS` name), or by default
-    :data:`INDEX_DEFAULT_BACKEND` on a CPU with bf16 matrix units and torch fp32 elsewhere; then as this process
-    can run it (:func:`ragsieve.models.cpu.cpu_backend`: no OpenVINO beside jemalloc, no bf16 without the units).
+    :data:`INDEX_DEFAULT_BACKEND` on a CPU with bf16 matrix units for an encoder :class:`OnnxEncoder` can run
+    (:func:`onnx_exportable`) and torch fp32 otherwise; then as this process can run it
+    (:func:`ragsieve.models.cpu.cpu_backend`: no OpenVINO beside jemalloc, no bf16 without the units).
 
     Example::
 
@@ -63,11 +64,29 @@ def index_encoder_backend(requested: str | None = None) -> str:
     from ragsieve.models.cpu import cpu_backend, fast_bf16
 
     if not requested:
-        requested = INDEX_DEFAULT_BACKEND if fast_bf16() else "torch"
+        requested = INDEX_DEFAULT_BACKEND if fast_bf16() and onnx_exportable(spec) else "torch"
     if requested not in INDEX_ENCODER_BACKENDS:
         raise ModelNotAvailable(f"encoder backend '{requested}' cannot build an index; known: "
                                 f"{', '.join(INDEX_ENCODER_BACKENDS)} (onnx-int8 vectors stray too far from fp32)")
     return cpu_backend(requested)
+
+
+def onnx_exportable(spec: str) -> bool:
+    """Whether :class:`OnnxEncoder` can run the sentence-transformers folder ``spec`` names: a local folder with
+    ``tokenizer.json`` and weights, whose modules are a transformer, mean pooling and at most a normalisation."""
+    import json
+
+    try:
+        folder = Path(resolve_encoder_path(spec))
+        modules = json.loads((folder / "modules.json").read_text())
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        pooling = json.loads((folder / modules[1]["path"] / "config.json").read_text()) if len(modules) > 1 else {}
+    except (ModelNotAvailable, OSError, ValueError, KeyError, IndexError, TypeError):
+        return False
+    weights = any((folder / n).is_file() for n in ("model.safetensors", "pytorch_model.bin"))
+    modes = {k for k, v in pooling.items() if k.startswith("pooling_mode_") and v}
+    return ((folder / "tokenizer.json").is_file() and weights and kinds[:2] == ["Transformer", "Pooling"]
+            and set(kinds[2:]) <= {"Normalize"} and modes == {"pooling_mode_mean_tokens"})
 
 
 def load_backend_encoder(spec: str = DEFAULT_ENCODER, backend: str = "torch", threads: int | None = None,

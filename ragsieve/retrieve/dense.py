@@ -200,7 +200,8 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
     return x / norms
 
 
-def build_backend(requested: str | None, encoder: Any = None, embeddings: "np.ndarray | None" = None) -> str:
+def build_backend(requested: str | None, encoder: Any = None, embeddings: "np.ndarray | None" = None,
+                  spec: str = DEFAULT_ENCODER) -> str:
     """The encoder backend an index build records and encodes on: ``requested`` as given for injected
     ``embeddings`` (the caller knows what made them), else :func:`ragsieve.models.encoder.index_encoder_backend`
     of ``requested`` or of a given ``encoder``'s own backend (torch for a ``SentenceTransformer``)."""
@@ -208,7 +209,8 @@ def build_backend(requested: str | None, encoder: Any = None, embeddings: "np.nd
 
     if embeddings is not None and requested:
         return requested
-    return index_encoder_backend(requested or (getattr(encoder, "backend", "torch") if encoder is not None else None))
+    return index_encoder_backend(requested or (getattr(encoder, "backend", "torch") if encoder is not None else None),
+                                 spec)
 
 
 def passage_vectors(
@@ -357,7 +359,7 @@ class DenseRetriever(Retriever):
             dense = DenseRetriever.build(passages, embeddings=vecs, exact=True)
         """
         passages = check_passages(passages)
-        backend = build_backend(encoder_backend, encoder, embeddings)
+        backend = build_backend(encoder_backend, encoder, embeddings, encoder_spec)
         vecs, truncated, encoder = passage_vectors(passages, embeddings, encoder=encoder, encoder_spec=encoder_spec,
                                                    backend=backend, batch_size=batch_size, show_progress=show_progress)
         if embeddings is not None:

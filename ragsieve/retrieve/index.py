@@ -142,7 +142,7 @@ def _encode_on_ray(passages: list[Passage], options: dict[str, Any]) -> tuple[di
         return options, None
     from ragsieve.retrieve.dense import DEFAULT_BATCH_SIZE, build_backend
 
-    backend = build_backend(options.get("encoder_backend"), options.get("encoder"))
+    backend = build_backend(options.get("encoder_backend"), options.get("encoder"), spec=options["encoder_spec"])
     vecs, truncated, work = ray_vectors(
         passages, encoder_spec=options["encoder_spec"], backend=backend, address=options["ray"],
         workers=options.get("ray_workers"), shard_size=options.get("ray_shard_size"),

@@ -285,7 +285,7 @@ def build_store_index(
         raise RagsieveError(f"HNSW settings: need m >= 2, ef_construction >= 2*m and 1 <= ef_search <= "
                             f"{_MAX_EF_SEARCH}, got m={m}, ef_construction={ef_construction}, ef_search={ef_search}")
     check_store_target(url, overwrite=overwrite)  # before the (long) encoding, not after it
-    backend = build_backend(encoder_backend, encoder, embeddings)
+    backend = build_backend(encoder_backend, encoder, embeddings, encoder_spec)
     work = None
     if ray and embeddings is None:
         vecs, truncated, work = ray_vectors(passages, encoder_spec=encoder_spec, backend=backend, address=ray,
