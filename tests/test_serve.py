@@ -477,15 +477,12 @@ def test_a_list_level_ranker_scores_each_request_whole_and_alone():
     assert np.allclose(first, cascade.score(QUERY, docs)) and np.allclose(second, cascade.score("paris france", docs[:4]))
 
 
-def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_server, monkeypatch):
-    import ragsieve.serve.state as served_app
-
+def test_a_long_document_is_chunked_and_scored_by_its_best_chunk(ce_server):
     body = {"query": QUERY, "documents": [" ".join(["Hamlet by Shakespeare."] * 40), DOCS[0]]}
-    inline = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
-    monkeypatch.setattr(served_app, "INLINE_CHUNKING_CHARS", 0)
-    threaded = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
-    assert threaded["results"] == inline["results"]
-    assert threaded["meta"]["chunked_documents"] == inline["meta"]["chunked_documents"] == {"0": 3}
+    first = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    again = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    assert again["results"] == first["results"]
+    assert first["meta"]["chunked_documents"] == {"0": 3}
 
 
 def test_pickled_weights_are_refused(tmp_path, tiny_cross_encoder_dir, cli):

@@ -66,7 +66,11 @@ class ServeConfig(StrictConfig):
     # passage vectors of the reranker's cosine half, shared by every request of the process (one per Ray replica):
     # RAG traffic reranks one corpus, so a document seen before is not encoded again (0: no cache)
     embedding_cache_mb: float = Field(DEFAULT_CACHE_MB, ge=0.0)
-    # SIGTERM: how long in-flight requests may take to finish before the server exits anyway
+    # SIGTERM (Kubernetes' termination contract): /ready answers 503 at once and requests are still answered for
+    # drain_s, so a load balancer probing readiness every 10 s (Kubernetes' default periodSeconds) stops sending
+    # before the server stops accepting; then in-flight requests have shutdown_grace_s to finish before the server
+    # exits anyway (a pod's terminationGracePeriodSeconds should exceed the two together)
+    drain_s: float = Field(10.0, ge=0.0)
     shutdown_grace_s: float = Field(30.0, ge=0.0)
 
     api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)
