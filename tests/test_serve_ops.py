@@ -66,7 +66,9 @@ def scrape(url: str, headers=None) -> dict[tuple[str, tuple], float]:
 
 def test_a_small_request_is_answered_while_a_2mb_request_scores():
     """The default reranker on a real server: a 1-document request sent while 40 documents of 49k characters
-    (≈ 2 MB, within every limit) are scored waits for at most one slice of them, not for all of them."""
+    (≈ 2 MB, within every limit, 320 model windows) are scored joins the next model call: it is answered after
+    at most a slice or two of the big request, not after all of it (how long that takes is bench/serve.py
+    --fairness's to measure)."""
     import threading
     import time
 
@@ -75,8 +77,7 @@ def test_a_small_request_is_answered_while_a_2mb_request_scores():
     from ragsieve.serve import ServeConfig, create_app
     from ragsieve.serve.runner import BackgroundServer
 
-    # 8 pairs a slice: a slice of 256-token windows takes well under a second on 2 cores
-    app = create_app(ServeConfig(reranker="embedded:base", max_batch_pairs=8))
+    app = create_app(ServeConfig(reranker="embedded:base"))  # the default token budgets
     rng = random.Random(0)
     big = {"query": "who wrote hamlet", "documents": [" ".join(rng.choices(WORDS, k=8_000))[:49_000]
                                                        for _ in range(40)]}
@@ -91,13 +92,12 @@ def test_a_small_request_is_answered_while_a_2mb_request_scores():
         key = ("ragsieve_queue_pairs", (("model", "ranker"),))
         while scrape(server.url).get(key, 0) < 100:  # the big request is queued and scoring
             time.sleep(0.2)
-        start = time.perf_counter()
         r = httpx.post(f"{server.url}/v1/rerank", timeout=600,
                        json={"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet around 1600."]})
-        waited = time.perf_counter() - start
         assert r.status_code == 200, r.text
-        assert scrape(server.url)[key] > 0, "the big request must still be scoring"
-        assert waited < 3.0, f"the small request waited {waited:.1f} s"
+        left = scrape(server.url)[key]
+        # 320 windows, 8 a slice (2048 tokens): the small one waited for the slice being scored, then had its call
+        assert left >= 320 - 3 * 8, f"the small request waited for {320 - left:.0f} of the big one's windows"
 
 
 def test_metrics_parse_and_move_with_traffic_and_ready_answers(tmp_path):

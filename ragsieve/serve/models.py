@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ragsieve.serve.metrics import ServeMetrics
 
 
-#: ``(ranker, *, max_wait_ms, max_batch_pairs, name, metrics) -> Batcher``: how a server batches one model's calls
+#: ``(ranker, *, max_wait_ms, max_batch_tokens, max_slice_tokens, max_batch_pairs, name, metrics) -> Batcher``: how a server batches one model's calls
 BatcherFactory = Callable[..., Batcher]
 
 
@@ -80,7 +80,9 @@ class ServedModels:
                                config.max_chunks_per_doc)
         for encoder in vector_encoders(ranker):  # the cosine half's passage vectors, bounded as configured
             encoder.vector_cache.resize(config.embedding_cache_mb)
-        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs, "metrics": metrics}
+        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_tokens": config.max_batch_tokens,
+                 "max_slice_tokens": config.max_slice_tokens, "max_batch_pairs": config.max_batch_pairs,
+                 "metrics": metrics}
         # the batcher scores the chunks ServeState.scores plans (one window each), so it holds the window reader
         served = cls(ranker, batcher(window_reader(ranker), name="ranker", **batch))
         if config.grader:
