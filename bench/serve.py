@@ -48,6 +48,12 @@ Targets: the small requests' p99 beside the big ones < 1 s, the trace ≥ 0.9x o
 
     python bench/serve.py --fairness --seconds 60 --offline-pairs 1000       # ~5 min on 2 cores
 
+``--filter`` serves a sieve that prunes (``--sieve``, default ``embedded:default``: rerank, top_k, its keep
+head) and drives ``/v1/filter`` with the trace's requests at ``--clients``, against ``Sieve.filter`` offline on the
+same requests one after another (documents/s; target ratio ≥ 0.9). Writes ``bench/results/serve_filter.json``.
+
+    python bench/serve.py --filter --seconds 60 --offline-requests 60        # ~4 min on 2 cores
+
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
 """
@@ -592,6 +598,52 @@ def fairness(args, spec: str) -> None:
     print(json.dumps({"small_beside_big_p99_ms": beside_big["p99_ms"], "trace_ratio": trace["ratio_to_offline"]}))
 
 
+def filter_bench(args) -> None:
+    """/v1/filter of a sieve that prunes (``--sieve``, default the shipped one: rerank → top_k → keep head), at
+    ``--clients`` on the replayed trace's requests, against ``Sieve.filter`` offline on the same requests one after
+    another; documents per second both ways. Writes ``bench/results/serve_filter.json``."""
+    from ragsieve.pipeline import Sieve
+    from ragsieve.serve.config import ServeConfig
+
+    bodies, source = trace_requests(args.requests, args.docs)
+    sieve = Sieve.load(args.sieve)
+    sieve.filter(bodies[0]["query"], bodies[0]["documents"])  # warm-up: every model loads
+    done, start = 0, time.perf_counter()
+    for body in bodies[: args.offline_requests]:
+        pruned = sieve.filter(body["query"], body["documents"]).pruned
+        done += len(body["documents"])
+    seconds = time.perf_counter() - start
+    off = {"sieve": args.sieve, "requests": args.offline_requests, "documents": done, "seconds": seconds,
+           "documents_per_s": done / seconds, "pruned_last": len(pruned)}
+    print(f"offline Sieve.filter: {off['documents_per_s']:.1f} documents/s")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-filter-"))
+    cfg, settings = serve_settings(args, workdir)
+    # the sieve's stages as plain specs (what `ragsieve serve --sieve` serves), without the LLM /v1/filter never uses
+    stages = ServeConfig(sieve=args.sieve).expanded().model_dump(exclude={"api_key", "sieve", "llm", "probe"},
+                                                                   exclude_defaults=True)
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **stages}))
+    cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc, url = start_server([sys.executable, "-c", cli, "serve", "--port", "0", "-c", str(cfg),
+                              "--log-level", "warning"])
+    try:
+        served = asyncio.run(drive(url, "/v1/filter", bodies, args.clients, args.seconds, args.grace))
+    finally:
+        stop_server(proc, timeout=120)
+    served["documents_per_s"] = served["pairs_per_s"]  # drive counts a request's documents
+    served["ratio_to_offline"] = served["documents_per_s"] / off["documents_per_s"]
+    print(f"/v1/filter at {args.clients} clients: {served['documents_per_s']:.1f} documents/s, "
+          f"ratio {served['ratio_to_offline']:.2f}, errors {served['errors']}")
+    result = {"ratio_to_offline": served["ratio_to_offline"], "target_ratio_to_offline": 0.9, "served": served,
+              "offline": off, "served_stages": stages,
+              "setup": {"clients": args.clients, "seconds": args.seconds, "docs_per_request": args.docs,
+                        "source": source, "bodies": len(bodies), **settings},
+              "machine": machine_info(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    out = Path(args.out or "bench/results/serve_filter.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"ratio_to_offline": served["ratio_to_offline"], "errors": served["errors"]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default",
@@ -613,6 +665,10 @@ def main() -> None:
                         help="small requests' p50/p99 alone and beside one client sending 2 MB requests, then the "
                              "trace replay's ratio to offline, on one server (serve_fairness.json)")
     parser.add_argument("--small-seconds", type=float, default=20.0, help="with --fairness: small requests alone")
+    parser.add_argument("--filter", action="store_true",
+                        help="/v1/filter of a pruning sieve vs Sieve.filter offline on the trace (serve_filter.json)")
+    parser.add_argument("--sieve", default="embedded:default", help="with --filter: the sieve served")
+    parser.add_argument("--offline-requests", type=int, default=60, help="with --filter: requests run offline")
     parser.add_argument("--max-wait-ms", type=float, default=None, help="default: ServeConfig's")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--skip-baseline", action="store_true", help="only ragsieve serve and offline scoring")
@@ -645,6 +701,8 @@ def main() -> None:
     spec, model_dir = resolve_model(args.model, workdir)
     if args.fairness:
         return fairness(args, spec)
+    if args.filter:
+        return filter_bench(args)
     bodies, source = make_requests(args.requests, args.docs, dataset=args.documents)
     print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; serving {spec}")
     if args.ray:
