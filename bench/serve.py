@@ -216,11 +216,14 @@ def pairs_in(body: dict) -> int:
 
 
 async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: float, grace: float,
-                size=pairs_in) -> dict:
-    """Closed loop: each client sends its next request when the last one returns, for ``seconds``.
+                size=pairs_in, ramp: float = 0.0) -> dict:
+    """Closed loop: each client sends its next request when the last one returns, for ``ramp`` + ``seconds``.
 
-    pairs/s counts the pairs (``size(body)``) answered inside the window; requests still in
-    flight at the end get ``grace`` seconds (their latencies count), then are cancelled and reported.
+    pairs/s counts the pairs (``size(body)``) answered inside the window, which opens ``ramp`` seconds after the
+    clients start: all of them start at once, so the first answers come only once the first round of requests has
+    been scored (at 50 clients × 20 documents, ~20 s of work), which a window opened at the start would count as
+    lost throughput. Requests still in flight at the end get ``grace`` seconds (their latencies count), then are
+    cancelled and reported.
     """
     import httpx
 
@@ -230,7 +233,7 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
         # warm-up, not timed: first-call allocations, connection set-up
         await asyncio.gather(*[client.post(path, json=bodies[i % len(bodies)]) for i in range(min(clients, 4))])
-        start = time.perf_counter()
+        start = time.perf_counter() + ramp
         stop_at = start + seconds
 
         async def worker(k: int) -> None:
@@ -251,12 +254,12 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
                     continue
                 latencies.append(end - t)
                 done += 1
-                if end <= stop_at:
+                if start <= end <= stop_at:
                     window_pairs += size(body)
                     answered.append((end - start, size(body)))
 
         tasks = [asyncio.ensure_future(worker(k)) for k in range(clients)]
-        _, pending = await asyncio.wait(tasks, timeout=seconds + grace)
+        _, pending = await asyncio.wait(tasks, timeout=ramp + seconds + grace)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -576,7 +579,8 @@ def fairness(args, spec: str) -> None:
         beside_big = asyncio.run(_small_requests(url, args.seconds, big))
         print(f"1-document requests: alone p99 {alone['p99_ms']:.0f} ms; beside 2 MB requests p50 "
               f"{beside_big['p50_ms']:.0f} ms, p99 {beside_big['p99_ms']:.0f} ms")
-        trace = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace))
+        trace = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace,
+                                  ramp=args.ramp))
         trace["embedding_cache"] = cache_counts(url)
     finally:
         stop_server(proc, timeout=120)
@@ -586,7 +590,8 @@ def fairness(args, spec: str) -> None:
     result = {"small_alone": alone, "small_beside_one_big_client": beside_big, "trace": trace, "trace_offline": off,
               "ratio_to_offline": trace["ratio_to_offline"], "served_spec": spec,
               "targets": {"small_beside_big_p99_ms": 1000, "trace_ratio_to_offline": 0.9},
-              "setup": {"seconds": args.seconds, "small_alone_seconds": args.small_seconds, **settings,
+              "setup": {"seconds": args.seconds, "small_alone_seconds": args.small_seconds, "ramp_seconds": args.ramp,
+                        **settings,
                         "big_request": "40 documents x 49,000 characters (~2 MB)", "small_request": "1 document",
                         "trace": {"clients": args.clients, "docs_per_request": args.docs, "source": source,
                                   "bodies": len(bodies)}},
@@ -626,7 +631,8 @@ def filter_bench(args) -> None:
     proc, url = start_server([sys.executable, "-c", cli, "serve", "--port", "0", "-c", str(cfg),
                               "--log-level", "warning"])
     try:
-        served = asyncio.run(drive(url, "/v1/filter", bodies, args.clients, args.seconds, args.grace))
+        served = asyncio.run(drive(url, "/v1/filter", bodies, args.clients, args.seconds, args.grace,
+                                   ramp=args.ramp))
     finally:
         stop_server(proc, timeout=120)
     served["documents_per_s"] = served["pairs_per_s"]  # drive counts a request's documents
@@ -635,8 +641,8 @@ def filter_bench(args) -> None:
           f"ratio {served['ratio_to_offline']:.2f}, errors {served['errors']}")
     result = {"ratio_to_offline": served["ratio_to_offline"], "target_ratio_to_offline": 0.9, "served": served,
               "offline": off, "served_stages": stages,
-              "setup": {"clients": args.clients, "seconds": args.seconds, "docs_per_request": args.docs,
-                        "source": source, "bodies": len(bodies), **settings},
+              "setup": {"clients": args.clients, "seconds": args.seconds, "ramp_seconds": args.ramp,
+                        "docs_per_request": args.docs, "source": source, "bodies": len(bodies), **settings},
               "machine": machine_info(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     out = Path(args.out or "bench/results/serve_filter.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -665,6 +671,8 @@ def main() -> None:
                         help="small requests' p50/p99 alone and beside one client sending 2 MB requests, then the "
                              "trace replay's ratio to offline, on one server (serve_fairness.json)")
     parser.add_argument("--small-seconds", type=float, default=20.0, help="with --fairness: small requests alone")
+    parser.add_argument("--ramp", type=float, default=30.0,
+                        help="with --fairness and --filter: seconds the clients run before the window opens")
     parser.add_argument("--filter", action="store_true",
                         help="/v1/filter of a pruning sieve vs Sieve.filter offline on the trace (serve_filter.json)")
     parser.add_argument("--sieve", default="embedded:default", help="with --filter: the sieve served")
