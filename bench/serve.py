@@ -38,11 +38,21 @@ rows would join that store's next round). Writes ``bench/results/serve_ray.json`
     python bench/serve.py --ray --postgres --model bm25 --clients 4 --seconds 3 --requests 8 --grace 30 \
         --feedback-seconds 3 --out /tmp/serve-ray-pg-smoke.json         # smoke run (cheap BM25 scorer)
 
-``--fairness`` measures what one big client costs the others: small requests (1 document) sent one after
-another for ``--seconds``, first alone, then while one client keeps sending 2 MB requests (40 documents of
-49,000 characters); p50/p99 of the small requests in both runs. Writes ``bench/results/serve_fairness.json``.
+``--fairness`` measures what one big client costs the others, and what that costs throughput, on one server at
+the default settings: small requests (1 document) sent one after another, first alone (``--small-seconds``),
+then for ``--seconds`` while one client keeps sending 2 MB requests (40 documents of 49,000 characters), with
+p50/p99 and their bootstrap intervals; then the replayed RAG trace (``--documents trace``'s requests) at
+``--clients``, as a ratio to the same reranker offline on the trace's pairs (measured first, in this run).
+Targets: the small requests' p99 beside the big ones < 1 s, the trace ≥ 0.9x offline. Writes
+``bench/results/serve_fairness.json``.
 
-    python bench/serve.py --fairness --seconds 60
+    python bench/serve.py --fairness --seconds 60 --offline-pairs 1000       # ~5 min on 2 cores
+
+``--filter`` serves a sieve that prunes (``--sieve``, default ``embedded:default``: rerank, top_k, its keep
+head) and drives ``/v1/filter`` with the trace's requests at ``--clients``, against ``Sieve.filter`` offline on the
+same requests one after another (documents/s; target ratio ≥ 0.9). Writes ``bench/results/serve_filter.json``.
+
+    python bench/serve.py --filter --seconds 60 --offline-requests 60        # ~4 min on 2 cores
 
 ``--model minilm`` builds a cross-encoder with embedded:base's architecture (MiniLM-L6 +
 a fresh 1-logit head) from the embedded all-MiniLM folder: the same cost, no training.
@@ -152,6 +162,21 @@ def make_requests(n: int, docs: int, seed: int = 0, dataset: str = "nq-oracle") 
     return bodies, source
 
 
+BATCH_SETTINGS = ("max_batch_tokens", "max_slice_tokens", "max_batch_pairs", "max_wait_ms")
+
+
+def serve_settings(args, workdir: Path) -> tuple[Path, dict]:
+    """The `ragsieve serve -c` file holding the batching options given on this command line, and every batching
+    setting the server runs with (the ones not given: ServeConfig's defaults, what `ragsieve serve` runs with)."""
+    from ragsieve.serve.config import ServeConfig
+
+    given = {k: getattr(args, k) for k in BATCH_SETTINGS if getattr(args, k) is not None}
+    path = workdir / "serve.json"
+    path.write_text(json.dumps(given))
+    effective = ServeConfig(**given)
+    return path, {k: getattr(effective, k) for k in BATCH_SETTINGS}
+
+
 def _die_with_parent() -> None:
     """Child servers get SIGTERM when this process dies, however it dies (no orphaned model servers)."""
     import ctypes
@@ -191,11 +216,14 @@ def pairs_in(body: dict) -> int:
 
 
 async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: float, grace: float,
-                size=pairs_in) -> dict:
-    """Closed loop: each client sends its next request when the last one returns, for ``seconds``.
+                size=pairs_in, ramp: float = 0.0) -> dict:
+    """Closed loop: each client sends its next request when the last one returns, for ``ramp`` + ``seconds``.
 
-    pairs/s counts the pairs (``size(body)``) answered inside the window; requests still in
-    flight at the end get ``grace`` seconds (their latencies count), then are cancelled and reported.
+    pairs/s counts the pairs (``size(body)``) answered inside the window, which opens ``ramp`` seconds after the
+    clients start: all of them start at once, so the first answers come only once the first round of requests has
+    been scored (at 50 clients × 20 documents, ~20 s of work), which a window opened at the start would count as
+    lost throughput. Requests still in flight at the end get ``grace`` seconds (their latencies count), then are
+    cancelled and reported.
     """
     import httpx
 
@@ -205,7 +233,7 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
         # warm-up, not timed: first-call allocations, connection set-up
         await asyncio.gather(*[client.post(path, json=bodies[i % len(bodies)]) for i in range(min(clients, 4))])
-        start = time.perf_counter()
+        start = time.perf_counter() + ramp
         stop_at = start + seconds
 
         async def worker(k: int) -> None:
@@ -226,12 +254,12 @@ async def drive(url: str, path: str, bodies: list[dict], clients: int, seconds: 
                     continue
                 latencies.append(end - t)
                 done += 1
-                if end <= stop_at:
+                if start <= end <= stop_at:
                     window_pairs += size(body)
                     answered.append((end - start, size(body)))
 
         tasks = [asyncio.ensure_future(worker(k)) for k in range(clients)]
-        _, pending = await asyncio.wait(tasks, timeout=seconds + grace)
+        _, pending = await asyncio.wait(tasks, timeout=ramp + seconds + grace)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -449,8 +477,7 @@ def ray_bench(args, spec: str, bodies: list[dict], source: str, workdir: Path) -
 def _ray_runs(args, spec: str, bodies: list[dict], source: str, workdir: Path, store: str, store_info: dict) -> dict:
     from ragsieve.evolve.live import pending_feedback
 
-    cfg = workdir / "serve.yaml"
-    cfg.write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
+    cfg, settings = serve_settings(args, workdir)
     cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
     runs: dict = {}
     feedback_http = None
@@ -490,7 +517,7 @@ def _ray_runs(args, spec: str, bodies: list[dict], source: str, workdir: Path, s
         "feedback": {"http": feedback_http, "direct": direct, "store": store_info},
         "served_spec": spec,
         "setup": {"clients": args.clients, "seconds": args.seconds, "grace": args.grace, "docs_per_request": args.docs,
-                  "source": source, "max_batch_pairs": args.max_batch_pairs, "max_wait_ms": args.max_wait_ms,
+                  "source": source, **settings,
                   "model": args.model, "replicas": args.replicas, "feedback_seconds": args.feedback_seconds,
                   "feedback_store": store_info["kind"],
                   "replica_cpus": "the cluster's CPUs shared equally, whole CPUs (ragsieve.serve.ray._replica_cpus)"},
@@ -498,16 +525,18 @@ def _ray_runs(args, spec: str, bodies: list[dict], source: str, workdir: Path, s
 
 
 async def _small_requests(url: str, seconds: float, big: dict | None) -> dict:
-    """Latency of 1-document requests sent back to back for ``seconds``, with one client sending ``big`` meanwhile."""
+    """Latency of 1-document requests sent back to back for ``seconds``, with one client sending ``big`` meanwhile
+    (a new one as soon as the last is answered)."""
     import httpx
 
     small = {"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet around 1600."]}
-    latencies, errors, stop = [], 0, asyncio.Event()
+    latencies, errors, stop, big_answered = [], 0, asyncio.Event(), 0
     async with httpx.AsyncClient(timeout=600) as client:
         async def big_client() -> None:
+            nonlocal big_answered
             while not stop.is_set():
                 try:
-                    await client.post(f"{url}/v1/rerank", json=big)
+                    big_answered += (await client.post(f"{url}/v1/rerank", json=big)).status_code == 200
                 except httpx.HTTPError:
                     pass
 
@@ -525,33 +554,100 @@ async def _small_requests(url: str, seconds: float, big: dict | None) -> dict:
             hog.cancel()
     lat = np.array(latencies)
     return {"requests": len(lat), "errors": errors, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max())}
+            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max()), "ci95_ms": percentile_cis(lat),
+            **({"big_requests_answered": big_answered} if big else {})}
 
 
 def fairness(args, spec: str) -> None:
+    """Small requests alone, then beside a client streaming 2 MB requests, then the replayed RAG trace at
+    ``--clients``: all on one server at the default settings, with the same reranker offline on the trace's pairs
+    measured first (the ratio's denominator), so both targets are read from one run."""
     rng = random.Random(0)
     words = "the river city king war music paris hamlet shakespeare wrote tragedy play moon history".split()
     big = {"query": "who wrote hamlet", "documents": [" ".join(rng.choices(words, k=9_000))[:49_000]
                                                       for _ in range(40)]}
+    bodies, source = trace_requests(args.requests, args.docs)
+    off = offline(spec, bodies, args.offline_pairs, args.batch_size)
+    print(f"offline {spec} on the trace: {off['pairs_per_s']:.1f} pairs/s")
     cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
     workdir = Path(tempfile.mkdtemp(prefix="bench-fair-"))
-    (workdir / "serve.yaml").write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
-    proc, url = start_server([sys.executable, "-c", cli, "serve", "-r", spec, "--port", "0", "-c",
-                              str(workdir / "serve.yaml"), "--log-level", "warning"])
+    cfg, settings = serve_settings(args, workdir)
+    proc, url = start_server([sys.executable, "-c", cli, "serve", "-r", spec, "--port", "0", "-c", str(cfg),
+                              "--log-level", "warning"])
     try:
-        alone = asyncio.run(_small_requests(url, args.seconds, None))
+        alone = asyncio.run(_small_requests(url, args.small_seconds, None))
         beside_big = asyncio.run(_small_requests(url, args.seconds, big))
+        print(f"1-document requests: alone p99 {alone['p99_ms']:.0f} ms; beside 2 MB requests p50 "
+              f"{beside_big['p50_ms']:.0f} ms, p99 {beside_big['p99_ms']:.0f} ms")
+        trace = asyncio.run(drive(url, "/v1/rerank", bodies, args.clients, args.seconds, args.grace,
+                                  ramp=args.ramp))
+        trace["embedding_cache"] = cache_counts(url)
     finally:
         stop_server(proc, timeout=120)
-    result = {"small_alone": alone, "small_beside_one_big_client": beside_big, "served_spec": spec,
-              "setup": {"seconds": args.seconds, "max_batch_pairs": args.max_batch_pairs,
-                        "big_request": "40 documents x 49,000 characters (~2 MB)", "small_request": "1 document"},
+    trace["ratio_to_offline"] = trace["pairs_per_s"] / off["pairs_per_s"]
+    print(f"trace replay at {args.clients} clients: {trace['pairs_per_s']:.1f} pairs/s, "
+          f"ratio {trace['ratio_to_offline']:.2f} to offline")
+    result = {"small_alone": alone, "small_beside_one_big_client": beside_big, "trace": trace, "trace_offline": off,
+              "ratio_to_offline": trace["ratio_to_offline"], "served_spec": spec,
+              "targets": {"small_beside_big_p99_ms": 1000, "trace_ratio_to_offline": 0.9},
+              "setup": {"seconds": args.seconds, "small_alone_seconds": args.small_seconds, "ramp_seconds": args.ramp,
+                        **settings,
+                        "big_request": "40 documents x 49,000 characters (~2 MB)", "small_request": "1 document",
+                        "trace": {"clients": args.clients, "docs_per_request": args.docs, "source": source,
+                                  "bodies": len(bodies)}},
               "machine": machine_info(),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     out = Path(args.out or "bench/results/serve_fairness.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"alone": alone, "beside_big": beside_big}))
+    print(json.dumps({"small_beside_big_p99_ms": beside_big["p99_ms"], "trace_ratio": trace["ratio_to_offline"]}))
+
+
+def filter_bench(args) -> None:
+    """/v1/filter of a sieve that prunes (``--sieve``, default the shipped one: rerank → top_k → keep head), at
+    ``--clients`` on the replayed trace's requests, against ``Sieve.filter`` offline on the same requests one after
+    another; documents per second both ways. Writes ``bench/results/serve_filter.json``."""
+    from ragsieve.pipeline import Sieve
+    from ragsieve.serve.config import ServeConfig
+
+    bodies, source = trace_requests(args.requests, args.docs)
+    sieve = Sieve.load(args.sieve)
+    sieve.filter(bodies[0]["query"], bodies[0]["documents"])  # warm-up: every model loads
+    done, start = 0, time.perf_counter()
+    for body in bodies[: args.offline_requests]:
+        pruned = sieve.filter(body["query"], body["documents"]).pruned
+        done += len(body["documents"])
+    seconds = time.perf_counter() - start
+    off = {"sieve": args.sieve, "requests": args.offline_requests, "documents": done, "seconds": seconds,
+           "documents_per_s": done / seconds, "pruned_last": len(pruned)}
+    print(f"offline Sieve.filter: {off['documents_per_s']:.1f} documents/s")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-filter-"))
+    cfg, settings = serve_settings(args, workdir)
+    # the sieve's stages as plain specs (what `ragsieve serve --sieve` serves), without the LLM /v1/filter never uses
+    stages = ServeConfig(sieve=args.sieve).expanded().model_dump(exclude={"api_key", "sieve", "llm", "probe"},
+                                                                   exclude_defaults=True)
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **stages}))
+    cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc, url = start_server([sys.executable, "-c", cli, "serve", "--port", "0", "-c", str(cfg),
+                              "--log-level", "warning"])
+    try:
+        served = asyncio.run(drive(url, "/v1/filter", bodies, args.clients, args.seconds, args.grace,
+                                   ramp=args.ramp))
+    finally:
+        stop_server(proc, timeout=120)
+    served["documents_per_s"] = served["pairs_per_s"]  # drive counts a request's documents
+    served["ratio_to_offline"] = served["documents_per_s"] / off["documents_per_s"]
+    print(f"/v1/filter at {args.clients} clients: {served['documents_per_s']:.1f} documents/s, "
+          f"ratio {served['ratio_to_offline']:.2f}, errors {served['errors']}")
+    result = {"ratio_to_offline": served["ratio_to_offline"], "target_ratio_to_offline": 0.9, "served": served,
+              "offline": off, "served_stages": stages,
+              "setup": {"clients": args.clients, "seconds": args.seconds, "ramp_seconds": args.ramp,
+                        "docs_per_request": args.docs, "source": source, "bodies": len(bodies), **settings},
+              "machine": machine_info(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    out = Path(args.out or "bench/results/serve_filter.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"ratio_to_offline": served["ratio_to_offline"], "errors": served["errors"]}))
 
 
 def main() -> None:
@@ -568,10 +664,20 @@ def main() -> None:
                         "(writes serve_long.json); trace: a replayed RAG trace (serve_trace.json)")
     parser.add_argument("--requests", type=int, default=400, help="distinct request bodies, cycled")
     parser.add_argument("--offline-pairs", type=int, default=2000)
-    parser.add_argument("--max-batch-pairs", type=int, default=128)
+    parser.add_argument("--max-batch-tokens", type=int, default=None, help="default: ServeConfig's")
+    parser.add_argument("--max-slice-tokens", type=int, default=None, help="default: ServeConfig's")
+    parser.add_argument("--max-batch-pairs", type=int, default=None, help="default: ServeConfig's")
     parser.add_argument("--fairness", action="store_true",
-                        help="small requests' p50/p99 alone and beside one client sending 2 MB requests")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+                        help="small requests' p50/p99 alone and beside one client sending 2 MB requests, then the "
+                             "trace replay's ratio to offline, on one server (serve_fairness.json)")
+    parser.add_argument("--small-seconds", type=float, default=20.0, help="with --fairness: small requests alone")
+    parser.add_argument("--ramp", type=float, default=30.0,
+                        help="with --fairness and --filter: seconds the clients run before the window opens")
+    parser.add_argument("--filter", action="store_true",
+                        help="/v1/filter of a pruning sieve vs Sieve.filter offline on the trace (serve_filter.json)")
+    parser.add_argument("--sieve", default="embedded:default", help="with --filter: the sieve served")
+    parser.add_argument("--offline-requests", type=int, default=60, help="with --filter: requests run offline")
+    parser.add_argument("--max-wait-ms", type=float, default=None, help="default: ServeConfig's")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--skip-baseline", action="store_true", help="only ragsieve serve and offline scoring")
     parser.add_argument("--ray", action="store_true", help="serve on Ray Serve (1 then 2 replicas) instead")
@@ -603,6 +709,8 @@ def main() -> None:
     spec, model_dir = resolve_model(args.model, workdir)
     if args.fairness:
         return fairness(args, spec)
+    if args.filter:
+        return filter_bench(args)
     bodies, source = make_requests(args.requests, args.docs, dataset=args.documents)
     print(f"{len(bodies)} request bodies of {args.docs} documents from {source}; serving {spec}")
     if args.ray:
@@ -625,8 +733,7 @@ def main() -> None:
     if off_predict:
         print(f"offline CrossEncoder.predict on {model_dir}: {off_predict['pairs_per_s']:.1f} pairs/s")
 
-    cfg = workdir / "serve.yaml"
-    cfg.write_text(f"max_batch_pairs: {args.max_batch_pairs}\nmax_wait_ms: {args.max_wait_ms}\n")
+    cfg, settings = serve_settings(args, workdir)
     cli = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
     proc, url = start_server(
         [
@@ -689,8 +796,7 @@ def main() -> None:
             "docs_per_request": args.docs,
             "source": source,
             "words_per_document": DOCUMENT_SOURCES[args.documents],
-            "max_batch_pairs": args.max_batch_pairs,
-            "max_wait_ms": args.max_wait_ms,
+            **settings,
             "model": args.model,
         },
         "torch_threads": torch.get_num_threads(),

@@ -270,3 +270,19 @@ def progress_bar(console: "Console | None" = None) -> "Progress | LogProgress":
     return _bar_class()(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err
     )
+
+
+#: a file or a pipe has no width: rich would lay tables out in 80 columns and cut their headers ("accura…"), so
+#: results printed there get this many (a table narrower than it is not padded)
+FILE_WIDTH = 240
+
+
+def results_console(stderr: bool = False) -> "Console":
+    """The console results are printed with: a terminal's own width; into a file or a pipe (``make demo > log``)
+    :data:`FILE_WIDTH` columns, so a table keeps whole rows (``$COLUMNS`` still wins)."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return console
+    return Console(stderr=stderr, width=FILE_WIDTH)

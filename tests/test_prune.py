@@ -3,6 +3,8 @@ same pruned text from Python, HTTP and the three framework adapters."""
 
 from __future__ import annotations
 
+import asyncio
+
 import importlib.util
 import os
 
@@ -248,8 +250,16 @@ def test_the_served_default_sieve_prunes_with_its_keep_head_as_python_does():
     config = ServeConfig(sieve="embedded:default").expanded().model_copy(update={"llm": None})
     assert config.pruner == "prune-head"
     with BackgroundServer(create_app(config)) as server:
-        body = httpx.post(f"{server.url}/v1/filter", json={"query": query, "documents": docs}).json()
-    assert [(d["index"], d["pruned"]["text"]) for d in body["results"]] == expected
+        async def concurrently():  # the head's sentences of several requests batched, as the reranker's pairs are
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                return await asyncio.gather(*[client.post("/v1/filter", json={"query": query, "documents": docs})
+                                              for _ in range(4)])
+
+        bodies = [r.json() for r in asyncio.run(concurrently())]
+        head_batcher = server.server.config.app.state.serve.models.prune_batcher
+    for body in bodies:
+        assert [(d["index"], d["pruned"]["text"]) for d in body["results"]] == expected
+    assert head_batcher.stats.pairs >= 4 * 3  # every request's sentences went through the head's batcher
 
 
 def test_the_fit_grid_prunes_with_stored_sentence_scores(bm25, tmp_path):
@@ -359,6 +369,22 @@ def test_an_untrained_keep_branch_carries_on_exactly_where_the_cross_encoder_wou
             states = layer(states, src_key_padding_mask=~mask)
         expected = full(**enc).last_hidden_state
     assert torch.allclose(states[mask], expected[mask], atol=1e-4)
+
+
+def test_a_keep_head_scores_the_sentences_of_many_requests_in_one_call_as_each_alone(tiny_cross_encoder_dir):
+    """serve batches the keep head across requests: the sentences of two requests (other queries, other passages)
+    scored in one call get the logits each request's layout gets alone."""
+    from ragsieve.prune.head import HeadSentences, SentenceKeepHead, sentences_in_passages
+
+    head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    pruner = SentencePruner(head)
+    layouts = [pruner.layout(QUERY, [Passage(str(i), t, f"t{i}") for i, t in enumerate(DOCS)]),
+               pruner.layout("paris france", [Passage("p", DOCS[1], "Paris")])]
+    pairs = [pair for layout in layouts for pair in sentences_in_passages(layout)]
+    together = HeadSentences(head).score_pairs([q for q, _ in pairs], [s for _, s in pairs])
+    alone = np.concatenate([head.score_layout(layout) for layout in layouts])
+    assert len(together) == sum(len(layout.pairs) for layout in layouts)
+    np.testing.assert_allclose(together, alone, atol=1e-4)
 
 
 def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch(tiny_cross_encoder_dir, tmp_path):

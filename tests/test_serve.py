@@ -48,7 +48,8 @@ def _served(ranker, **options):
 
     config = ServeConfig(reranker="cross-encoder:tiny", **options)
     return config, ServedModels(
-        ranker, PairBatcher(ranker, max_wait_ms=config.max_wait_ms, max_batch_pairs=config.max_batch_pairs)
+        ranker, PairBatcher(ranker, max_wait_ms=config.max_wait_ms, max_batch_tokens=config.max_batch_tokens,
+                            max_slice_tokens=config.max_slice_tokens, max_batch_pairs=config.max_batch_pairs)
     )
 
 
@@ -483,15 +484,37 @@ def test_a_list_level_ranker_scores_each_request_whole_and_alone():
     assert np.allclose(first, cascade.score(QUERY, docs)) and np.allclose(second, cascade.score("paris france", docs[:4]))
 
 
-def test_big_requests_are_chunked_off_the_event_loop_with_the_same_result(ce_server, monkeypatch):
-    import ragsieve.serve.state as served_app
+def test_a_short_request_joins_the_next_call_and_scores_as_it_would_alone(tiny_ce):
+    """Token budget + admission: a 1-pair request sent while a 600-pair one waits is answered before the big one
+    is done (it joins the next call, not the back of the queue), and every score equals the pair scored alone."""
+    from ragsieve.serve.batcher import PairBatcher
 
+    batcher = PairBatcher(tiny_ce, max_wait_ms=0, max_slice_tokens=256)  # a few pairs a call
+    big = [(QUERY, DOCS[i % len(DOCS)] + f" part {i}") for i in range(600)]
+
+    async def both():
+        hog = asyncio.ensure_future(batcher.score(big))
+        await asyncio.sleep(0.05)  # the big request is admitted and scoring
+        small = await batcher.score([("paris france", DOCS[1])])
+        big_done_first = hog.done()
+        return small, await hog, big_done_first
+
+    try:
+        small, big_scores, big_done_first = asyncio.run(both())
+    finally:
+        batcher.close()
+    assert not big_done_first
+    np.testing.assert_allclose(small, tiny_ce.score_pairs(["paris france"], [DOCS[1]]), atol=1e-5)
+    np.testing.assert_allclose(big_scores[:20], tiny_ce.score_pairs(*zip(*big[:20])), atol=1e-5)
+    assert batcher.stats.pairs == 601
+
+
+def test_a_long_document_is_chunked_and_scored_by_its_best_chunk(ce_server):
     body = {"query": QUERY, "documents": [" ".join(["Hamlet by Shakespeare."] * 40), DOCS[0]]}
-    inline = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
-    monkeypatch.setattr(served_app, "INLINE_CHUNKING_CHARS", 0)
-    threaded = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
-    assert threaded["results"] == inline["results"]
-    assert threaded["meta"]["chunked_documents"] == inline["meta"]["chunked_documents"] == {"0": 3}
+    first = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    again = httpx.post(f"{ce_server.url}/v1/rerank", json=body).json()
+    assert again["results"] == first["results"]
+    assert first["meta"]["chunked_documents"] == {"0": 3}
 
 
 def test_pickled_weights_are_refused(tmp_path, tiny_cross_encoder_dir, cli):

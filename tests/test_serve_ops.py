@@ -66,7 +66,9 @@ def scrape(url: str, headers=None) -> dict[tuple[str, tuple], float]:
 
 def test_a_small_request_is_answered_while_a_2mb_request_scores():
     """The default reranker on a real server: a 1-document request sent while 40 documents of 49k characters
-    (≈ 2 MB, within every limit) are scored waits for at most one slice of them, not for all of them."""
+    (≈ 2 MB, within every limit, 320 model windows) are scored joins the next model call: it is answered after
+    at most a slice or two of the big request, not after all of it (how long that takes is bench/serve.py
+    --fairness's to measure)."""
     import threading
     import time
 
@@ -75,8 +77,7 @@ def test_a_small_request_is_answered_while_a_2mb_request_scores():
     from ragsieve.serve import ServeConfig, create_app
     from ragsieve.serve.runner import BackgroundServer
 
-    # 8 pairs a slice: a slice of 256-token windows takes well under a second on 2 cores
-    app = create_app(ServeConfig(reranker="embedded:base", max_batch_pairs=8))
+    app = create_app(ServeConfig(reranker="embedded:base"))  # the default token budgets
     rng = random.Random(0)
     big = {"query": "who wrote hamlet", "documents": [" ".join(rng.choices(WORDS, k=8_000))[:49_000]
                                                        for _ in range(40)]}
@@ -91,13 +92,12 @@ def test_a_small_request_is_answered_while_a_2mb_request_scores():
         key = ("ragsieve_queue_pairs", (("model", "ranker"),))
         while scrape(server.url).get(key, 0) < 100:  # the big request is queued and scoring
             time.sleep(0.2)
-        start = time.perf_counter()
         r = httpx.post(f"{server.url}/v1/rerank", timeout=600,
                        json={"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet around 1600."]})
-        waited = time.perf_counter() - start
         assert r.status_code == 200, r.text
-        assert scrape(server.url)[key] > 0, "the big request must still be scoring"
-        assert waited < 3.0, f"the small request waited {waited:.1f} s"
+        left = scrape(server.url)[key]
+        # 320 windows, 8 a slice (2048 tokens): the small one waited for the slice being scored, then had its call
+        assert left >= 320 - 3 * 8, f"the small request waited for {320 - left:.0f} of the big one's windows"
 
 
 def test_metrics_parse_and_move_with_traffic_and_ready_answers(tmp_path):
@@ -178,10 +178,7 @@ def test_feedback_errors_name_the_field_and_rule_in_users_words(tmp_path, body, 
 def test_sigterm_under_load_loses_no_acknowledged_feedback_row(tmp_path):
     """`ragsieve serve` in its own process, clients writing feedback and traffic: SIGTERM stops it with exit 0,
     and every row a client got a 200 for is in the store."""
-    import os
     import signal
-    import subprocess
-    import sys
     import threading
 
     import httpx
@@ -189,14 +186,10 @@ def test_sigterm_under_load_loses_no_acknowledged_feedback_row(tmp_path):
     from tests.test_serve_feedback import live_rows
 
     store = make_store_here(tmp_path)
-    code = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "-r", "bm25", "--port", "0", "--feedback-store",
-                             str(store), "--log-traffic", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc, url = start_cli_server(["-r", "bm25", "--feedback-store", str(store), "--log-traffic"],
+                                 {"drain_s": 0.5}, tmp_path)
     acknowledged, served, stop = [], [], threading.Event()
     try:
-        url = proc.stdout.readline().split()[2]
-
         def client(n: int):
             i = 0
             while not stop.is_set():
@@ -234,6 +227,60 @@ def test_sigterm_under_load_loses_no_acknowledged_feedback_row(tmp_path):
 
     traffic = EvolveStore(store)._rows(select(func.count()).select_from(db.live_traffic))[0][0]
     assert traffic >= sum(served)
+
+
+def start_cli_server(args: list[str], config: dict | None = None, tmp_path=None):
+    """``ragsieve serve`` in its own process on a free loopback port: (process, URL)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if config:
+        path = tmp_path / "serve.json"
+        path.write_text(json.dumps(config))
+        args = [*args, "-c", str(path)]
+    code = "import sys; from ragsieve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--log-level", "warning", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    return proc, proc.stdout.readline().split()[2]
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.5, 2.0])
+def test_sigterm_resets_no_request_that_reached_the_server(tmp_path, delay):
+    """A rolling restart: 20 concurrent requests, SIGTERM `delay` s after they were sent. Every client gets a
+    200 (or a 503 with Retry-After), none a reset; /ready answers 503 from the signal on; exit status 0."""
+    import asyncio
+    import signal
+
+    import httpx
+
+    rng = random.Random(0)
+    docs = [" ".join(rng.choices(WORDS, k=12)) for _ in range(30)]
+    proc, url = start_cli_server(["-r", "embedded:base"], {"drain_s": 1.0, "shutdown_grace_s": 60}, tmp_path)
+
+    async def run() -> tuple[list, int]:
+        async with httpx.AsyncClient(base_url=url, timeout=120,
+                                     limits=httpx.Limits(max_connections=40)) as client:
+            sent = [asyncio.create_task(client.post("/v1/rerank", json={"query": f"hamlet {i}", "documents": docs}))
+                    for i in range(20)]
+            await asyncio.sleep(delay)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            ready = (await client.get("/ready")).status_code
+            return await asyncio.gather(*sent, return_exceptions=True), ready
+
+    try:
+        answers, ready = asyncio.run(run())
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    resets = [repr(a) for a in answers if isinstance(a, Exception)]
+    assert not resets, resets
+    assert all(a.status_code == 200 or (a.status_code == 503 and a.headers.get("retry-after")) for a in answers), \
+        [a.status_code for a in answers]
+    assert ready == 503
 
 
 def make_store_here(tmp_path):

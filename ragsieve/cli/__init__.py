@@ -38,7 +38,10 @@ def quiet_third_parties(verbose: bool = False) -> None:
         return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.filterwarnings("ignore")
-    warnings.filterwarnings("default", module=r"ragsieve(\.|$)")  # checked first: ragsieve's own warnings stay
+    warnings.filterwarnings("default", module=r"ragsieve(\.|$)")  # checked before: ragsieve's own warnings stay
+    # checked first: a library's deprecation raised where ragsieve calls it is for ragsieve's developers
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from ragsieve.errors import RagsieveError
+from ragsieve.progress import results_console
 
 T = TypeVar("T")
 
@@ -19,7 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = results_console()  # a results table printed into a file keeps whole rows
 err_console = Console(stderr=True)
 
 

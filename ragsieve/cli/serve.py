@@ -128,9 +128,12 @@ def _serve_here(cfg, host: str, port: int, log_level: str) -> None:
     auth = "API key required" if cfg.api_key else "no API key"
     # one line a supervisor (or a test) can read the URL from
     print(f"ragsieve serve: http://{bound_host}:{bound_port} ({auth})", flush=True)
-    server = uvicorn_server(application, log_level=log_level, graceful_s=cfg.shutdown_grace_s)
-    # SIGTERM: uvicorn stops accepting, lets in-flight requests finish (shutdown_grace_s), and the app's shutdown
-    # writes the queued traffic; it then re-raises the signal, which this handler absorbs, so the exit code is 0
+    state = application.state.serve
+    server = uvicorn_server(application, log_level=log_level, graceful_s=cfg.shutdown_grace_s, drain_s=cfg.drain_s,
+                            on_drain=state.drain, on_stop=state.stop)
+    # SIGTERM: /ready answers 503 and requests are still served for drain_s; then uvicorn stops accepting, lets
+    # in-flight requests finish (shutdown_grace_s), and the app's shutdown writes the queued traffic; it then
+    # re-raises the signal, which this handler absorbs, so the exit code is 0
     signal.signal(signal.SIGTERM, lambda *_: None)
     server.run(sockets=[sock])
 

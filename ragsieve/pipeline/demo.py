@@ -25,6 +25,7 @@ from rich.table import Table
 
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_ENCODER, DEFAULT_LLM
+from ragsieve.progress import results_console
 
 
 class DemoConfig(StrictConfig):
@@ -53,7 +54,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     from ragsieve.data import write_jsonl
     from ragsieve.paths import cache_dir
 
-    console = console or Console()
+    console = console or results_console()
     t0 = time.perf_counter()
     dataset, questions = _held_out(cfg, console)
     retriever, index_reused, index_seconds = _index(cfg, dataset, console)

@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Sequence
 
@@ -326,12 +327,12 @@ class SieveStages:
         """:meth:`apply` with every model call answered by ``score_call`` (awaited): how a server answers them
         batched with other requests' pairs, through the same sieve."""
         flow = self.plan(query, passages)
-        try:
-            call = next(flow)
-            while True:
-                call = flow.send(_checked(call, await score_call(call)))
-        except StopIteration as done:
-            return done.value
+        # the sieve's own work between model calls (cutting, sentence splitting, token counts) runs on a worker
+        # thread, so a server's event loop goes on reading other requests meanwhile
+        call = await asyncio.to_thread(_advance, flow, None)
+        while isinstance(call, ModelCall):
+            call = await asyncio.to_thread(_advance, flow, _checked(call, await score_call(call)))
+        return call
 
     def finish(self, selected: FilterResult) -> FilterResult:
         """Grade → keep → prune a selection (what :meth:`select` returned)."""
@@ -344,6 +345,14 @@ class SieveStages:
     def apply(self, query: str, passages: Sequence[Passage | str]) -> FilterResult:
         """Rerank → cut to top_k → grade → keep → prune."""
         return self.run(self.plan(query, passages))
+
+
+def _advance(flow: Generator, scores: np.ndarray | None):
+    """The plan's next model call, or its result once it is done (a future cannot carry a StopIteration)."""
+    try:
+        return next(flow) if scores is None else flow.send(scores)
+    except StopIteration as done:
+        return done.value
 
 
 def _checked(call: ModelCall, scores: Sequence[float]) -> np.ndarray:

@@ -162,6 +162,55 @@ class SentenceKeepHead(BaseRanker):
         write_head(path, self.branch, self.folder)
 
 
+@dataclass(frozen=True, eq=False)
+class SentenceInPassage:
+    """Sentence ``k`` (of ``spans``) of ``passage``: a sentence scored by a keep head in its passage's context."""
+
+    passage: Passage
+    spans: tuple[tuple[int, int], ...]
+    k: int
+
+    def __len__(self) -> int:  # what a server's batcher counts a pair's cost by
+        start, end = self.spans[self.k]
+        return end - start
+
+
+def sentences_in_passages(layout: "PruneLayout") -> list[tuple[str, SentenceInPassage]]:
+    """One ``(query, sentence)`` pair per sentence pair of ``layout``, in its order, each holding its passage."""
+    return [(layout.query, SentenceInPassage(p, tuple(spans), k))
+            for p, spans in zip(layout.passages, layout.spans) for k in range(len(spans))]
+
+
+class HeadSentences(BaseRanker):
+    """A keep head as a pair scorer over :class:`SentenceInPassage` s: one call scores the sentences of many
+    requests, each passage read whole once (batched by the head), so a server batches the head across
+    requests as it batches the reranker's pairs.
+
+    Example::
+
+        HeadSentences(head).score_pairs(*zip(*sentences_in_passages(layout)))   # == head.score_layout(layout)
+    """
+
+    name = "prune-head-sentences"
+
+    def __init__(self, head: SentenceKeepHead):
+        self.head = head
+
+    def score_pairs(self, queries: Sequence[str], sentences: Sequence[SentenceInPassage]) -> np.ndarray:
+        read: dict[tuple[str, int], int] = {}  # (query, passage) -> its place in the one batched read
+        queries_read, passages, spans, where = [], [], [], []
+        for query, sentence in zip(queries, sentences):
+            key = (query, id(sentence.passage))
+            if key not in read:
+                read[key] = len(passages)
+                queries_read.append(query)
+                passages.append(sentence.passage)
+                spans.append(sentence.spans)
+            where.append((read[key], sentence.k))
+        logits = self.head.sentence_logits(self.head.trunk_states(queries_read, passages, spans)) if passages else []
+        return np.array([logits[i][k] for i, k in where], dtype=float)
+
+
 def _read_bert(folder: Path):
     import torch
     from transformers import AutoModel

@@ -143,7 +143,7 @@ class CrossEncoderRanker(BaseRanker):
         return self.predict_pairs([(q, p.full_text) for q, p in zip(queries, as_passages(passages))])
 
     def window(self):
-        return self.model.tokenizer, int(self.model.max_length)
+        return self.model.tokenizer, int(self.model.max_seq_length)
 
     def predict_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Activated logits for (query, passage text) tuples, batched on the configured backend."""
@@ -169,7 +169,7 @@ class CrossEncoderRanker(BaseRanker):
         bucket, size = (PAD_BUCKET, self.batch_size) if invariant else (1, 1)
         lengths = [len(ids) for ids in self.model.tokenizer(
             [q for q, _ in pairs], [p for _, p in pairs], truncation="longest_first",
-            max_length=int(self.model.max_length))["input_ids"]]
+            max_length=int(self.model.max_seq_length))["input_ids"]]
         out = np.zeros(len(pairs), dtype=float)
         for idx in bucketed_batches(lengths, size, bucket):
             features = self.model.preprocess([pairs[i] for i in idx],

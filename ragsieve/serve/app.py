@@ -66,6 +66,6 @@ def create_app(
     api_key = state.config.api_key.get_secret_value() if state.config.api_key else None
     app.add_middleware(
         Guard, api_key=api_key, max_body_bytes=state.config.max_body_bytes, echo_request_id=echo_request_id,
-        replica=state.replica, metrics=state.metrics, routes=_route_paths(),
+        replica=state.replica, metrics=state.metrics, routes=_route_paths(), stopping=lambda: state.stopping,
     )
     return app

@@ -1,16 +1,20 @@
 """Dynamic batching: concurrent requests share one ``score_pairs`` call on a worker thread.
 
-The event loop never runs the model. Each request's (query, text) pairs go into a queue;
-when the worker is idle it waits at most ``max_wait_ms`` for company. Every model call
-holds at most ``max_batch_pairs`` pairs, taken round-robin across the waiting requests:
-from those not yet served this round (new arrivals join it), and once none is left, a new
-round of those still unfinished. A big request is scored a slice at a time, and a small one
-sent meanwhile waits for at most the slice being scored. A model error in a shared batch is retried per job, so
-one bad request cannot fail the others it was batched with.
+The event loop never runs the model. Each request's (query, text) pairs go into a queue; when the
+worker is idle it waits at most ``max_wait_ms`` for company. A pair costs its padded token width,
+and a model call holds pairs of ONE padded width (:data:`~ragsieve.models.onnx.PAD_BUCKET`): the model
+runs one width per forward pass anyway (batch-invariant scores), so the worker fills each pass from
+every waiting request, as a long offline call would. Each request gives a call at most
+``max_slice_tokens`` of its pairs, and a call holds at most ``max_batch_tokens`` (and
+``max_batch_pairs`` pairs) in all. Which width comes next is decided by the request with the fewest
+tokens left (then the oldest): a short request is admitted into the very next call, beside the
+same-width pairs of the others, and waits for at most the call being scored, which a lone big request
+keeps to one slice (TEI's token budget, vLLM's step-level admission). A model error in a shared call is
+retried per request, so one bad request cannot fail the others it was batched with.
 
 Example::
 
-    batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=5, max_batch_pairs=32)
+    batcher = PairBatcher(load_reranker("bm25"), max_wait_ms=5, max_batch_tokens=16384, max_slice_tokens=2048)
     scores = await batcher.score([("who wrote hamlet", "Shakespeare wrote Hamlet.")])
     batcher.close()
 
@@ -25,7 +29,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -46,13 +49,24 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued_at: float = field(default_factory=time.perf_counter)
-    taken: int = 0  # pairs handed to the model so far (a prefix: slices are taken in order)
-    scores: list[np.ndarray] = field(default_factory=list)
+    # per pair, set on admission: the padded width a model call groups it by, and its tokens (PairWidths)
+    widths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    costs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pending: list[int] = field(default_factory=list)  # pairs not handed to the model yet
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    unscored: int = 0
     failed: bool = False
 
     @property
     def remaining(self) -> int:
-        return len(self.pairs) - self.taken
+        return len(self.pending)
+
+    @property
+    def started(self) -> bool:
+        return len(self.pending) < len(self.pairs)
+
+    def tokens_left(self) -> int:
+        return int(self.costs[self.pending].sum()) if self.pending else 0
 
     def gone(self) -> bool:
         """The request was cancelled (client gone, server shutting down) or already failed: skip its pairs."""
@@ -112,18 +126,20 @@ class PairBatcher:
     """One worker thread per model; :meth:`score` is awaited from request handlers."""
 
     def __init__(
-        self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 32, name: str = "model",
+        self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_tokens: int = 16384,
+        max_slice_tokens: int = 2048, max_batch_pairs: int = 512, name: str = "model",
         metrics: "ServeMetrics | None" = None,
     ):
         self.ranker = ranker
         self.max_wait = max_wait_ms / 1000.0
+        self.max_batch_tokens = max_batch_tokens
+        self.max_slice_tokens = max_slice_tokens
         self.max_batch_pairs = max_batch_pairs
         self.stats = BatchStats()
         self.name = name
         self.metrics = metrics
-        # the worker's round: jobs not served yet in it (arrivals join), then those already served
-        self._unserved: deque[_Job] = deque()
-        self._served: deque[_Job] = deque()
+        self._jobs: list[_Job] = []  # admitted, in arrival order (worker thread only)
+        self._widths = PairWidths(ranker)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         # a job queued after the stop marker would never be answered: closing and queuing exclude each other
         self._closed = False
@@ -154,18 +170,23 @@ class PairBatcher:
 
     # -- worker thread ---------------------------------------------------------------
     def _admit(self, job: _Job) -> None:
-        self._unserved.append(job)
+        job.widths, job.costs = self._widths(job.pairs)  # tokenised here, on the worker: never on the event loop
+        job.pending = sorted(range(len(job.pairs)), key=lambda i: job.widths[i])
+        job.scores = np.zeros(len(job.pairs))
+        job.unscored = len(job.pairs)
+        self._jobs.append(job)
         if self.metrics is not None:
             self.metrics.queue_requests.labels(model=self.name).inc()
             self.metrics.queue_pairs.labels(model=self.name).inc(len(job.pairs))
 
     def _drop(self, job: _Job) -> None:
+        self._jobs.remove(job)
         if self.metrics is not None:
             self.metrics.queue_requests.labels(model=self.name).dec()
-            self.metrics.queue_pairs.labels(model=self.name).dec(job.remaining)
+            self.metrics.queue_pairs.labels(model=self.name).dec(job.unscored)
 
-    def _pending_pairs(self) -> int:
-        return sum(job.remaining for job in (*self._unserved, *self._served))
+    def _pending_tokens(self) -> int:
+        return sum(job.tokens_left() for job in self._jobs)
 
     def _take(self, timeout: float | None) -> bool | None:
         """Admit the next queued job, waiting up to ``timeout`` (None: not at all): True if one was admitted,
@@ -182,19 +203,19 @@ class PairBatcher:
     def _wait_for_work(self) -> bool:
         """Block until a job is waiting (then wait up to ``max_wait`` for company); False once stopped and idle."""
         stop = False
-        if not self._unserved and not self._served:
+        if not any(job.pending for job in self._jobs):
             first = self._queue.get()
             if first is None:
                 return False
             self._admit(first)
             deadline = time.perf_counter() + self.max_wait
-            while self._pending_pairs() < self.max_batch_pairs:
+            while self._pending_tokens() < self.max_batch_tokens:
                 remaining = deadline - time.perf_counter()
                 taken = self._take(remaining if remaining > 0 else None)
                 if taken is not True:
                     stop = taken is None
                     break
-        while not stop:  # whoever arrived while the last batch was scored joins this round
+        while not stop:  # whoever arrived while the last batch was scored is admitted before the next call
             taken = self._take(None)
             if taken is not True:
                 stop = taken is None
@@ -203,82 +224,105 @@ class PairBatcher:
             self._stopping = True
         return True
 
-    def _next_batch(self) -> list[tuple[_Job, int, int]]:
-        """Slices ``(job, lo, hi)`` of at most ``max_batch_pairs`` pairs in all, from the jobs not served yet this
-        round, else (a new round) from those served."""
-        for jobs in (self._unserved, self._served):
-            for job in [j for j in jobs if j.gone()]:
-                jobs.remove(job)
-                self._drop(job)
-        if not self._unserved:  # a new round
-            self._unserved, self._served = self._served, self._unserved
+    def _next_batch(self) -> list[tuple[_Job, list[int]]]:
+        """The next call's pairs per job: one padded width, chosen by the job with the fewest tokens left; every
+        job (that one first) gives its pairs of that width, at most ``max_slice_tokens`` of them, up to
+        ``max_batch_tokens`` and ``max_batch_pairs`` in all."""
+        for job in [j for j in self._jobs if j.gone()]:
+            self._drop(job)
+        waiting = sorted((j for j in self._jobs if j.pending), key=lambda j: (j.tokens_left(), j.queued_at))
+        if not waiting:
+            return []
         if not self.ranker.pointwise:  # its scores depend on the list (a cascade): one request, whole, per call
-            jobs = self._unserved if self._unserved else self._served
-            if not jobs:
-                return []
-            job = jobs.popleft()
-            batch, job.taken = [(job, job.taken, len(job.pairs))], len(job.pairs)
+            job = min(waiting, key=lambda j: j.queued_at)
+            batch, job.pending = [(job, job.pending)], []
             return batch
-        batch, budget = [], self.max_batch_pairs
-        # requests not served yet this round go alone (with each other): a big one's next slice would only
-        # make them wait for it; the served ones follow in the next batch
-        for jobs in (self._unserved,) if self._unserved else (self._served,):
-            for job in list(jobs):
-                if budget == 0:
-                    break
-                take = min(job.remaining, budget)
-                batch.append((job, job.taken, job.taken + take))
-                job.taken += take
-                budget -= take
-                jobs.remove(job)
-                if job.remaining:  # to the back of the served: the others go first next time
-                    self._served.append(job)
+        width = waiting[0].widths[waiting[0].pending[0]]
+        tokens, pairs, batch = self.max_batch_tokens, self.max_batch_pairs, []
+        for job in waiting:
+            take, budget = [], min(tokens, self.max_slice_tokens)
+            for i in job.pending:
+                if job.widths[i] != width:
+                    continue
+                if pairs <= 0 or job.costs[i] > budget:
+                    if batch or take:  # a call holds at least one pair, however wide
+                        break
+                take.append(i)
+                pairs -= 1
+                budget -= int(job.costs[i])
+                tokens -= int(job.costs[i])
+            if take:
+                batch.append((job, take))
+                taken = set(take)
+                job.pending = [i for i in job.pending if i not in taken]
+            if pairs <= 0 or tokens <= 0:
+                break
         return batch
 
     def _run(self) -> None:
         self._stopping = False
         while self._wait_for_work():
             batch = self._next_batch()
-            if not batch:
-                if self._stopping and not self._unserved and not self._served:
-                    return
-                continue
-            now = time.perf_counter()
-            self.stats.record([hi - lo for _, lo, hi in batch])
-            if self.metrics is not None:
-                for job, lo, _ in batch:
-                    if lo == 0:
-                        self.metrics.queue_wait.labels(model=self.name).observe(now - job.queued_at)
-            results = score_jobs(self.ranker, [job.pairs[lo:hi] for job, lo, hi in batch])
-            if self.metrics is not None:
-                n = sum(hi - lo for _, lo, hi in batch)
-                self.metrics.batch_pairs.labels(model=self.name).observe(n)
-                self.metrics.pairs_scored.labels(model=self.name).inc(n)
-            for (job, lo, hi), result in zip(batch, results):
-                if job.failed:
-                    continue
-                if self.metrics is not None:
-                    self.metrics.queue_pairs.labels(model=self.name).dec(hi - lo)
-                if isinstance(result, Exception):
-                    job.failed = True
-                    self._drop_failed(job)
-                    _deliver(job, exc=result)
-                    continue
-                job.scores.append(result)
-                if hi == len(job.pairs):
-                    if self.metrics is not None:
-                        self.metrics.queue_requests.labels(model=self.name).dec()
-                    _deliver(job, result=np.concatenate(job.scores))
-            if self._stopping and not self._unserved and not self._served:
+            if batch:
+                self._score(batch)
+            if self._stopping and not any(job.pending for job in self._jobs):
                 return
 
-    def _drop_failed(self, job: _Job) -> None:
-        for jobs in (self._unserved, self._served):
-            if job in jobs:
-                jobs.remove(job)
+    def _score(self, batch: list[tuple[_Job, list[int]]]) -> None:
+        """One model call over ``batch``; each job whose last pair it scored is answered."""
+        now = time.perf_counter()
+        self.stats.record([len(idx) for _, idx in batch])
         if self.metrics is not None:
-            self.metrics.queue_requests.labels(model=self.name).dec()
-            self.metrics.queue_pairs.labels(model=self.name).dec(job.remaining)
+            for job, idx in batch:
+                if len(job.pending) + len(idx) == len(job.pairs):  # its first call: how long it queued
+                    self.metrics.queue_wait.labels(model=self.name).observe(now - job.queued_at)
+        results = score_jobs(self.ranker, [[job.pairs[i] for i in idx] for job, idx in batch])
+        if self.metrics is not None:
+            n = sum(len(idx) for _, idx in batch)
+            self.metrics.batch_pairs.labels(model=self.name).observe(n)
+            self.metrics.pairs_scored.labels(model=self.name).inc(n)
+        for (job, idx), result in zip(batch, results):
+            if job.failed:
+                continue
+            if isinstance(result, Exception):
+                job.failed = True
+                self._drop(job)
+                _deliver(job, exc=result)
+                continue
+            job.scores[idx] = result
+            job.unscored -= len(idx)
+            if self.metrics is not None:
+                self.metrics.queue_pairs.labels(model=self.name).dec(len(idx))
+            if not job.unscored:
+                self._jobs.remove(job)
+                if self.metrics is not None:
+                    self.metrics.queue_requests.labels(model=self.name).dec()
+                _deliver(job, result=job.scores)
+
+
+class PairWidths:
+    """What a pair costs a model call and which call it may join: its token count (the ranker's own tokenizer,
+    capped at its window) rounded up to the padded width the model batches by, both; a ranker without a window
+    (BM25, an LLM grader) is not batched by width: every pair joins any call, costing its characters / 4."""
+
+    def __init__(self, ranker: BaseRanker):
+        from ragsieve.models.onnx import PAD_BUCKET
+
+        window = ranker.window() if hasattr(ranker, "window") else None
+        self.tokenizer, self.limit = window if window is not None else (None, 0)
+        self.bucket = PAD_BUCKET
+        if self.tokenizer is not None:  # its first call sets its options: here, before any other thread uses it
+            self.tokenizer(["warm"], ["up"], verbose=False)
+
+    def __call__(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+        """(each pair's width, its cost in tokens)."""
+        if self.tokenizer is None:
+            costs = np.array([max((len(q) + len(t)) // 4, 1) for q, t in pairs], dtype=np.int64)
+            return np.zeros(len(pairs), dtype=np.int64), costs
+        # called as plan_chunks calls it (no truncation): the shared tokenizer's settings never change under it
+        ids = self.tokenizer([q for q, _ in pairs], [t for _, t in pairs], verbose=False)["input_ids"]
+        widths = -(-np.minimum([len(row) for row in ids], self.limit) // self.bucket) * self.bucket
+        return widths.astype(np.int64), widths.astype(np.int64)
 
 
 def _deliver(job: _Job, result=None, exc: BaseException | None = None) -> None:

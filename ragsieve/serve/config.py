@@ -62,15 +62,23 @@ class ServeConfig(StrictConfig):
 
     # dynamic batching: concurrent requests are scored together in one score_pairs call
     max_wait_ms: float = Field(5.0, ge=0.0, description="how long the first request of a batch waits for company")
-    # pairs per model call, taken round-robin across requests: a small request waits for at most one such slice of
-    # a big one. 128 windows keep the service at 0.96x the same reranker offline on a replayed RAG trace (32: 0.57x:
-    # batch-invariant scores batch one padded width at a time, so small slices make small model calls), and one
-    # slice is ~1.5 s of scoring on 2 cores (bench/results/serve_trace.json, serve_fairness.json)
+    # token budgets (a pair costs its padded width, as in TEI's max_batch_tokens): a model call holds pairs of one
+    # padded width from every waiting request, up to max_batch_tokens, so each forward pass is as full as offline;
+    # each request gives a call at most max_slice_tokens of its pairs, and the request with the fewest tokens left
+    # chooses the width, so a short request joins the very next call and waits for at most one slice of a big one
+    # (2048 tokens: eight 256-token windows, ~0.4 s on 2 cores; bench/results/serve_fairness.json measures both)
+    max_batch_tokens: int = Field(16384, ge=1)
+    max_slice_tokens: int = Field(2048, ge=1)
+    # and at most this many pairs a call; on Ray Serve (whose @serve.batch counts items) the batch size itself
     max_batch_pairs: int = Field(128, ge=1)
     # passage vectors of the reranker's cosine half, shared by every request of the process (one per Ray replica):
     # RAG traffic reranks one corpus, so a document seen before is not encoded again (0: no cache)
     embedding_cache_mb: float = Field(DEFAULT_CACHE_MB, ge=0.0)
-    # SIGTERM: how long in-flight requests may take to finish before the server exits anyway
+    # SIGTERM (Kubernetes' termination contract): /ready answers 503 at once and requests are still answered for
+    # drain_s, so a load balancer probing readiness every 10 s (Kubernetes' default periodSeconds) stops sending
+    # before the server stops accepting; then in-flight requests have shutdown_grace_s to finish before the server
+    # exits anyway (a pod's terminationGracePeriodSeconds should exceed the two together)
+    drain_s: float = Field(10.0, ge=0.0)
     shutdown_grace_s: float = Field(30.0, ge=0.0)
 
     api_key: SecretStr | None = None  # every endpoint but /health needs it (Bearer or X-API-Key)

@@ -32,7 +32,9 @@ def request_id(request: Request) -> str:
 
 
 def _json(request: Request, status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "request_id": request_id(request)}, status_code=status)
+    # a 503 is temporary (a reload, a shutdown): say when to retry
+    headers = {"retry-after": "1"} if status == 503 else None
+    return JSONResponse({"error": message, "request_id": request_id(request)}, status_code=status, headers=headers)
 
 
 _TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})

@@ -11,11 +11,13 @@ A Ray Serve replica (``replica=``) also names itself on every response (``x-rags
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ log = logging.getLogger("ragsieve.serve")
 
 #: liveness and readiness probes answer without the API key (/metrics needs it, like every other path)
 OPEN_PATHS = frozenset({"/health", "/ready"})
+#: what a 503 tells the client: retry in a second (another replica, or this one once it is back)
+RETRY_AFTER = (b"retry-after", b"1")
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -62,8 +66,9 @@ class Guard:
 
     def __init__(self, app, *, api_key: str | None, max_body_bytes: int, echo_request_id: bool = True,
                  replica: str | None = None, metrics: "ServeMetrics | None" = None,
-                 routes: frozenset[str] = frozenset()):
+                 routes: frozenset[str] = frozenset(), stopping: Callable[[], bool] = lambda: False):
         self.app = app
+        self.stopping = stopping  # True once the server stops: new requests are refused (503 + Retry-After)
         self.metrics = metrics
         self.routes = routes  # metric labels: the app's paths; any other path counts as "other" (bounded labels)
         self.api_key = api_key
@@ -91,6 +96,7 @@ class Guard:
         scope.setdefault("state", {})["request_id"] = rid
         start = time.perf_counter()
         logged = False
+        started = False
 
         def log_status(code: int) -> None:
             # logged when the status is known, before the response leaves: a client that reads
@@ -107,33 +113,37 @@ class Guard:
                 log.info("rid=%s %s %s %s %.1fms", rid, scope["method"], scope["path"], code, ms)
 
         async def send_logged(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 log_status(message["status"])
                 if self.echo_request_id:
                     message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
             await send(message)
 
+        async def refuse(status: int, message: str, headers=()) -> None:
+            log_status(status)
+            await send_error(send, status, message, rid, headers, self.echo_request_id)
+
         try:
             if not self._authorised(scope):
-                log_status(401)
-                await send_error(
-                    send,
-                    401,
-                    "missing or wrong API key (Authorization: Bearer <key>)",
-                    rid,
-                    [(b"www-authenticate", b"Bearer")],
-                    self.echo_request_id,
-                )
+                await refuse(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                             [(b"www-authenticate", b"Bearer")])
+                return
+            if self.stopping() and scope["path"] not in OPEN_PATHS:
+                await refuse(503, "the server is shutting down; retry", [RETRY_AFTER, (b"connection", b"close")])
                 return
             body = await self._read_body(scope, receive)
             if body is None:
-                log_status(413)
-                await send_error(
-                    send, 413, f"body: larger than max_body_bytes ({self.max_body_bytes})", rid,
-                    echo=self.echo_request_id,
-                )
+                await refuse(413, f"body: larger than max_body_bytes ({self.max_body_bytes})")
                 return
             await self.app(scope, _replay(body), send_logged)
+        except asyncio.CancelledError:
+            # the shutdown's grace ran out under this request: a 503 the client may retry, not a reset
+            if started:
+                raise
+            asyncio.current_task().uncancel()
+            await refuse(503, "the server stopped before this request was scored; retry", [RETRY_AFTER])
         except Exception:
             log_status(500)  # answered 500 by the error middleware outside this one
             raise

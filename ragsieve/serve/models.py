@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ragsieve.serve.metrics import ServeMetrics
 
 
-#: ``(ranker, *, max_wait_ms, max_batch_pairs, name, metrics) -> Batcher``: how a server batches one model's calls
+#: ``(ranker, *, max_wait_ms, max_batch_tokens, max_slice_tokens, max_batch_pairs, name, metrics) -> Batcher``: how a server batches one model's calls
 BatcherFactory = Callable[..., Batcher]
 
 
@@ -53,6 +53,7 @@ class ServedModels:
     grade_batcher: Batcher | None = None
     grader_name: str | None = None
     pruner: BaseRanker | None = None  # the sentence scorer when it is not the ranker (a sieve's keep head)
+    prune_batcher: Batcher | None = None  # a keep head's sentences, batched across requests like the ranker's pairs
     llm: LLMStages | None = None  # /v1/gate and /v1/ask, when an LLM is configured
     # requests holding these models (ServeState.snapshot): a reload closes them once none does
     users: int = field(default=0, init=False, repr=False, compare=False)
@@ -80,7 +81,9 @@ class ServedModels:
                                config.max_chunks_per_doc)
         for encoder in vector_encoders(ranker):  # the cosine half's passage vectors, bounded as configured
             encoder.vector_cache.resize(config.embedding_cache_mb)
-        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_pairs": config.max_batch_pairs, "metrics": metrics}
+        batch = {"max_wait_ms": config.max_wait_ms, "max_batch_tokens": config.max_batch_tokens,
+                 "max_slice_tokens": config.max_slice_tokens, "max_batch_pairs": config.max_batch_pairs,
+                 "metrics": metrics}
         # the batcher scores the chunks ServeState.scores plans (one window each), so it holds the window reader
         served = cls(ranker, batcher(window_reader(ranker), name="ranker", **batch))
         if config.grader:
@@ -89,12 +92,17 @@ class ServedModels:
             served.grader_name = config.grader
         if config.pruner:
             served.pruner = load_reranker(config.pruner)
+            if hasattr(served.pruner, "score_layout"):  # a keep head: it reads each passage whole
+                from ragsieve.prune.head import HeadSentences
+
+                served.prune_batcher = batcher(HeadSentences(served.pruner), name="pruner", **batch)
         served.llm = LLMStages.load(config, ranker, served.grader, batcher, served.pruner)
         return served
 
     def close(self) -> None:
         self.rank_batcher.close()
-        if self.grade_batcher is not None:
-            self.grade_batcher.close()
+        for other in (self.grade_batcher, self.prune_batcher):
+            if other is not None:
+                other.close()
         if self.llm is not None:
             self.llm.close()

@@ -77,6 +77,8 @@ class LLMStages:
             gate_batcher = batcher(
                 _ProbeScores(probe, lock),
                 max_wait_ms=config.max_wait_ms,
+                max_batch_tokens=config.max_batch_tokens,
+                max_slice_tokens=config.max_slice_tokens,
                 max_batch_pairs=config.max_batch_pairs,
                 name="probe",
             )

@@ -135,7 +135,9 @@ class ServeBatcher:
     """
 
     def __init__(self, ranker: BaseRanker, *, max_wait_ms: float = 5.0, max_batch_pairs: int = 32,
-                 name: str = "model", metrics: "ServeMetrics | None" = None):
+                 max_batch_tokens: int | None = None, max_slice_tokens: int | None = None, name: str = "model",
+                 metrics: "ServeMetrics | None" = None):
+        # the token budgets are PairBatcher's; @serve.batch counts items, so a batch here is max_batch_pairs
         _ray_serve()
         self.ranker = ranker
         self.stats = BatchStats()

@@ -12,13 +12,21 @@ Example::
 from __future__ import annotations
 
 import errno
+import logging
+import signal
 import socket
 import threading
+import time
+from collections.abc import Callable
+
+import uvicorn
 
 from ragsieve.errors import RagsieveError
 
 DEFAULT_HOST = "127.0.0.1"  # loopback unless the operator asks for more
 BACKLOG = 2048
+
+log = logging.getLogger("ragsieve.serve")
 
 
 def reserve(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
@@ -72,16 +80,55 @@ def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
     return listen(reserve(host, port))
 
 
-def uvicorn_server(app, *, log_level: str = "warning", access_log: bool = False, graceful_s: float = 5.0):
-    """``graceful_s``: after SIGTERM, how long in-flight requests may run before they are cancelled."""
-    import uvicorn
-
+def uvicorn_server(app, *, log_level: str = "warning", access_log: bool = False, graceful_s: float = 5.0,
+                   drain_s: float = 0.0, on_drain: Callable[[], None] | None = None,
+                   on_stop: Callable[[], None] | None = None) -> DrainingServer:
+    """``graceful_s``: after the drain, how long in-flight requests may run before they are cancelled;
+    ``drain_s``, ``on_drain``, ``on_stop``: see :class:`DrainingServer`."""
     # our Guard middleware logs every request with its id, so uvicorn's access log is off
     config = uvicorn.Config(
         app, log_level=log_level, access_log=access_log, lifespan="on", timeout_graceful_shutdown=graceful_s,
         backlog=BACKLOG,
     )
-    return uvicorn.Server(config)
+    return DrainingServer(config, drain_s=drain_s, on_drain=on_drain, on_stop=on_stop)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn under Kubernetes' termination contract. On SIGTERM ``on_drain`` runs at once (``/ready`` answers
+    503, so the load balancer stops sending) and the server goes on reading and answering for ``drain_s``:
+    requests already in the socket, or sent by a balancer that has not seen the 503 yet, are answered. Then
+    ``on_stop`` runs (a request arriving later on an open connection is refused with 503 + ``Retry-After``) and
+    uvicorn's own shutdown follows: it stops accepting and lets in-flight requests finish within
+    ``timeout_graceful_shutdown``. A second SIGTERM, or SIGINT (Ctrl-C), skips the rest of the drain."""
+
+    def __init__(self, config: uvicorn.Config, *, drain_s: float = 0.0, on_drain: Callable[[], None] | None = None,
+                 on_stop: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.drain_s = drain_s
+        self.on_drain = on_drain
+        self.on_stop = on_stop
+        self.drain_until: float | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if sig == signal.SIGTERM and self.drain_until is None and not self.should_exit:
+            self._captured_signals.append(sig)  # re-raised once the server is down, as uvicorn does
+            self.drain_until = time.monotonic() + self.drain_s
+            log.warning("SIGTERM: /ready answers 503; serving %.1f s more, then finishing in-flight requests "
+                        "(within %.0f s)", self.drain_s, self.config.timeout_graceful_shutdown or 0)
+            if self.on_drain is not None:
+                self.on_drain()
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_until is not None and time.monotonic() >= self.drain_until:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
+        await super().shutdown(sockets=sockets)
 
 
 class BackgroundServer:

@@ -42,7 +42,6 @@ ERRORS = {
     503: {"model": ErrorBody, "description": "the model was reloaded under the request; retry"},
 }
 
-INLINE_CHUNKING_CHARS = 200_000
 #: how long a reload lets requests that hold the old models finish on them before it closes them
 RELOAD_DRAIN_S = 120.0
 
@@ -84,7 +83,8 @@ class ServeState:
     # on Ray Serve: /admin/reload reloads every replica through this (returns how many serve the new models)
     reload_everywhere: Callable[[], Awaitable[int]] | None = None
     metrics: ServeMetrics = field(default_factory=lambda: ServeMetrics("model"))  # what /metrics answers
-    ready: bool = True  # /ready: the models are loaded (False once the server is shutting down)
+    ready: bool = True  # /ready: the models are loaded (False from SIGTERM on: the drain, then the shutdown)
+    stopping: bool = False  # the drain is over: a request still arriving is refused (503 + Retry-After)
 
     @classmethod
     def load(
@@ -141,6 +141,15 @@ class ServeState:
                 await asyncio.wait_for(old.released.wait(), RELOAD_DRAIN_S)
         await asyncio.to_thread(old.close)  # a request still holding them after that gets a 503: retry
 
+    def drain(self) -> None:
+        """SIGTERM: ``/ready`` answers 503 from now on, while requests are still answered."""
+        self.ready = False
+
+    def stop(self) -> None:
+        """The drain is over: requests already in flight finish, new ones are refused."""
+        self.ready = False
+        self.stopping = True
+
     def close(self) -> None:
         """At shutdown: the traffic still queued is written, then the models are released."""
         self.ready = False
@@ -178,9 +187,8 @@ class ServeState:
         """One raw score per document from ``models``' ranker, the request's :meth:`snapshot` (best chunk
         for long documents); ``meta`` records the chunking."""
         args = (window_reader(models.ranker), query, docs, self.config.max_chunks_per_doc)
-        # tokenising megabytes would stall every other request on the event loop; small requests stay inline
-        big = sum(map(len, docs)) > INLINE_CHUNKING_CHARS
-        plan = await asyncio.to_thread(plan_chunks, *args) if big else plan_chunks(*args)
+        # off the event loop, whatever the size: the loop goes on reading other requests (and /ready) meanwhile
+        plan = await asyncio.to_thread(plan_chunks, *args)
         if len(plan.texts) > self.config.max_pairs_per_request:
             raise ServeError(413, f"documents: {len(plan.texts)} pairs to score ({len(plan.chunked)} document(s) "
                              f"split into model windows), max_pairs_per_request is "

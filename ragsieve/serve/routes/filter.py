@@ -108,7 +108,11 @@ async def _scores(call: ModelCall, state: ServeState, served: ServedModels, stag
         return finite(await served.grade_batcher.score([(call.query, p.text) for p in call.passages]))
     if stages.pruner.scorer is served.ranker:  # sentences are short: no chunking, and not traffic of their own
         return finite(np.asarray(await served.rank_batcher.score([(call.query, t) for t in call.layout.texts]), float))
-    return finite(await asyncio.to_thread(stages.pruner.score, call.layout))  # another sentence scorer (a keep head)
+    if stages.pruner.scorer is served.pruner and served.prune_batcher is not None:  # the served keep head
+        from ragsieve.prune.head import sentences_in_passages
+
+        return finite(await served.prune_batcher.score(sentences_in_passages(call.layout)))
+    return finite(await asyncio.to_thread(stages.pruner.score, call.layout))  # another sentence scorer
 
 
 def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStages) -> SentencePruner | None:
