@@ -247,7 +247,7 @@ def test_frugal_fit_on_150_own_corpus_questions_does_not_ship_closed_book(tmp_pa
     server = chat_server_factory(reply)
     config = tmp_path / "fit.yaml"  # the split: 96 train / 29 dev / 25 test
     config.write_text("split: {train: 0.64, dev: 0.19, test: 0.17}\nmax_new_tokens: 3\nmax_prompt_tokens: 400\n"
-                      f"candidates: 3\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 2, guard: false,"
+                      f"candidates: 2\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 1, guard: false,"
                       " train: {lr: 0.001, batch_size: 8, max_length: 48}}\ngrade: false\n"
                       "select: {ks: [0, 1, 2], plain_ks: [1, 2], prune_quantiles: [], prune_max_sentences: [1],"
                       " prune_across_sentences: [], prune_scorers: [], n_boot: 200}\n")

@@ -79,7 +79,8 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
     code, out, err = _ragsieve("index", "--passages", corpus, "--out", tmp_path / "dense", "--kind", "dense",
                                cwd=tmp_path)
     assert code == 0, err
-    assert err.startswith("index: building a dense index over 24 passages\n")
+    # the first line says what is built and on which encoder backend (issue #74)
+    assert err.startswith("index: building a dense index over 24 passages (encoder on ")
     assert "embedding: started, 24 to do" in err and "embedding: done, 24/24 in " in err
     # stdout holds the result only
     assert " ".join(out.split()) == f"indexed 24 passages from 1 path(s) (dense) → {tmp_path / 'dense'}"
