@@ -52,7 +52,7 @@ SLOW_TESTS = {
 # `make test` runs the suite on one pytest-xdist worker per core (`--dist loadgroup`): every test starts its
 # servers and databases on free ports in temporary folders, so any two run side by side, except two local Ray
 # instances, which would each claim both cores: the Ray tests share one worker.
-RAY_FILES = {"test_fit_ray.py", "test_serve_ray.py"}
+RAY_FILES = {"test_fit_ray.py", "test_serve_ray.py", "test_index_ray.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,6 +63,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.path.name in RAY_FILES:
             item.add_marker(pytest.mark.xdist_group("ray"))
+    # the slow tier first (stable otherwise): the workers start on the long tests and fill in with short ones, so
+    # the suite does not end on one long test while the other core idles
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"benchmark data not found at {SHARED_DATA}")
