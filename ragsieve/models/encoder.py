@@ -45,7 +45,7 @@ INDEX_MIN_COSINE = 0.999
 INDEX_RECALL_TOLERANCE = 0.005
 #: backends an index may encode on: those within that tolerance (onnx-int8's vectors are not: min cosine ≈ 0.986)
 INDEX_ENCODER_BACKENDS = ("torch", "torch-bf16", "onnx", "openvino-bf16")
-#: the default where the CPU has bf16 matrix units: OpenVINO bf16, ≈ 2.7× torch fp32's chunks/s on 200-token
+#: the default where the CPU has bf16 matrix units: OpenVINO bf16, ≈ 2.3× torch fp32's chunks/s on 200-token
 #: chunks (bench/results/index.json), cosine to fp32 ≥ 0.9999
 INDEX_DEFAULT_BACKEND = "openvino-bf16"
 
