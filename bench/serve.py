@@ -124,13 +124,17 @@ def trace_requests(n: int, docs: int, seed: int = 0) -> tuple[list[dict], str]:
     return bodies, "nq-oracle trace (BM25 top-k of the demo's pool)"
 
 
-def cache_counts(url: str) -> dict | None:
-    """The served reranker's passage-vector cache, from ``/metrics`` (None: it encodes no passages)."""
+def metric_samples(url: str) -> list:
+    """Every sample the server's ``/metrics`` answers (prometheus-client's parser)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    samples = {(s.name, s.labels.get("outcome")): s.value
-               for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text) for s in f.samples}
+    return [s for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text) for s in f.samples]
+
+
+def cache_counts(url: str) -> dict | None:
+    """The served reranker's passage-vector cache, from ``/metrics`` (None: it encodes no passages)."""
+    samples = {(s.name, s.labels.get("outcome")): s.value for s in metric_samples(url)}
     hits = samples.get(("ragsieve_embedding_cache_lookups_total", "hit"))
     misses = samples.get(("ragsieve_embedding_cache_lookups_total", "miss"))
     if hits is None or misses is None:
@@ -301,11 +305,7 @@ def percentile_cis(lat_ms: np.ndarray, resamples: int = 2000) -> dict:
 
 def scored_pairs(url: str) -> float:
     """The server's own count of (query, text) pairs scored so far (``ragsieve_pairs_scored`` on ``/metrics``)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return float(sum(s.value for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text)
-                     for s in f.samples if s.name == "ragsieve_pairs_scored_total"))
+    return float(sum(s.value for s in metric_samples(url) if s.name == "ragsieve_pairs_scored_total"))
 
 
 async def sample_scored(url: str, start: float, seconds: float, bins: int = 6) -> list[tuple[float, int]]:

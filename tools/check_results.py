@@ -162,7 +162,7 @@ def margin_test(claim: dict):
     counts of a committed comparison (``counts``: a ``file.json:path`` holding ``n``, ``a_correct``, ``a_only``,
     ``b_only``)."""
     sys.path.insert(0, str(ROOT))
-    from ragsieve.eval.stats import NonInferiority, paired_proportion_difference
+    from ragsieve.eval.stats import non_inferior, non_inferior_counts
 
     if "counts" in claim:
         file, _, path = claim["counts"].partition(":")
@@ -170,11 +170,8 @@ def margin_test(claim: dict):
         for key in path.split("."):
             c = c[key]
         both = c["a_correct"] - c["a_only"]
-        diff, low, high = paired_proportion_difference(both, c["a_only"], c["b_only"],
-                                                       c["n"] - both - c["a_only"] - c["b_only"])
-        return NonInferiority(c["n"], c["a_correct"], both + c["b_only"], c["a_only"], c["b_only"], diff, low, high,
-                              float(claim["margin"]))
-    from ragsieve.eval.stats import non_inferior
+        return non_inferior_counts(both, c["a_only"], c["b_only"], c["n"] - both - c["a_only"] - c["b_only"],
+                                   float(claim["margin"]))
 
     outcomes = {}
     for line in (ROOT / claim["rows"]).read_text(encoding="utf-8").splitlines():

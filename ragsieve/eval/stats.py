@@ -613,8 +613,16 @@ def non_inferior(correct_a: Sequence[int] | np.ndarray, correct_b: Sequence[int]
     if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
         raise DataError(f"non-inferiority needs two equal-length outcome vectors, got {a.shape} and {b.shape}")
     both, a_only, b_only = int(np.sum(a & b)), int(np.sum(a & ~b)), int(np.sum(~a & b))
-    diff, low, high = paired_proportion_difference(both, a_only, b_only, len(a) - both - a_only - b_only, confidence)
-    return NonInferiority(len(a), int(a.sum()), int(b.sum()), a_only, b_only, diff, low, high, float(margin))
+    return non_inferior_counts(both, a_only, b_only, len(a) - both - a_only - b_only, margin, confidence)
+
+
+def non_inferior_counts(both: int, a_only: int, b_only: int, neither: int, margin: float = DEFAULT_MARGIN,
+                        confidence: float = 0.95) -> NonInferiority:
+    """:func:`non_inferior` from the paired counts alone (a committed comparison that kept no per-question
+    outcomes: its ``a_correct``, ``a_only``, ``b_only`` and ``n`` give them)."""
+    diff, low, high = paired_proportion_difference(both, a_only, b_only, neither, confidence)
+    return NonInferiority(both + a_only + b_only + neither, both + a_only, both + b_only, a_only, b_only, diff, low,
+                          high, float(margin))
 
 
 def detectable_difference(discordant: int, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:

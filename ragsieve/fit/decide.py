@@ -58,7 +58,7 @@ def restrict(row: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
     """``row`` on the questions ``keep`` selects (a boolean mask or indices over the row's questions)."""
     pick = np.arange(len(row["correct"]))[keep]
     return {**outcome_row(row["choice"], [row["correct"][i] for i in pick], [row["tokens_each"][i] for i in pick],
-                          [row.get("seconds_each", [0.0] * len(row["correct"]))[i] for i in pick]),
+                          [row["seconds_each"][i] for i in pick]),
             "name": row["name"]}
 
 
@@ -145,7 +145,7 @@ def cross_fit(rows: Sequence[dict[str, Any]], plain_rows: Sequence[dict[str, Any
         source = picks[key]
         return outcome_row(named["choice"], [source[i]["correct"][i] for i in range(n)],
                            [source[i]["tokens_each"][i] for i in range(n)],
-                           [source[i].get("seconds_each", [0.0] * n)[i] for i in range(n)], name=named["name"])
+                           [source[i]["seconds_each"][i] for i in range(n)], name=named["name"])
 
     return {"chosen": out_of_fold("chosen", chosen_all), "best_plain": out_of_fold("best_plain", plain_all),
             "closed_book": closed_row, "chosen_all": chosen_all, "best_plain_all": plain_all, "folds": record,

@@ -454,15 +454,10 @@ class Selection:
             out.append((correct, [self.tokens(t) for t in texts], [answered[t][1] for t in texts]))
         return out
 
-    @staticmethod
-    def _row(choice: Choice, correct: Sequence[int], tokens: Sequence[int], seconds: Sequence[float]
-             ) -> dict[str, Any]:
-        return outcome_row(choice, correct, tokens, seconds)
-
     def evaluate(self, choices: Sequence[Choice], questions: Sequence[Question]) -> list[dict[str, Any]]:
         """One row per configuration on ``questions``: accuracy with its Wilson 95 % interval, mean prompt
         tokens, LLM seconds per question and the per-question outcomes (``correct``, for paired tests)."""
-        return [self._row(c, *got) for c, got in zip(choices, self._outcomes(choices, questions))]
+        return [outcome_row(c, *got) for c, got in zip(choices, self._outcomes(choices, questions))]
 
     def race(self, choices: Sequence[Choice], questions: Sequence[Question], protect: Sequence[Choice] = ()
              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -517,13 +512,13 @@ class Selection:
                             dropped[x] = d
                             break
             for x, d in dropped.items():
-                out[x] = {**self._row(x, *seen[x]), "raced_out_after": done, "dominated_by": d.name}
+                out[x] = {**outcome_row(x, *seen[x]), "raced_out_after": done, "dominated_by": d.name}
             alive = [x for x in alive if x not in dropped]
             rounds.append({"questions": done, "configurations": len(alive) + len(dropped), "dropped": len(dropped)})
             log.info("select: race round %d: %d of %d dev questions, %d configurations left (%d dropped)",
                      len(rounds), done, len(questions), len(alive), len(dropped))
         for x in alive:
-            out[x] = self._row(x, *seen[x])
+            out[x] = outcome_row(x, *seen[x])
         record = {"race": True, "alpha": c.race_alpha, "n_configurations": len(out), "survivors": len(alive),
                   "rounds": rounds}
         return [out[x] for x in dict.fromkeys(choices)], record

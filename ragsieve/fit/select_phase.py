@@ -56,10 +56,9 @@ def select_configuration(state: "FitState") -> None:
     chosen, best_plain = fitted["chosen_all"], fitted["best_plain_all"]
     held_out = {key: fitted[key] for key in ("chosen", "best_plain", "closed_book")}
     state.do_no_harm = do_no_harm(held_out, margin=c.margin, alpha=c.alpha, n_boot=c.n_boot, seed=state.config.seed)
-    shipped = state.do_no_harm["shipped"]
     (log.info if state.do_no_harm["decided"] else log.warning)("fit: %s", state.do_no_harm["reason"])
-    state.shipped_key = shipped
-    state.shipped = (chosen if shipped == "chosen" else best_plain)["choice"]
+    state.shipped_key = state.do_no_harm["shipped"]
+    state.shipped = (chosen if state.shipped_key == "chosen" else best_plain)["choice"]
     state.confidence = selection.confidence
     state.selection_rows, state.selection_marks = rows, {"chosen": chosen, "best plain": best_plain,
                                                          "closed book": closed_row}
@@ -95,7 +94,7 @@ def _summary(state: "FitState", selection: "Selection", fitted: dict, race: dict
         # an endpoint's tokenizer is not at hand: its prompt tokens are estimated (PromptBuilder)
         "prompt_tokens_from": "characters / 4" if state.endpoint_only else "the LLM's tokenizer",
         "chosen": chosen["name"], "best_plain": best_plain["name"],
-        "shipped": (chosen if guard["shipped"] == "chosen" else best_plain)["name"],
+        "shipped": state.shipped.name,
         "decided": guard["decided"], "reason": guard["reason"], "note": guard["note"],
         "vs_most_accurate": vs_most,
         # chosen on every held-out question (in-sample: optimistic for the winner) ...

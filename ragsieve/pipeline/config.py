@@ -84,11 +84,14 @@ class PipelineConfig(StrictConfig):
             "max_new_tokens": sc.max_new_tokens,
         })
 
+    @property
+    def prunes(self) -> bool:
+        """Whether its own settings prune (a sieve's are read by :meth:`expanded`)."""
+        return any(v is not None for v in (self.prune_threshold, self.prune_max_sentences, self.prune_token_cap))
+
     @model_validator(mode="after")
     def _pruner_has_a_scorer(self) -> "PipelineConfig":
-        prunes = (self.prune_threshold is not None or self.prune_max_sentences is not None
-                  or self.prune_token_cap is not None)
-        if prunes and not (self.sieve or self.reranker or self.pruner):
+        if self.prunes and not (self.sieve or self.reranker or self.pruner):
             raise ValueError("pruning (prune_threshold, prune_max_sentences) needs a sentence scorer: give a reranker, "
                              "a pruner or a sieve")
         return self

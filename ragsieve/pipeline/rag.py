@@ -80,9 +80,7 @@ class RAGPipeline:
 
         config = config.expanded()  # a sieve's stages become this config's
         reranker = load_reranker(config.reranker) if config.reranker else None
-        prunes = any(v is not None for v in (config.prune_threshold, config.prune_max_sentences,
-                                             config.prune_token_cap))
-        pruner = load_reranker(config.pruner) if config.pruner and prunes else None
+        pruner = load_reranker(config.pruner) if config.pruner and config.prunes else None
         return SieveStages.from_config(
             config, reranker, load_grader(config.grader) if config.grader else None, pruner_scorer=pruner,
         )

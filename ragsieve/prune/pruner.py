@@ -230,15 +230,16 @@ class SentencePruner:
         (a sentence too long for what is left of the cap is passed over for a shorter one below it), those at
         or above the threshold, always the ``min_keep`` best overall."""
         keep = np.zeros(len(scores), bool)
-        left = self.token_cap
+        kept, left = 0, self.token_cap
         for rank, i in enumerate(np.argsort(-scores, kind="stable")):  # ties: the earlier passage and sentence
             forced = rank < self.min_keep
-            if not forced and (scores[i] < threshold or
-                               (self.max_sentences is not None and keep.sum() >= self.max_sentences)):
+            if not forced and (scores[i] < threshold or (self.max_sentences is not None and kept >= self.max_sentences)
+                               or (left is not None and left < 1)):  # a sentence holds a token at least
                 break
             cost = count(layout.pairs[i].text) if left is not None else 0
             if forced or left is None or cost <= left:
                 keep[i] = True
+                kept += 1
                 left = None if left is None else left - cost
         return keep
 
@@ -251,8 +252,8 @@ class SentencePruner:
     def _threshold(self, threshold: float | None) -> float:
         threshold = self.threshold if threshold is None else threshold
         if threshold is None:
-            if self.max_sentences is not None or self.token_cap is not None:  # a cap alone: the best, whatever they score
-                return float("-inf")
+            if self.max_sentences is not None or self.token_cap is not None:
+                return float("-inf")  # a cap alone: the best sentences, whatever they score
             raise RagsieveError("no prune threshold: give one (raw, on the pruning scorer's scale), max_sentences or "
                                 "token_cap")
         return float(threshold)

@@ -119,28 +119,23 @@ def _request_pruner(body: FilterRequest, served: ServedModels, stages: SieveStag
     """The pruning the request asks for: at its own threshold, the served sieve's (``true``, or by default when
     the sieve prunes), or none (``false``, or nothing configured and nothing asked); ``prune_token_cap`` cuts the
     kept documents together within that many tokens (at the request's threshold if it sent one)."""
-    if body.prune_token_cap is not None:
-        if body.prune is False:
-            raise ServeError(400, "prune_token_cap needs pruning: drop prune: false, or the token cap")
-        pruner = stages.pruner or SentencePruner(served.pruner or served.ranker)
-        sent = body.prune is not None and not isinstance(body.prune, bool)
-        threshold = None if not sent else float(body.prune) if body.raw_scores else \
-            pruner.scorer.raw_threshold(body.prune)
-        return replace(pruner, scope="across", token_cap=body.prune_token_cap, max_sentences=None,
-                       threshold=threshold)
     if body.prune is False:
+        if body.prune_token_cap is not None:
+            raise ServeError(400, "prune_token_cap needs pruning: drop prune: false, or the token cap")
         return None
-    if body.prune is None:
-        return stages.pruner
-    if body.prune is True:
-        if stages.pruner is None:
-            raise ServeError(400, "prune: no pruning configured (serve a sieve that prunes, or send prune as a "
-                             "number in [0, 1])")
-        return stages.pruner
+    if body.prune is True and stages.pruner is None and body.prune_token_cap is None:
+        raise ServeError(400, "prune: no pruning configured (serve a sieve that prunes, or send prune as a "
+                         "number in [0, 1])")
+    if body.prune_token_cap is None and not isinstance(body.prune, float):
+        return stages.pruner  # None or true: the served sieve's
     pruner = stages.pruner or SentencePruner(served.pruner or served.ranker)
-    # a [0, 1] threshold is on the sentence scorer's scale (a keep head's is its own, not the reranker's)
-    threshold = float(body.prune) if body.raw_scores else pruner.scorer.raw_threshold(body.prune)
-    return pruner.at(threshold)
+    threshold = None
+    if isinstance(body.prune, float):
+        # a [0, 1] threshold is on the sentence scorer's scale (a keep head's is its own, not the reranker's)
+        threshold = float(body.prune) if body.raw_scores else pruner.scorer.raw_threshold(body.prune)
+    if body.prune_token_cap is None:
+        return pruner.at(threshold)
+    return replace(pruner, scope="across", token_cap=body.prune_token_cap, max_sentences=None, threshold=threshold)
 
 
 def _shown_prune_threshold(raw: float | None, raw_scores: bool, stages: SieveStages) -> float | None:
