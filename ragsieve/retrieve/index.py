@@ -91,7 +91,7 @@ def build_index(
     Inputs: ``kind`` is ``"hybrid"``, ``"bm25"`` or ``"dense"``; ``encoder_spec`` names the
     bi-encoder (ignored for ``"bm25"``); ``overwrite`` replaces an existing ``out_dir``;
     ``options`` go to the retriever's ``build`` (e.g. ``exact=True``, ``m=32``,
-    ``ef_search=64``, ``batch_size=64``, ``show_progress=False``, ``embeddings=vecs``,
+    ``ef_search=64``, ``batch_size=16``, ``show_progress=False``, ``embeddings=vecs``,
     ``k1``/``b`` for BM25, ``rrf_k``/``depth`` for hybrid, ``encoder_backend="openvino-bf16"``, ``ray="local"``:
     :meth:`DenseRetriever.build`). Duplicate passage ids raise.
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ragsieve.cluster import cluster_cpus, init_ray, set_actor_threads
 from ragsieve.errors import RagsieveError
+from ragsieve.retrieve.dense import DEFAULT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from ragsieve.data.records import Passage
@@ -102,7 +103,7 @@ def _read_shard(path: Path, size: int) -> tuple[np.ndarray, int] | None:
 
 
 def ray_vectors(passages: Sequence["Passage"], *, encoder_spec: str, backend: str, address: str,
-                workers: int | None = None, shard_size: int | None = None, batch_size: int = 64,
+                workers: int | None = None, shard_size: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                 show_progress: bool = True) -> tuple[np.ndarray, int, Path]:
     """(unit vectors of the passages' ``full_text``, how many were truncated, the job's shard folder to drop once the
     index is written): :func:`ray_passage_vectors` as an index build calls it.
@@ -140,7 +141,7 @@ def new_vectors(passages: Sequence["Passage"], encoder_spec: str, backend: str, 
 
 def ray_passage_vectors(
     texts: Sequence[str], *, encoder_spec: str, backend: str, address: str, work_dir: Path,
-    batch_size: int = 64, shard_size: int = DEFAULT_SHARD_SIZE, workers: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE, shard_size: int = DEFAULT_SHARD_SIZE, workers: int | None = None,
     show_progress: bool = True,
 ) -> tuple[np.ndarray, int]:
     """(unit vectors of ``texts`` in order, how many were truncated), encoded on Ray (``address``: ``local`` or a
