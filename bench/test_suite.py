@@ -40,6 +40,12 @@ def summary_counts(output: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", last[0])} if last else {}
 
 
+def slowest_tests(output: str) -> list[dict]:
+    """``[{"seconds": 77.1, "phase": "call", "test": "tests/test_fit.py::..."}, ...]`` from ``--durations``."""
+    rows = re.findall(r"^(\d+\.\d+)s (call|setup|teardown)\s+(\S+)", output, flags=re.M)
+    return [{"seconds": float(sec), "phase": phase, "test": test} for sec, phase, test in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers (the Makefile's TEST_WORKERS)")
@@ -55,14 +61,16 @@ def main() -> None:
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
         load_before = [round(x, 2) for x in os.getloadavg()]
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True)
+        # --durations: which tests make the wall time (pytest prints them; they go into the JSON too)
+        proc = subprocess.run([*command, "--durations=25"], cwd=clone, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
-    sys.stdout.write(proc.stdout[-3000:])
+    sys.stdout.write(proc.stdout[-6000:])
     counts = summary_counts(proc.stdout)
     result = {"command": " ".join(["pytest", *command[3:]]), "exit_code": proc.returncode, **counts,
               "tests": sum(counts.get(k, 0) for k in ("passed", "failed", "skipped", "xfailed", "xpassed")),
               "seconds": round(seconds, 1), "minutes_seconds": list(divmod(round(seconds), 60)),
-              "loadavg_before": load_before, "machine": machine_info(),
+              "loadavg_before": load_before,
+              "slowest": slowest_tests(proc.stdout), "machine": machine_info(),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("exit_code", "tests", "seconds", "loadavg_before")}))

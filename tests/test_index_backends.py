@@ -103,7 +103,7 @@ def test_every_index_backend_matches_fp32_within_the_stated_tolerance():
 @pytest.mark.integration
 def test_the_default_built_index_recalls_what_the_fp32_built_one_recalls():
     """Recall@10 of the gold paragraphs, by the index built on the default backend and by the fp32-built one, each
-    queried on its own backend, on 400 HotpotQA paragraphs and the 40 questions they belong to: within
+    queried on its own backend, on 200 HotpotQA paragraphs and the 20 questions they belong to: within
     INDEX_RECALL_TOLERANCE (bench/index.py measures it on thousands, with an interval by query)."""
     from ragsieve.benchmarks.mining import hotpot_1517
     from ragsieve.models.encoder import index_encoder_backend
@@ -111,7 +111,7 @@ def test_the_default_built_index_recalls_what_the_fp32_built_one_recalls():
 
     ds = hotpot_1517(SHARED_DATA)
     by_title = {p.id: p for p in ds.passages}
-    questions = ds.questions[:40]
+    questions = ds.questions[:20]
     passages = list({t: by_title[t] for q in questions for t in q.meta["candidate_ids"]}.values())
     fp32 = DenseRetriever.build(passages, encoder_backend="torch", show_progress=False)
     built = DenseRetriever.build(passages, show_progress=False)
