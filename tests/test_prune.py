@@ -387,17 +387,25 @@ def test_a_keep_head_scores_the_sentences_of_many_requests_in_one_call_as_each_a
     np.testing.assert_allclose(together, alone, atol=1e-4)
 
 
-def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch(tiny_cross_encoder_dir, tmp_path):
+def keep_examples(n_questions: int) -> list:
+    """``n_questions`` copies of QUERY over DOCS, a sentence labelled to keep when it names Shakespeare."""
     from ragsieve.prune import split_sentences
-    from ragsieve.prune.head import SentenceKeepHead
-    from ragsieve.prune.training import KeepExample, KeepHeadTrainer, KeepHeadTrainingConfig
+    from ragsieve.prune.training import KeepExample
 
     examples = []
-    for n in range(12):
+    for n in range(n_questions):
         for i, text in enumerate(DOCS):
             spans = tuple(split_sentences(text))
             labels = tuple(int("Shakespeare" in text[a:b]) for a, b in spans)
             examples.append(KeepExample(f"q{n}", QUERY, Passage(f"d{i}", text, f"t{i}"), spans, labels))
+    return examples
+
+
+def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch(tiny_cross_encoder_dir, tmp_path):
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.prune.training import KeepHeadTrainer, KeepHeadTrainingConfig
+
+    examples = keep_examples(12)
     config = KeepHeadTrainingConfig(epochs=1, batch_size=8, dev_share=0.25)
     head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
     first = KeepHeadTrainer(head, config, tmp_path).train(examples)
@@ -408,6 +416,34 @@ def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch
     second = KeepHeadTrainer(again, config.model_copy(update={"epochs": 2}), tmp_path).train(examples)
     assert [e["epoch"] for e in second["epochs"]] == [1, 2]
     assert second["epochs"][0] == first["epochs"][0]
+
+
+def test_a_keep_head_trained_across_passages_batches_whole_questions_and_learns_one_scale(tiny_cross_encoder_dir):
+    """across_weight: every batch holds whole questions, the loss gains the softmax over a question's passages, and
+    the epoch is chosen by the dev MAP over each question's passages together."""
+    import torch
+
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.prune.training import KeepHeadTrainer, KeepHeadTrainingConfig
+
+    examples = keep_examples(10)
+    config = KeepHeadTrainingConfig(epochs=2, batch_size=len(DOCS) + 1, dev_share=0.2, across_weight=1.0)
+    torch.manual_seed(0)
+    head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    trainer = KeepHeadTrainer(head, config)
+    read = trainer._read_all(examples)
+    batches = trainer._batches(list(range(len(examples))), read, 0, examples)
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    assert all(len({examples[i].group for i in b}) == len(b) // len(DOCS) for b in batches)  # whole questions
+    result = trainer.train(examples)
+    assert len(result["epochs"]) == 2 and all(0 < e["dev_map"] <= 1 for e in result["epochs"])
+    # the dev unit is the question: one average precision over its passages' sentences together
+    from sklearn.metrics import average_precision_score
+
+    dev = [e for e in examples if e.group == "q0"]
+    scores = np.concatenate(head.sentence_logits(trainer._read_all(dev)))
+    labels = [y for e in dev for y in e.labels]
+    assert trainer._dev_map(dev, trainer._read_all(dev)) == pytest.approx(average_precision_score(labels, scores))
 
 
 def test_the_across_study_counts_evidence_over_the_whole_question(bm25):

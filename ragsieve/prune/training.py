@@ -3,8 +3,11 @@
 The trunk (the cross-encoder's frozen lower layers) reads every training passage once; its states are cached in
 ``work_dir`` so a rerun or a resumed run reads instead of encoding. Only the branch trains: a pointwise loss
 (binary cross-entropy of each sentence's keep logit) and a listwise one (softmax over the sentences of one
-passage against its gold sentences), since a pruner keeps a passage's best sentences. The epoch with the best
-mean average precision of the gold sentences within their passage, on a dev share of the questions, is kept.
+passage against its gold sentences), since a pruner keeps a passage's best sentences. With ``across_weight`` a
+third term, a softmax over *all* the sentences of one question's passages, puts a question's sentences from
+different passages on one scale, as a pruner cutting across passages needs (issue #69); batches then hold whole
+questions. The epoch with the best mean average precision of the gold sentences — within their passage, or over
+the question's passages with ``across_weight`` — on a dev share of the questions, is kept.
 Each epoch is checkpointed: a run killed with ``kill -9`` goes on from its last finished epoch.
 
 Example::
@@ -57,6 +60,8 @@ class KeepHeadTrainingConfig(StrictConfig):
     classifier_learning_rate: float = Field(1e-3, gt=0)  # its token classifier, which starts at zero
     batch_size: int = Field(16, ge=1)
     listwise_weight: float = Field(1.0, ge=0)
+    # softmax over every sentence of a question's passages against its gold sentences (0: off, batches of passages)
+    across_weight: float = Field(0.0, ge=0)
     dev_share: float = Field(0.1, gt=0, lt=1)  # of the questions (groups), for choosing the epoch
     seed: int = 0
 
@@ -90,7 +95,7 @@ class KeepHeadTrainer:
         for epoch in range(state["epoch"], self.config.epochs):
             branch.train()
             losses = [self._step(optimizer, [examples[i] for i in batch], [read[i] for i in batch])
-                      for batch in self._batches(train, read, epoch)]
+                      for batch in self._batches(train, read, epoch, examples)]
             branch.eval()
             score = self._dev_map([examples[i] for i in dev], [read[i] for i in dev])
             state["history"].append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "dev_map": score})
@@ -117,7 +122,13 @@ class KeepHeadTrainer:
 
         logits = sentence_logits(self.head.branch, [r.states for r in read], [r.sentence_of_token for r in read],
                                  [r.n_sentences for r in read])
-        pointwise, listwise = [], []
+        pointwise, listwise, across = [], [], []
+        for group in self._by_question(batch) if self.config.across_weight else []:
+            s = torch.cat([logits[i] for i in group])
+            y = torch.cat([torch.tensor(batch[i].labels, dtype=torch.float32) for i in group])
+            ok = torch.isfinite(s)
+            if y[ok].sum() > 0 and len(group) > 1:
+                across.append(-(y[ok] / y[ok].sum() * torch.log_softmax(s[ok], 0)).sum())
         for example, s in zip(batch, logits):
             y = torch.tensor(example.labels, dtype=torch.float32)
             ok = torch.isfinite(s)
@@ -133,6 +144,8 @@ class KeepHeadTrainer:
         loss = torch.stack(pointwise).sum() / max(n_sentences, 1)
         if listwise and self.config.listwise_weight:
             loss = loss + self.config.listwise_weight * torch.stack(listwise).mean()
+        if across:
+            loss = loss + self.config.across_weight * torch.stack(across).mean()
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.branch.parameters(), 1.0)
@@ -140,13 +153,26 @@ class KeepHeadTrainer:
         return float(loss.detach())
 
     def _dev_map(self, examples: list[KeepExample], read: list[TrunkStates]) -> float:
-        """Mean average precision of the gold sentences within each dev passage that has one."""
+        """Mean average precision of the gold sentences within each dev passage that has one (with
+        ``across_weight``: over all of a dev question's passages together)."""
         from sklearn.metrics import average_precision_score
 
-        scores = self.head.sentence_logits(read)
-        aps = [average_precision_score(e.labels, np.nan_to_num(s, neginf=-1e9))
-               for e, s in zip(examples, scores) if 0 < sum(e.labels) < len(e.labels)]
+        scores = [np.nan_to_num(s, neginf=-1e9) for s in self.head.sentence_logits(read)]
+        units = self._by_question(examples) if self.config.across_weight else [[i] for i in range(len(examples))]
+        aps = []
+        for unit in units:
+            labels = [y for i in unit for y in examples[i].labels]
+            if 0 < sum(labels) < len(labels):
+                aps.append(average_precision_score(labels, np.concatenate([scores[i] for i in unit])))
         return float(np.mean(aps)) if aps else 0.0
+
+    @staticmethod
+    def _by_question(examples: Sequence[KeepExample]) -> list[list[int]]:
+        """Positions of ``examples`` grouped by question, in first-seen order."""
+        groups: dict[str, list[int]] = {}
+        for i, e in enumerate(examples):
+            groups.setdefault(e.group, []).append(i)
+        return list(groups.values())
 
     def _split(self, examples: Sequence[KeepExample]) -> tuple[list[int], list[int]]:
         groups = sorted({e.group for e in examples})
@@ -155,13 +181,26 @@ class KeepHeadTrainer:
         dev = [i for i, e in enumerate(examples) if e.group in dev_groups]
         return [i for i, e in enumerate(examples) if e.group not in dev_groups], dev
 
-    def _batches(self, indices: list[int], read: list[TrunkStates], epoch: int) -> list[list[int]]:
-        """Batches of passages of similar length (less padding), in a shuffled order that depends on the epoch."""
+    def _batches(self, indices: list[int], read: list[TrunkStates], epoch: int,
+                 examples: Sequence[KeepExample] = ()) -> list[list[int]]:
+        """Batches of passages of similar length (less padding), in a shuffled order that depends on the epoch;
+        with ``across_weight``, whole questions (about ``batch_size`` passages a batch) of similar length."""
         rng = np.random.default_rng(self.config.seed + epoch)
-        lengths = np.array([len(read[i].states) for i in indices]) + rng.uniform(0, 8, len(indices))
-        ordered = [indices[i] for i in np.argsort(lengths)]
         size = self.config.batch_size
-        batches = [ordered[k: k + size] for k in range(0, len(ordered), size)]
+        if self.config.across_weight:
+            groups = [[indices[i] for i in g] for g in self._by_question([examples[i] for i in indices])]
+            lengths = np.array([max(len(read[i].states) for i in g) for g in groups]) + rng.uniform(0, 8, len(groups))
+            batches, current = [], []
+            for g in (groups[i] for i in np.argsort(lengths)):
+                if current and len(current) + len(g) > size:
+                    batches.append(current)
+                    current = []
+                current = current + g
+            batches += [current] if current else []
+        else:
+            lengths = np.array([len(read[i].states) for i in indices]) + rng.uniform(0, 8, len(indices))
+            ordered = [indices[i] for i in np.argsort(lengths)]
+            batches = [ordered[k: k + size] for k in range(0, len(ordered), size)]
         return [batches[i] for i in rng.permutation(len(batches))]
 
     # -- the cache and the checkpoints ---------------------------------------------------------------
