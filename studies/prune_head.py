@@ -37,6 +37,9 @@ class PruneHeadStudyConfig(StrictConfig):
     eval_datasets: list[Literal["nq", "hotpotqa"]] = ["nq", "hotpotqa"]
     max_train_questions: int = Field(1200, ge=1)  # per training dataset
     hotpot_negatives: int = Field(1, ge=0)  # distractor paragraphs per HotpotQA question (all sentences: drop)
+    # NQ passages the prune study's index retrieves for a training question besides its gold one (their sentences
+    # that hold an answer: keep; the rest: drop), so a head sees the irrelevant passages it must rate low
+    nq_negatives: int = Field(0, ge=0)
     fever_window: int = Field(3, ge=0)  # sentences of the article on each side of the evidence
     branch_layers: int = Field(2, ge=0)  # the cross-encoder's top layers the keep branch copies and trains
     training: KeepHeadTrainingConfig = KeepHeadTrainingConfig()
@@ -115,12 +118,17 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepEx
     if dataset == "nq":
         ds = load_dataset("nq-oracle", data_dir=config.data_dir)
         pool = {p.id: p for p in ds.passages}
-        for q in [q for q in ds.questions if q.id not in skip][: config.max_train_questions]:
-            for p in (pool[i] for i in q.gold_passage_ids if i in pool):
+        asked = [q for q in ds.questions if q.id not in skip][: config.max_train_questions]
+        retrieved = _nq_retrieved(asked, config) if config.nq_negatives else {}
+        for q in asked:
+            golds = [pool[i] for i in q.gold_passage_ids if i in pool]
+            others = [p for p in retrieved.get(q.id, []) if p.id not in q.gold_passage_ids][: config.nq_negatives]
+            rows = []
+            for p in golds + others:
                 spans = split_sentences(p.text)
-                labels = [int(contains_answer(p.text[a:b], q.answers)) for a, b in spans]
-                if any(labels):
-                    out.append(KeepExample(q.id, q.text, p, tuple(spans), tuple(labels)))
+                rows.append((p, spans, [int(contains_answer(p.text[a:b], q.answers)) for a, b in spans]))
+            if any(any(labels) for p, _, labels in rows if p in golds):
+                out += [KeepExample(q.id, q.text, p, tuple(spans), tuple(labels)) for p, spans, labels in rows]
         return out
     ds = load_dataset("fever", data_dir=config.data_dir)
     skip |= {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
@@ -146,6 +154,20 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepEx
         out.append(KeepExample(q.id, q.text, Passage(docid, text, title), tuple(spans),
                                tuple(int(i in evidence) for i, _ in window)))
     return out
+
+
+def _nq_retrieved(questions, config: PruneHeadStudyConfig) -> dict[str, list]:
+    """Question id → the passages the prune study's NQ index retrieves for it, best first (its top 10)."""
+    from ragsieve.retrieve.cached import build_or_load_index
+    from studies.prune import PruneStudyConfig, _questions
+
+    prune = PruneStudyConfig(data_dir=config.data_dir)
+    work = Path.home() / ".cache" / "ragsieve" / "prune" / "nq"
+    work.mkdir(parents=True, exist_ok=True)
+    _, passages, index_name, _ = _questions("nq", prune, work)
+    index, _ = build_or_load_index(index_name, passages, "hybrid", prune.encoder)
+    hits = index.search_batch([q.text for q in questions], k=10)
+    return {q.id: [h.passage for h in row] for q, row in zip(questions, hits)}
 
 
 #: per question and level: recall and share of characters kept by zero-shot, by the head at zero-shot's sentence
