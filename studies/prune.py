@@ -81,6 +81,22 @@ class PruneStudyConfig(StrictConfig):
 DECISIONS = ("shipped", "compared")
 
 
+def study_work(dataset: str) -> Path:
+    """The prune studies' cache folder for ``dataset`` (its corpus file, answers, index inputs), made if absent."""
+    work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def retrieved(questions, passages, index_name: str, config: PruneStudyConfig, k: int) -> dict[str, list]:
+    """Question id → the top ``k`` passages the study's hybrid index over ``passages`` retrieves, best first."""
+    from ragsieve.retrieve.cached import build_or_load_index
+
+    index, _ = build_or_load_index(index_name, passages, "hybrid", config.encoder)
+    hits = index.search_batch([q.text for q in questions], k=k)
+    return {q.id: [h.passage for h in row] for q, row in zip(questions, hits)}
+
+
 def _questions(dataset: str, config: PruneStudyConfig, work: Path):
     """(questions, passages, index name): the fit's question set for ``dataset`` (see bench/fit.py)."""
     from ragsieve.benchmarks.mining import trained_question_ids
@@ -293,10 +309,8 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     from ragsieve.fit.select import RETRIEVER, AnswerCache, Choice, Selection
     from ragsieve.prune import SentencePruner
     from ragsieve.registry import load_reranker, reranker_scores_key
-    from ragsieve.retrieve.cached import build_or_load_index
 
-    work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
-    work.mkdir(parents=True, exist_ok=True)
+    work = study_work(dataset)
     records = out_dir / "records" / dataset
     records.mkdir(parents=True, exist_ok=True)
     questions, passages, index_name, ds = _questions(dataset, config, work)
@@ -306,10 +320,8 @@ def run_dataset(dataset: str, config: PruneStudyConfig, out_dir: Path, llm, buil
     dev, test = splits["dev"], splits["test"]
     log.info("prune %s: %d questions, dev %d, test %d; index over %d passages", dataset, len(questions), len(dev),
              len(test), len(passages))
-    index, _ = build_or_load_index(index_name, passages, "hybrid", config.encoder)
     asked = dev + test
-    hits = index.search_batch([q.text for q in asked], k=config.candidates)
-    candidates = {q.id: [h.passage for h in row] for q, row in zip(asked, hits)}
+    candidates = retrieved(asked, passages, index_name, config, config.candidates)
 
     reranker = load_reranker(config.reranker)
     key = reranker_scores_key(config.reranker)

@@ -59,12 +59,10 @@ def held_out(config: PruneAcrossStudyConfig, dataset: str = "hotpotqa") -> list[
     HotpotQA's 10 distractor paragraphs, NQ's top ``nq_candidates`` retrieved passages."""
     from ragsieve.data.qa_files import split_questions
     from ragsieve.data.records import Passage
-    from studies.prune import PruneStudyConfig, _gold_paragraphs, _questions, hotpot_rows
+    from studies.prune import PruneStudyConfig, _gold_paragraphs, _questions, hotpot_rows, retrieved, study_work
 
     prune = PruneStudyConfig(data_dir=config.data_dir, reranker=config.reranker)
-    work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
-    work.mkdir(parents=True, exist_ok=True)
-    questions, passages, index_name, ds = _questions(dataset, prune, work)
+    questions, passages, index_name, ds = _questions(dataset, prune, study_work(dataset))
     test = split_questions(questions, prune.splits[dataset], prune.seed)["test"]
     test = test[: config.max_questions or None]
     gold = _gold_paragraphs(dataset, test, ds, prune)
@@ -72,11 +70,7 @@ def held_out(config: PruneAcrossStudyConfig, dataset: str = "hotpotqa") -> list[
         candidates = {row["_id"]: [Passage(title, "".join(sents).strip(), title) for title, sents in row["context"]]
                       for row in hotpot_rows(config.data_dir, {q.id for q in test})}
     else:
-        from ragsieve.retrieve.cached import build_or_load_index
-
-        index, _ = build_or_load_index(index_name, passages, "hybrid", prune.encoder)
-        hits = index.search_batch([q.text for q in test], k=config.nq_candidates)
-        candidates = {q.id: [h.passage for h in row] for q, row in zip(test, hits)}
+        candidates = retrieved(test, passages, index_name, prune, config.nq_candidates)
     return [(q, candidates[q.id], {p.id: spans for p, spans in gold[q.id]}) for q in test if gold.get(q.id)]
 
 

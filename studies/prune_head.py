@@ -70,14 +70,12 @@ def _excluded(dataset: str, config: PruneHeadStudyConfig) -> set[str]:
     """Question ids the head must not train on: the prune study's dev and test, every study's held-out split."""
     from ragsieve.data import held_out_questions
     from ragsieve.data.qa_files import split_questions
-    from studies.prune import PruneStudyConfig, _questions
+    from studies.prune import PruneStudyConfig, _questions, study_work
 
     out: set[str] = set()
     if dataset in ("nq", "hotpotqa"):
         prune = PruneStudyConfig(data_dir=config.data_dir)
-        work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
-        work.mkdir(parents=True, exist_ok=True)
-        questions, _, _, ds = _questions(dataset, prune, work)
+        questions, _, _, ds = _questions(dataset, prune, study_work(dataset))
         splits = split_questions(questions, prune.splits[dataset], prune.seed)
         out |= {q.id for q in splits["dev"] + splits["test"]}
         out |= {q.id for q in held_out_questions(ds.questions, 0.2, 0)}
@@ -158,16 +156,11 @@ def training_examples(dataset: str, config: PruneHeadStudyConfig) -> list[KeepEx
 
 def _nq_retrieved(questions, config: PruneHeadStudyConfig) -> dict[str, list]:
     """Question id → the passages the prune study's NQ index retrieves for it, best first (its top 10)."""
-    from ragsieve.retrieve.cached import build_or_load_index
-    from studies.prune import PruneStudyConfig, _questions
+    from studies.prune import PruneStudyConfig, _questions, retrieved, study_work
 
     prune = PruneStudyConfig(data_dir=config.data_dir)
-    work = Path.home() / ".cache" / "ragsieve" / "prune" / "nq"
-    work.mkdir(parents=True, exist_ok=True)
-    _, passages, index_name, _ = _questions("nq", prune, work)
-    index, _ = build_or_load_index(index_name, passages, "hybrid", prune.encoder)
-    hits = index.search_batch([q.text for q in questions], k=10)
-    return {q.id: [h.passage for h in row] for q, row in zip(questions, hits)}
+    _, passages, index_name, _ = _questions("nq", prune, study_work("nq"))
+    return retrieved(questions, passages, index_name, prune, 10)
 
 
 #: per question and level: recall and share of characters kept by zero-shot, by the head at zero-shot's sentence
@@ -194,11 +187,10 @@ def evaluate(dataset: str, config: PruneHeadStudyConfig, head, zero_shot) -> dic
     from ragsieve.eval.stats import bootstrap_metric, paired_bootstrap
     from ragsieve.prune import SentencePruner
     from ragsieve.registry import reranker_scores_key
-    from studies.prune import PruneStudyConfig, _gold_paragraphs, _questions, gold_recall
+    from studies.prune import PruneStudyConfig, _gold_paragraphs, _questions, gold_recall, study_work
 
     prune = PruneStudyConfig(data_dir=config.data_dir)
-    work = Path.home() / ".cache" / "ragsieve" / "prune" / dataset
-    questions, _, _, ds = _questions(dataset, prune, work)
+    questions, _, _, ds = _questions(dataset, prune, study_work(dataset))
     test = split_questions(questions, prune.splits[dataset], prune.seed)["test"]
     gold = _gold_paragraphs(dataset, test, ds, prune)
     asked = [q for q in test if gold.get(q.id)]

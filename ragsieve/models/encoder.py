@@ -186,11 +186,12 @@ class OnnxEncoder:
         from ragsieve.models.onnx import model_batches
 
         out: np.ndarray | None = None
-        batches = list(model_batches(self.model, self.tokenizer.encode_batch(list(texts)), batch_size))
-        for i, vecs in self.model.run_batches((i, feeds) for i, (_, feeds) in enumerate(batches)):
+        # each batch's input positions are its key: results come back in any order
+        for idx, vecs in self.model.run_batches(model_batches(self.model, self.tokenizer.encode_batch(list(texts)),
+                                                              batch_size)):
             if out is None:
                 out = np.zeros((len(texts), vecs.shape[1]), dtype=np.float32)
-            out[batches[i][0]] = vecs
+            out[idx] = vecs
         if out is None:
             return np.zeros((0, 0), dtype=np.float32)
         if normalize_embeddings:

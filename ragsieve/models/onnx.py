@@ -89,7 +89,8 @@ class OnnxModel:
         precision = "bf16" if fast_bf16() else "f32"
         if precision == "f32":
             log.info("openvino-bf16 needs a CPU with AMX or AVX512-BF16; running OpenVINO in f32")
-        # LATENCY: one stream on the given threads, as one ranker call runs; 0 threads = OpenVINO's default
+        # LATENCY: one stream on the given threads, as one ranker call runs; THROUGHPUT (bulk encoding): one stream
+        # per core, fed by run_batches; 0 threads = OpenVINO's default
         self._compiled = ov.Core().compile_model(str(path), "CPU", {
             "INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "THROUGHPUT" if self.throughput else "LATENCY",
             "INFERENCE_NUM_THREADS": int(threads or 0)})
