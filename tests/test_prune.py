@@ -7,6 +7,7 @@ import asyncio
 
 import importlib.util
 import os
+import pickle
 
 import httpx
 import numpy as np
@@ -385,6 +386,47 @@ def test_a_keep_head_scores_the_sentences_of_many_requests_in_one_call_as_each_a
     alone = np.concatenate([head.score_layout(layout) for layout in layouts])
     assert len(together) == sum(len(layout.pairs) for layout in layouts)
     np.testing.assert_allclose(together, alone, atol=1e-4)
+
+
+def test_a_keep_head_carries_on_from_the_rank_forward_and_reads_only_what_the_rank_could_not(tiny_cross_encoder_dir):
+    """Issue #69, pruning at the rank's cost: a keep head on its reranker's weights takes the branch-point states the
+    rank forward left (no second read of a ranked passage), reads an unranked pair through the rank forward, and
+    a passage longer than the rank's window itself; every sentence scores what the head alone gives it."""
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.registry import load_reranker
+
+    alone = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    torch_seed_branch(alone)
+    head = SentenceKeepHead(tiny_cross_encoder_dir, head=alone.branch)
+    ranker = load_reranker(f"cross-encoder:{tiny_cross_encoder_dir}", max_length=64)  # best chunk over a window
+    assert not head.read_rank_states(load_reranker("bm25"))
+    assert head.read_rank_states(ranker) and head.read_rank_states(ranker)  # again: the same store
+    own_reads = []
+    head.encoder.register_forward_hook(lambda *_: own_reads.append(1))
+    pruner, by_itself = SentencePruner(head, max_sentences=1), SentencePruner(alone, max_sentences=1)
+    passages = [Passage(str(i), t, f"t{i}") for i, t in enumerate(DOCS)]
+
+    ranker.rank(QUERY, passages)
+    layout = pruner.layout(QUERY, passages)
+    np.testing.assert_allclose(head.score_layout(layout), alone.score_layout(layout), atol=1e-4)
+    assert own_reads == []
+    unranked = pruner.layout("paris france", passages[:2])  # the rank forward reads it now, and keeps its states
+    np.testing.assert_allclose(head.score_layout(unranked), alone.score_layout(unranked), atol=1e-4)
+    assert own_reads == [] and len(ranker.ranker.states) == len(DOCS) + 2
+    copied = pickle.loads(pickle.dumps((ranker.ranker.states, ranker.ranker._layer_output)))  # a Ray copy: empty
+    assert len(copied[0]) == 0 and copied[0].layer == ranker.ranker.states.layer and copied[1].take() is None
+    long = Passage("long", " ".join(DOCS * 3), "long")  # past the rank's 64 tokens: the head reads it whole itself
+    ranker.rank(QUERY, [long])
+    assert [p.keep for p in pruner.prune(QUERY, [long])] == [p.keep for p in by_itself.prune(QUERY, [long])]
+    assert own_reads == [1]
+
+
+def torch_seed_branch(head) -> None:
+    """Random keep-classifier weights: the untrained zero classifier scores every sentence 0."""
+    import torch
+
+    torch.manual_seed(1)
+    torch.nn.init.normal_(head.branch.classifier.weight, std=1.0)
 
 
 def keep_examples(n_questions: int) -> list:

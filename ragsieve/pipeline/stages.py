@@ -202,6 +202,8 @@ class SieveStages:
                 raise RagsieveError("pruning needs a sentence scorer: name a reranker or a pruner")
             # a token cap holds over the kept passages together: it implies the across scope
             scope = "across" if token_cap is not None else getattr(config, "prune_scope", None) or "passage"
+            if reranker is not None and hasattr(scorer, "read_rank_states"):
+                scorer.read_rank_states(reranker)  # a keep head on the reranker's weights: carry on from its forward
             pruner = SentencePruner(scorer, threshold=threshold, max_sentences=cap, scope=scope, token_cap=token_cap)
         return cls(reranker, grader, top_k=config.top_k, pruner=pruner)
 

@@ -35,8 +35,9 @@ from ragsieve.rerank.base import BaseRanker, as_passages
 if TYPE_CHECKING:
     import torch
 
-    from ragsieve.prune.branch import KeepBranch
+    from ragsieve.prune.branch import BertBranch, KeepBranch
     from ragsieve.prune.pruner import PruneLayout
+    from ragsieve.rerank.neural import CrossEncoderRanker
 
 HEAD_FILE = "prune_head.safetensors"
 HEAD_FORMAT = "keep-branch-1"
@@ -76,6 +77,9 @@ class SentenceKeepHead(BaseRanker):
         self._load_trunk(len(self.branch.layers))
         self.branch.eval()
         self.max_length, self.batch_size = max_length, batch_size
+        self.rank: "CrossEncoderRanker | None" = None  # the reranker whose forward leaves this head's trunk states
+        self.precision = "torch"  # the forward's backend: fp32, or the reranker's (torch-bf16) once reading it
+        self.serving_branch: "BertBranch | None" = None  # the branch as BERT layers, once reading the rank's states
 
     @classmethod
     def untrained(cls, folder: str | Path | None = None, branch_layers: int = 2, **kwargs: Any) -> SentenceKeepHead:
@@ -98,47 +102,92 @@ class SentenceKeepHead(BaseRanker):
         self.encoder.encoder.layer = self.encoder.encoder.layer[:kept]
 
     # -- the forward --------------------------------------------------------------------------------
+    def read_rank_states(self, ranker: BaseRanker) -> bool:
+        """Carry on from ``ranker``'s own forward where it is this head's cross-encoder (same weights) on a torch
+        backend: a passage the sieve ranked is then read by the branch alone, from the states the rank left at
+        the branch point (pruning costs the branch's layers, not a second read of the passage), in the rank's
+        precision. A passage longer than the rank's window is read by this head's own trunk, as before. False
+        (nothing changes) for any other ranker."""
+        from ragsieve.artifacts import weights_key
+
+        cross = _cross_encoder_in(ranker)
+        if cross is None:
+            return False
+        if cross is self.rank:
+            return True
+        if not Path(cross.model_dir).is_dir() or weights_key(cross.model_dir) != weights_key(self.folder):
+            return False
+        if cross.record_states(len(self.encoder.encoder.layer)) is None:
+            return False
+        self.rank, self.precision = cross, cross.backend
+        self.serving_branch = self.branch.as_bert(self.encoder.config)  # its weights as they are now: inference only
+        return True
+
     def trunk_states(self, query: str | Sequence[str], passages: Sequence[Passage],
                      spans: Sequence[Sequence[tuple[int, int]]]) -> list[TrunkStates]:
         """Each passage read as ``(query, title: passage)`` up to the branch point, batched, with the sentence
         (a span of character offsets into ``passage.text``) each token falls in. A sentence past the window
-        has no token. ``query``: one for all passages, or one per passage."""
+        has no token. ``query``: one for all passages, or one per passage. With :meth:`read_rank_states`, the
+        states come from the reranker's forward (run now for a pair it has not read)."""
         import torch
 
+        from ragsieve.models.cpu import autocast
+
         queries = [query] * len(passages) if isinstance(query, str) else list(query)
-        out: list[TrunkStates] = []
-        for lo in range(0, len(passages), self.batch_size):
-            batch = list(passages[lo: lo + self.batch_size])
-            texts = [p.full_text for p in batch]
-            enc = self.tokenizer(queries[lo: lo + len(batch)], texts, truncation="only_second",
+        out: list[TrunkStates | None] = ([None] * len(passages) if self.rank is None
+                                         else self._from_rank(queries, passages, spans))
+        todo = [i for i, read in enumerate(out) if read is None]
+        for lo in range(0, len(todo), self.batch_size):
+            batch = todo[lo: lo + self.batch_size]
+            texts = [passages[i].full_text for i in batch]
+            enc = self.tokenizer([queries[i] for i in batch], texts, truncation="only_second",
                                  max_length=self.max_length, padding=True, return_offsets_mapping=True,
                                  return_tensors="pt")
             offsets = enc.pop("offset_mapping").numpy()
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(self.precision):
                 states = self.encoder(**enc).last_hidden_state
             lengths = enc["attention_mask"].sum(1).tolist()
-            for j, (passage, text) in enumerate(zip(batch, texts)):
-                shift = len(text) - len(passage.text)  # the title prefix before the passage's own text
-                sequence = np.array([-1 if s is None else s for s in enc.sequence_ids(j)])
-                starts, ends = offsets[j, :, 0] - shift, offsets[j, :, 1] - shift
-                index = np.full(len(sequence), -1, dtype=np.int32)
-                for k, (a, b) in enumerate(spans[lo + j]):
-                    index[(sequence == 1) & (ends > a) & (starts < b) & (ends > starts)] = k
+            for j, i in enumerate(batch):
                 n = lengths[j]
-                out.append(TrunkStates(states[j, :n].to(torch.float16).clone(), index[:n], len(spans[lo + j])))
+                index = _sentence_of_token(enc.sequence_ids(j), offsets[j], passages[i], spans[i])
+                out[i] = TrunkStates(states[j, :n].to(torch.float16).clone(), index[:n], len(spans[i]))
+        return out
+
+    def _from_rank(self, queries: Sequence[str], passages: Sequence[Passage],
+                   spans: Sequence[Sequence[tuple[int, int]]]) -> list[TrunkStates | None]:
+        """The trunk states the reranker's forward left for each pair that fits its window (read now if it has
+        not read it yet); None for the others."""
+        store = self.rank.states
+        texts = [p.full_text for p in passages]
+        enc = self.tokenizer(list(queries), texts, truncation="only_second", max_length=self.max_length,
+                             return_offsets_mapping=True)
+        fits = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) <= store.max_length]
+        unread = [(queries[i], texts[i]) for i in fits if store.get(queries[i], texts[i]) is None]
+        if unread:
+            self.rank.predict_logits(unread)  # records their states
+        out: list[TrunkStates | None] = [None] * len(passages)
+        for i in fits:
+            states = store.get(queries[i], texts[i])
+            if states is None or len(states) != len(enc["input_ids"][i]):  # evicted meanwhile, or read otherwise
+                continue
+            index = _sentence_of_token(enc.sequence_ids(i), np.asarray(enc["offset_mapping"][i]), passages[i],
+                                       spans[i])
+            out[i] = TrunkStates(states, index, len(spans[i]))
         return out
 
     def sentence_logits(self, read: Sequence[TrunkStates]) -> list[np.ndarray]:
         """Each passage's sentence keep logits from its trunk states (-inf: a sentence past the window)."""
         import torch
 
+        from ragsieve.models.cpu import autocast
         from ragsieve.prune.branch import sentence_logits
 
         out: list[np.ndarray] = []
         for lo in range(0, len(read), self.batch_size):
             part = read[lo: lo + self.batch_size]
-            with torch.inference_mode():
-                got = sentence_logits(self.branch, [r.states for r in part], [r.sentence_of_token for r in part],
+            with torch.inference_mode(), autocast(self.precision):
+                got = sentence_logits(self.serving_branch or self.branch, [r.states for r in part],
+                                      [r.sentence_of_token for r in part],
                                       [r.n_sentences for r in part])
             out += [g.numpy().astype(np.float64) for g in got]
         return out
@@ -209,6 +258,30 @@ class HeadSentences(BaseRanker):
             where.append((read[key], sentence.k))
         logits = self.head.sentence_logits(self.head.trunk_states(queries_read, passages, spans)) if passages else []
         return np.array([logits[i][k] for i, k in where], dtype=float)
+
+
+def _sentence_of_token(sequence_ids: Sequence[int | None], offsets: np.ndarray, passage: Passage,
+                       spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The sentence (its index in ``spans``, character offsets into ``passage.text``) each token of a
+    ``(query, title: passage)`` encoding falls in; -1 for the query, the title and special tokens."""
+    shift = len(passage.full_text) - len(passage.text)  # the title prefix before the passage's own text
+    sequence = np.array([-1 if s is None else s for s in sequence_ids])
+    starts, ends = offsets[: len(sequence), 0] - shift, offsets[: len(sequence), 1] - shift
+    index = np.full(len(sequence), -1, dtype=np.int32)
+    for k, (a, b) in enumerate(spans):
+        index[(sequence == 1) & (ends > a) & (starts < b) & (ends > starts)] = k
+    return index
+
+
+def _cross_encoder_in(ranker: BaseRanker) -> "CrossEncoderRanker | None":
+    """The cross-encoder a ranker's score comes from, through its wrappers (best chunk, cosine mix)."""
+    from ragsieve.rerank.neural import CrossEncoderRanker
+
+    for _ in range(4):
+        if isinstance(ranker, CrossEncoderRanker):
+            return ranker
+        ranker = getattr(ranker, "cross", None) or getattr(ranker, "ranker", None)
+    return None
 
 
 def _read_bert(folder: Path):

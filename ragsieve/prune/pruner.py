@@ -37,6 +37,26 @@ def whitespace_tokens(text: str) -> int:
     return len(text.split())
 
 
+class TokenizerCounter:
+    """Tokens of a text in a Hugging Face tokenizer (no special tokens); :meth:`many` counts a list in one call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+    def many(self, texts: Sequence[str]) -> list[int]:
+        ids = self.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"] if texts else []
+        return [len(i) for i in ids]
+
+
+def token_counts(count: TokenCounter, texts: Sequence[str]) -> list[int]:
+    """``count`` of each text, in one batch where the counter can (a tokenizer's, in Rust)."""
+    many = getattr(count, "many", None)
+    return many(texts) if many is not None else [count(t) for t in texts]
+
+
 def scorer_token_counter(scorer: BaseRanker) -> TokenCounter:
     """Token counts in the scorer's own tokenizer (the shipped reranker's WordPiece; a keep head's, the same),
     words if it has none."""
@@ -44,7 +64,7 @@ def scorer_token_counter(scorer: BaseRanker) -> TokenCounter:
     tokenizer = window[0] if window is not None else getattr(scorer, "tokenizer", None)
     if tokenizer is None:
         return whitespace_tokens
-    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return TokenizerCounter(tokenizer)
 
 
 #: where the keep rule looks: each passage's own sentences, or every sentence of the kept passages at once
@@ -207,12 +227,11 @@ class SentencePruner:
         else:
             keep = np.concatenate([self._keep_within(scores[a:b], threshold) for a, b in zip(bounds[:-1], bounds[1:])]
                                   or [np.zeros(0, bool)])
-        out = []
-        for passage, spans, a, b in zip(layout.passages, layout.spans, bounds[:-1], bounds[1:]):
-            pruned = PrunedPassage(passage, spans, tuple(float(s) for s in scores[a:b]),
-                                   tuple(bool(k) for k in keep[a:b]))
-            out.append(replace(pruned, tokens_before=count(passage.text), tokens_after=count(pruned.text)))
-        return out
+        out = [PrunedPassage(passage, spans, tuple(float(s) for s in scores[a:b]), tuple(bool(k) for k in keep[a:b]))
+               for passage, spans, a, b in zip(layout.passages, layout.spans, bounds[:-1], bounds[1:])]
+        counts = token_counts(count, [p.passage.text for p in out] + [p.text for p in out])
+        return [replace(p, tokens_before=before, tokens_after=after)
+                for p, before, after in zip(out, counts[: len(out)], counts[len(out):])]
 
     def _keep_within(self, own: np.ndarray, threshold: float) -> np.ndarray:
         """One passage's rule: at or above the threshold, at most ``max_sentences``, always ``min_keep``."""

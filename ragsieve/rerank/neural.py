@@ -14,6 +14,7 @@ from ragsieve.models.specs import DEFAULT_ENCODER
 from ragsieve.rerank.base import BaseRanker, as_passages
 
 if TYPE_CHECKING:
+    from ragsieve.rerank.states import LayerOutput, PairStates
     from ragsieve.rerank.vectors import PassageVectorCache
 
 
@@ -135,7 +136,34 @@ class CrossEncoderRanker(BaseRanker):
             raise ModelNotAvailable(f"cannot load cross-encoder '{model}': {str(exc).splitlines()[0]}") from exc
         self.batch_size = batch_size
         self.backend = backend
+        self.model_dir = model
         self._forward = None if backend == "torch" else make_forward(backend, self.model, model)
+        self.states: PairStates | None = None  # what record_states keeps of each forward
+        self._layer_output: LayerOutput | None = None
+
+    #: backends whose forward runs the torch module itself (a hook sees its layers; int8 runs a quantised copy)
+    RECORDING_BACKENDS = ("torch", "torch-bf16")
+
+    def record_states(self, layer: int) -> PairStates | None:
+        """From now on keep each pair's hidden states after encoder layer ``layer`` (1-based) in :attr:`states`,
+        for a reader that carries on from there (a keep head's branch); None when this backend's forward does not
+        run the torch layers. Recording adds no computation: a forward hook copies the layer's output."""
+        from ragsieve.rerank.fast import make_forward
+        from ragsieve.rerank.states import LayerOutput, PairStates
+
+        if self.backend not in self.RECORDING_BACKENDS:
+            return None
+        if self.states is not None:
+            return self.states if self.states.layer == layer else None
+        layers = self.model.model.base_model.encoder.layer
+        if not 1 <= layer <= len(layers):
+            raise RagsieveError(f"record_states: layer must be in [1, {len(layers)}]")
+        self.states = PairStates(layer, self.backend, int(self.model.max_seq_length))
+        if self._forward is None:  # CrossEncoder.predict hides its batches: the bucketed path pairs rows to inputs
+            self._forward = make_forward(self.backend, self.model, self.model_dir)
+        self._layer_output = LayerOutput()
+        layers[layer - 1].register_forward_hook(self._layer_output)
+        return self.states
 
     def score_pairs(self, queries: Sequence[str], passages: Sequence[Passage | str]) -> np.ndarray:
         if len(queries) != len(passages):
@@ -175,7 +203,18 @@ class CrossEncoderRanker(BaseRanker):
             features = self.model.preprocess([pairs[i] for i in idx],
                                              processing_kwargs={"text": {"pad_to_multiple_of": bucket}})
             logits = torch.from_numpy(np.asarray(self._forward(features), dtype=np.float32))
+            if self.states is not None:
+                self._keep_states([pairs[i] for i in idx], features["attention_mask"])
             if activated:
                 logits = self.model.activation_fn(logits)
             out[idx] = logits.reshape(len(idx), -1)[:, 0].numpy()
         return out
+
+    def _keep_states(self, pairs: Sequence[tuple[str, str]], attention_mask) -> None:
+        import torch
+
+        hidden = self._layer_output.take()
+        if hidden is None:
+            return
+        for row, ((query, text), n) in enumerate(zip(pairs, attention_mask.sum(1).tolist())):
+            self.states.put(query, text, hidden[row, :n].to(torch.float16).clone())
