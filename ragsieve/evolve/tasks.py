@@ -35,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 import dataclasses
@@ -174,10 +175,10 @@ def _bioasq(ds: Dataset) -> list[LabeledPair]:
         positive = min(gold, key=lambda pid: (id_unit(pid), pid))
         # Every pool snippet is gold for some question, so the best non-gold hit is a snippet
         # retrieved for another question: lexically close, judged irrelevant to this one.
-        negative = next((h.passage.id for h in retriever.search(q.text, k=20) if h.passage.id not in set(gold)), None)
+        golds = set(gold)
+        negative = next((h.passage.id for h in retriever.search(q.text, k=20) if h.passage.id not in golds), None)
         if negative is None:
-            others = [p.id for p in ds.passages if p.id not in set(gold)]
-            negative = min(others, key=lambda pid: (id_unit(f"{q.id}:{pid}"), pid))
+            negative = _hashed_first([p.id for p in ds.passages if p.id not in golds], f"{q.id}:")
         for suffix, pid, label in (("pos", positive, 1), ("neg", negative, 0)):
             text = passages[pid].text
             out.append(
@@ -187,6 +188,19 @@ def _bioasq(ds: Dataset) -> list[LabeledPair]:
                 )
             )
     return out
+
+
+def _hashed_first(ids: Sequence[str], prefix: str) -> str:
+    """``min(ids, key=lambda i: (id_unit(prefix + i), i))``, hashing the shared prefix once: a question's pick
+    among every pool snippet (thousands of hashes a question)."""
+    base = hashlib.sha256(f"0:{prefix}".encode("utf-8"))  # id_unit's "{salt}{seed}:" with seed 0, no salt
+
+    def key(id_: str) -> tuple[float, str]:
+        h = base.copy()
+        h.update(id_.encode("utf-8"))
+        return int.from_bytes(h.digest()[:8], "big") / 2.0**64, id_
+
+    return min(ids, key=key)
 
 
 #: dataset name → builder of its examples from the loaded :class:`Dataset`.
