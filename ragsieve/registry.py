@@ -28,7 +28,9 @@ reranker spec                 what loads
 ``none``                      keep the retriever's order
 ``prune-head[:<dir>]``        a pruner's sentence scorer: the cross-encoder in ``dir`` (default
                               ``embedded:base``'s) read once per passage + its keep head
-                              (``prune_head.safetensors``), see :mod:`ragsieve.prune.head`
+                              (``prune_head.safetensors``), see :mod:`ragsieve.prune.head`; or
+                              a keep head's file (``prune-head:<file>``, or the bare path: a
+                              fitted sieve's own) on ``embedded:base``'s cross-encoder
 ============================  ================================================================
 
 Every row is a real class (or the function that builds one) in :data:`RERANKERS`;
@@ -285,7 +287,7 @@ def reranker_scores_key(spec: str, whole_passages: bool = True) -> str | None:
     """
     scheme, argument = parse_reranker_spec(spec)
     if scheme == "prune-head":
-        head = Path(argument or ASSET_DIR) / HEAD_FILE
+        head = Path(argument) if argument and Path(argument).is_file() else Path(argument or ASSET_DIR) / HEAD_FILE
         return f"prune-head-{file_sha256(head)[:12]}" if head.is_file() else None
     weights = cross_encoder_key(spec)
     return None if weights is None else f"{weights}-{reading_key(whole_passages)}"

@@ -128,6 +128,8 @@ def parse_reranker_spec(spec: str) -> tuple[str, str | None]:
         return split_spec(spec)[0], spec
     if spec and ":" not in spec and Path(spec).is_dir():
         return "cross-encoder", spec
+    if spec and ":" not in spec and spec.endswith(".safetensors") and Path(spec).is_file():
+        return "prune-head", spec  # a keep head's file (a fitted sieve's prune_head.safetensors)
     return split_spec(spec)
 
 

@@ -62,7 +62,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     out, config = tmp_path / "sieve", _fit_yaml(
         tmp_path, f"layers: [1, 2]\ncandidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
         f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 2, n_neg: 2,"
-        f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n")
+        f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n"
+        "sentences: {enabled: true, passages: 2, train: {epochs: 1}}\n")
     records = tmp_path / "records"
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint, "--records", records)
@@ -80,7 +81,9 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert selection["n_configurations"] == len(grid) > 20 and selection["plot"] == "frontier.png"
     # sentences pruned per passage and across passages (issue #69), each by zero-shot pairs and by the keep head
     pruned = [r for r in grid if r["prune"] != "off"]
-    assert {r["prune_scorer"] for r in pruned} == {"zero-shot", "prune-head"}
+    # ... and by the keep head trained on this LLM's sentence labels (issue #71: the probe's Conf shifts)
+    assert metrics["sentence_labels"]["from"] == "probe Conf" and metrics["sentence_labels"]["head"]
+    assert {r["prune_scorer"] for r in pruned} == {"zero-shot", "prune-head", "prune_head.safetensors"}
     assert {r["prune_scope"] for r in pruned} == {"passage", "across"}
     assert (out / "frontier.png").is_file()
     assert all({"accuracy", "ci95", "prompt_tokens", "llm_seconds", "frontier_tokens"} <= set(r) for r in grid)
@@ -142,6 +145,9 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     shifts = [json.loads(line) for line in (records / "shifts.jsonl").read_text().splitlines()]
     assert answers and all(set(r) == {"key", "generation", "seconds"} for r in answers)
     assert shifts and all(set(r) == {"question_id", "conf_q", "inc", "candidate_ids"} for r in shifts)
+    sentence_rows = (records / "sentence_shifts.jsonl").read_text().splitlines()
+    assert sentence_rows and all(set(json.loads(r)) == {"question_id", "passage_ids", "spans", "conf_q", "conf_top",
+                                                        "alone", "without"} for r in sentence_rows)
     assert not any("know about" in line for line in (records / "answers.jsonl").read_text().splitlines())
     # the candidates' scores by id, per reranker weights: the selection on a new machine ranks nothing again
     from ragsieve.registry import reranker_scores_key
@@ -164,6 +170,7 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     again_written = json.loads((elsewhere / "sieve.json").read_text())
     assert again_written["metrics"]["selection"]["answer_cache"]["answered"] == 0  # every answer from the records
     assert len((records / "shifts.jsonl").read_text().splitlines()) == len(shifts)  # no shift measured again
+    assert (records / "sentence_shifts.jsonl").read_text().splitlines() == sentence_rows  # nor a sentence's
     assert scored_rows() == rows_before  # no candidate of the start reranker scored again
     recorded_check = json.loads((records / "align_check.json").read_text())
     assert recorded_check["kept"] == check["kept"] and recorded_check["align_key"]
@@ -179,12 +186,38 @@ def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path,
     out, config = tmp_path / "sieve", _fit_yaml(
         tmp_path, f"candidates: 4\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 3, guard: false,"
         f" train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
-        "select: {ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}\n")
+        "select: {ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}\n"
+        "sentences: {enabled: true, passages: 2, order: retriever, train: {epochs: 1}}\n")
     result = cli("fit", "--index", index, "--questions", qa, "--llm", endpoint, "--out", out, "--config", config,
                  "--objective", "tokens=400")
     assert result.code == 0, result.err
     written = json.loads((out / "sieve.json").read_text())
     metrics = written["metrics"]
+    # issue #71: sentences labelled by the endpoint's answers, no gold annotation. It answers right when a prompt
+    # holds "about <topic>.": the first sentence of the topic's passage, alone or in the top context, is the one it
+    # needs (label 1); the second ("<Topic> are described in detail here.") it does not need (label 0)
+    rows = [json.loads(line) for line in (out / "work" / "sentence_shifts.jsonl").read_text().splitlines()]
+    labelled = metrics["sentence_labels"]
+    assert labelled["from"] == "answers" and labelled["questions"] == len(rows) >= 10
+    unknown = [r for r in rows if TOPICS[int(r["question_id"][1:])] not in KNOWN]
+    assert labelled["to_keep"] == len(unknown) >= 4  # BM25 puts the topic's own passage first for each
+    for row in rows:
+        topic = TOPICS[int(row["question_id"][1:])]
+        if topic in KNOWN:
+            assert row["conf_q"] == 1.0 and set(row["without"]) == {None}  # right closed-book: nothing to lose
+            continue
+        own = [f"p{TOPICS.index(topic)}" == pid for pid in row["passage_ids"]]
+        if any(own):
+            at = 2 * own.index(True)  # two sentences a passage
+            assert row["alone"][at: at + 2] == [1.0, 0.0] and row["without"][at: at + 2] == [0.0, 1.0], row
+    from ragsieve.prune.head import SentenceKeepHead
+
+    assert labelled["head"] == "prune_head.safetensors" and labelled["head_training"]["chosen_epoch"] == 1
+    from ragsieve.registry import load_reranker
+
+    fitted = load_reranker(str(out / "prune_head.safetensors"))  # a fitted sieve's own head, by its path
+    assert isinstance(fitted, SentenceKeepHead) and fitted.folder == SentenceKeepHead().folder
+    assert any(r.get("prune_scorer") == "prune_head.safetensors" for r in metrics["selection"]["grid"])  # in the grid
     assert written["llm"] == endpoint and written["probe"] is None and written["beta"] is None
     assert metrics["preferences_from"] == "answers" and metrics["preference_groups"]["train"] >= 2
     assert "no probe, no gate" in metrics["skipped"] and "probe_test_auroc" not in metrics

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_LLM
 from ragsieve.probe.train import ProbeTrainConfig
+from ragsieve.prune.training import KeepHeadTrainingConfig
 from ragsieve.rerank.training.trainer import CrossEncoderTrainConfig
 
 
@@ -62,6 +63,25 @@ class AlignConfig(StrictConfig):
     def _over_fit_defaults(cls, value: object) -> object:
         # `train: {lr: 1e-3}` changes the lr and keeps fit's guards (not the bare training defaults)
         return {**_align_train().model_dump(), **value} if isinstance(value, dict) else value
+
+
+def _sentence_head_train() -> "KeepHeadTrainingConfig":
+    # from the shipped head, not from scratch: a few hundred LLM-labelled questions refine what the annotations
+    # taught (its classifier is trained already, so it moves at a tenth of the from-scratch rate)
+    return KeepHeadTrainingConfig(epochs=2, learning_rate=2e-5, classifier_learning_rate=1e-4, dev_share=0.2)
+
+
+class SentenceLabelConfig(StrictConfig):
+    """The ``sentences`` phase (issue #71, :mod:`ragsieve.fit.sentences`): the sentences of each train question's
+    top ``passages`` candidates (the start reranker's order) labelled by what they do to this LLM's confidence,
+    alone and left out of the top context, and the shipped keep head trained on those labels."""
+
+    enabled: bool = False
+    passages: int = Field(3, ge=1)
+    # whose top passages: the reranker alignment starts from (what a sieve prunes), or the retriever's
+    order: Literal["reranker", "retriever"] = "reranker"
+    leave_one_out: bool = True  # also measure each sentence left out of the top passages (one long prompt each)
+    train: KeepHeadTrainingConfig = Field(default_factory=_sentence_head_train)
 
 
 def _grid_default_ks() -> list[int]:
@@ -198,6 +218,7 @@ class FitConfig(StrictConfig):
     probe: ProbeTrainConfig = Field(default_factory=_probe_train)
     align: AlignConfig = Field(default_factory=AlignConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
+    sentences: SentenceLabelConfig = Field(default_factory=SentenceLabelConfig)
     grade: bool = True  # calibrate a grader threshold on dev
     max_new_tokens: int = Field(16, ge=1)
     max_prompt_tokens: int = Field(1024, ge=64)

@@ -22,6 +22,17 @@ if TYPE_CHECKING:
     from ragsieve.fit.state import FitState
 
 
+def _sentence_label_metrics(state: "FitState") -> dict:
+    """What the sentences phase measured (ragsieve.fit.sentences) and the head it trained, if any."""
+    examples = [e for group in state.sentence_labels.values() for e in group]
+    report = getattr(state, "fitted_head_report", None) or {}
+    return {"from": "probe Conf" if state.probe is not None else "answers", "questions": len(state.sentence_labels),
+            "sentences": sum(len(e.labels) for e in examples),
+            "to_keep": sum(y >= 0.5 for e in examples for y in e.labels),
+            "head": state.fitted_head.name if state.fitted_head else None,
+            "head_training": {k: report[k] for k in ("chosen_epoch", "dev_map", "epochs") if k in report}}
+
+
 def write_sieve(state: "FitState") -> None:
     from ragsieve.fit.select import plot_frontier
     from ragsieve.pipeline.sieve import Sieve
@@ -41,6 +52,8 @@ def write_sieve(state: "FitState") -> None:
         **state.config.align.train.model_dump(
             include={"distill_weight", "replay_ratio", "lora_r", "eval_steps", "cosine_mix"}),
         **state.config.align.model_dump(include={"guard", "max_mrr_drop"})}
+    if state.config.sentences.enabled:
+        metrics["sentence_labels"] = _sentence_label_metrics(state)
     metrics["seconds_by_phase"] = state.timings
     plot = plot_frontier(state.selection_rows, state.out / "frontier.png", state.selection_marks)
     metrics["selection"]["plot"] = plot.name

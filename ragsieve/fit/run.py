@@ -3,7 +3,7 @@
 Phases (each writes its result under ``<out>/work`` or ``<out>`` and is skipped when
 rerun, so a fit killed at any point resumes where it stopped). Each phase is a module of
 :mod:`ragsieve.fit` (``questions``, ``label``, ``probe``, ``gate``, ``prefs``, ``align``, ``grade``,
-``select_phase``, ``evaluate``) working on the shared :class:`~ragsieve.fit.state.FitState`; this
+``sentences``, ``select_phase``, ``evaluate``) working on the shared :class:`~ragsieve.fit.state.FitState`; this
 module holds only their order:
 
 1. **split** the QA file into train / dev / test by id;
@@ -19,15 +19,18 @@ module holds only their order:
 7. **rerank**: the reranker fine-tuned on those preferences (InfoNCE) from the shipped base, kept
    only if it ranks the dev candidates that contain an answer no worse (MRR@10, paired bootstrap)
    than the reranker it started from (else the sieve keeps that one, and says so);
-8. **grade**: the reranker's score threshold calibrated on dev (a passage that contains a gold
+8. **sentences** (``sentences.enabled``, off by default): every sentence of each train question's top candidates
+   labelled by what it does to the LLM's confidence (alone, and left out of the top context), and the shipped
+   keep head trained on those labels into ``<out>/prune_head.safetensors`` (:mod:`ragsieve.fit.sentences`);
+9. **grade**: the reranker's score threshold calibrated on dev (a passage that contains a gold
    answer counts as relevant);
-9. **select** the configuration by the LLM's answers on dev (:mod:`ragsieve.fit.select`): k ∈ {0 (closed
+10. **select** the configuration by the LLM's answers on dev (:mod:`ragsieve.fit.select`): k ∈ {0 (closed
    book), 1, 2, 3, 5} × order (retriever / the start reranker / the aligned one if kept) × grade (off /
    thresholds) × passage placement × gate β; most accurate wins, ties go to fewer prompt tokens
    (``select.objective: tokens=<budget>`` trades accuracy for context). Do no harm: on test the
    choice is compared with closed book and with the best plain configuration (chosen on dev), by
    exact McNemar and a paired-bootstrap interval; if it is measurably worse, the plain one ships;
-10. **evaluate**: ``sieve.json`` with the whole grid, the frontier (accuracy against prompt tokens and
+11. **evaluate**: ``sieve.json`` with the whole grid, the frontier (accuracy against prompt tokens and
    LLM seconds; also plotted to ``frontier.png``), the choice, the test comparison with Wilson
    intervals, and the probe's AUROC with a bootstrap interval.
 
@@ -53,6 +56,7 @@ from ragsieve.fit.prefs import measure_preferences
 from ragsieve.fit.probe import fit_probe
 from ragsieve.fit.questions import check_fit_questions, fit_splits, retrieve_candidates, split_train_dev_test
 from ragsieve.fit.select_phase import select_configuration
+from ragsieve.fit.sentences import label_sentences
 from ragsieve.fit.state import FitState, Progress
 from ragsieve.pipeline.sieve_config import SieveConfig
 
@@ -62,7 +66,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: phase name → what it does, in order (progress reports use these names)
-PHASES = ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "grade", "select", "evaluate")
+PHASES = ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "sentences", "grade", "select",
+          "evaluate")
 
 
 class Fit(FitState):
@@ -101,6 +106,9 @@ class Fit(FitState):
 
     def phase_rerank(self) -> None:
         align_reranker(self)
+
+    def phase_sentences(self) -> None:
+        label_sentences(self)
 
     def phase_grade(self) -> None:
         calibrate_grade(self)

@@ -149,6 +149,9 @@ def _sentence_scorers(state: "FitState") -> dict:
             scorers[spec] = (SentencePruner(load_reranker(spec)), _sentence_store(state, spec))
         except RagsieveError as why:
             log.warning("fit: sentence scorer %s left out of the grid: %s", spec, why)
+    fitted = getattr(state, "fitted_head", None)
+    if fitted is not None:  # the keep head the sentences phase trained on this LLM's labels, named as sieve.json will
+        scorers[fitted.name] = (SentencePruner(load_reranker(str(fitted))), _sentence_store(state, str(fitted)))
     return scorers
 
 

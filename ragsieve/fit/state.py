@@ -45,6 +45,9 @@ class FitState:
     prefs: dict[str, list]  # prefs: {"train": [PreferenceRecord]}
     reranker_spec: str  # rerank: "reranker" (the aligned folder) or what the guard kept instead
     align_check: Optional[dict]
+    sentence_labels: dict[str, list]  # sentences: question id → its KeepExamples (LLM-derived labels)
+    fitted_head: Optional[Path]  # sentences: the keep head trained on them (None: off, or nothing to learn)
+    fitted_head_report: dict
     f1_thresholds: dict[str, float]  # grade: reranker spec → threshold
     shipped: "Choice"  # select, and what it read and found
     shipped_key: str

@@ -63,17 +63,24 @@ class SentenceKeepHead(BaseRanker):
     """The cross-encoder in ``folder`` read token by token up to the branch point, and its keep branch.
 
     ``head``: a :class:`~ragsieve.prune.branch.KeepBranch` to use instead of ``folder``'s
-    ``prune_head.safetensors``. :meth:`untrained` gives a head to train.
+    ``prune_head.safetensors``. ``folder`` may also be a keep head's file kept elsewhere (a fitted sieve's,
+    :mod:`ragsieve.fit.sentences`): it then runs on the shipped cross-encoder, whose weights it must have been
+    trained on. :meth:`untrained` gives a head to train.
     """
 
     name = "prune-head"
 
     def __init__(self, folder: str | Path | None = None, head: "KeepBranch | None" = None,
                  max_length: int = 512, batch_size: int = 8):
+        head_file = None
+        if folder is not None and Path(folder).is_file():
+            head_file, folder = Path(folder), None
         self.folder = Path(folder) if folder is not None else _default_folder()
         if not (self.folder / "config.json").is_file():
             raise ModelNotAvailable(f"prune head: no cross-encoder in {self.folder}")
-        self.branch = head if head is not None else read_head(self.folder / HEAD_FILE, self.folder)
+        if head is None:
+            head = read_head(head_file or self.folder / HEAD_FILE, self.folder)
+        self.branch = head
         self._load_trunk(len(self.branch.layers))
         self.branch.eval()
         self.max_length, self.batch_size = max_length, batch_size

@@ -42,16 +42,22 @@ def _digest(value: Any) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
 
+#: a sentence counts as one to keep for the dev metric (average precision) when its label is at least this
+KEEP_LABEL = 0.5
+
+
 @dataclass(frozen=True)
 class KeepExample:
-    """One training passage: its sentences' character spans in ``passage.text`` and a keep label each.
-    ``group`` (the question) keeps a question's passages on one side of the dev split."""
+    """One training passage: its sentences' character spans in ``passage.text`` and a keep label each, 1 / 0
+    from annotations (supporting facts, answer sentences) or graded in [0, 1] (what a sentence does to an LLM's
+    answer: :mod:`ragsieve.fit.sentences`); the losses take them as soft targets. ``group`` (the question) keeps
+    a question's passages on one side of the dev split."""
 
     group: str
     query: str
     passage: Passage
     spans: tuple[tuple[int, int], ...]
-    labels: tuple[int, ...]
+    labels: tuple[float, ...]
 
 
 class KeepHeadTrainingConfig(StrictConfig):
@@ -110,7 +116,7 @@ class KeepHeadTrainer:
         return {"epochs": state["history"], "chosen_epoch": best["epoch"], "dev_map": best["dev_map"],
                 "n_train_passages": len(train), "n_dev_passages": len(dev),
                 "n_sentences": int(sum(len(e.labels) for e in examples)),
-                "positives": int(sum(sum(e.labels) for e in examples)),
+                "positives": int(sum(y >= KEEP_LABEL for e in examples for y in e.labels)),
                 "n_questions": len({e.group for e in examples})}
 
     # -- the steps ---------------------------------------------------------------------------------
@@ -153,15 +159,15 @@ class KeepHeadTrainer:
         return float(loss.detach())
 
     def _dev_map(self, examples: list[KeepExample], read: list[TrunkStates]) -> float:
-        """Mean average precision of the gold sentences within each dev passage that has one (with
-        ``across_weight``: over all of a dev question's passages together)."""
+        """Mean average precision of the sentences to keep (label ≥ :data:`KEEP_LABEL`) within each dev passage
+        that has one (with ``across_weight``: over all of a dev question's passages together)."""
         from sklearn.metrics import average_precision_score
 
         scores = [np.nan_to_num(s, neginf=-1e9) for s in self.head.sentence_logits(read)]
         units = self._by_question(examples) if self.config.across_weight else [[i] for i in range(len(examples))]
         aps = []
         for unit in units:
-            labels = [y for i in unit for y in examples[i].labels]
+            labels = [int(y >= KEEP_LABEL) for i in unit for y in examples[i].labels]
             if 0 < sum(labels) < len(labels):
                 aps.append(average_precision_score(labels, np.concatenate([scores[i] for i in unit])))
         return float(np.mean(aps)) if aps else 0.0

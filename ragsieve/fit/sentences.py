@@ -1,0 +1,167 @@
+"""The ``sentences`` phase of ``ragsieve fit`` (issue #71): which sentences this LLM needs, from its own answers,
+and a keep head trained on them.
+
+A keep head shipped with ragsieve learned from dataset annotations (supporting facts, answer sentences) that a
+user's corpus does not have. Here the labels come from the user's LLM on the user's train questions, as RECOMP
+and LooComp label a compressor's sentences by what they do to the LM: for each train question, every sentence of
+the top ``sentences.passages`` candidates of the start reranker (or of the retriever) is measured twice,
+
+* **alone**: Conf(Q + sentence) − Conf(Q), what the sentence adds by itself (sufficiency);
+* **left out**: Conf(Q + top passages) − Conf(Q + top passages without it), what the context loses without it
+  (necessity; measured only where the whole context raises Conf(Q), since elsewhere there is nothing to lose),
+
+and labelled ``clip(max(alone, left out), 0, 1)``: a graded target. Conf is the probe's where a local copy of
+the LLM exists, else the LLM's answer itself (1 when it contains a gold answer, 0 otherwise: an endpoint-only
+fit), so one formula serves both. Each question's measurements are appended to ``<work>/sentence_shifts.jsonl``
+(and ``<records>/sentence_shifts.jsonl``: ids, spans and numbers, no text) as they are made, and every answer goes
+through the answer cache: a killed fit measures only what is missing.
+
+The shipped keep head is then trained on these labels (:class:`~ragsieve.prune.training.KeepHeadTrainer`, its
+loss taking them as soft targets; checkpointed per epoch under ``<work>/keep_head``) and written to
+``<out>/prune_head.safetensors``; the state gets ``sentence_labels`` (question id → its
+:class:`~ragsieve.prune.training.KeepExample` s) and ``fitted_head`` (that file, or None).
+
+Off unless ``sentences.enabled``: the phase then leaves both empty.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ragsieve.data.records import Passage, Question
+
+if TYPE_CHECKING:
+    from ragsieve.fit.state import FitState
+    from ragsieve.prune.training import KeepExample
+
+log = logging.getLogger(__name__)
+
+SHIFTS_FILE = "sentence_shifts.jsonl"
+HEAD_FILE = "prune_head.safetensors"
+
+
+def label_sentences(state: "FitState") -> None:
+    """Measure (or read) every train question's sentence shifts, label them, and train the fitted head."""
+    state.sentence_labels, state.fitted_head = {}, None
+    settings = state.config.sentences
+    if not settings.enabled:
+        return
+    rows = _sentence_shifts(state, state.splits["train"])
+    by_id = {q.id: q for q in state.splits["train"]}
+    state.sentence_labels = {qid: examples_from_row(by_id[qid], state.candidates[qid], row)
+                             for qid, row in rows.items() if qid in by_id}
+    examples = [e for group in state.sentence_labels.values() for e in group]
+    log.info("fit: sentence labels for %d train questions, %d sentences, %d at >= 0.5", len(state.sentence_labels),
+             sum(len(e.labels) for e in examples), sum(y >= 0.5 for e in examples for y in e.labels))
+    if not any(y > 0 for e in examples for y in e.labels):
+        log.warning("fit: no sentence raised the LLM's confidence on the train questions: no fitted keep head")
+        return
+    state.fitted_head = _train_head(state, examples)
+
+
+def examples_from_row(q: Question, candidates: Sequence[Passage], row: dict[str, Any]) -> list["KeepExample"]:
+    """One :class:`~ragsieve.prune.training.KeepExample` per measured passage of ``row`` (a line of
+    ``sentence_shifts.jsonl``), its sentences labelled ``clip(max(alone, left out), 0, 1)``."""
+    from ragsieve.prune.training import KeepExample
+
+    by_id = {p.id: p for p in candidates}
+    alone = np.asarray(row["alone"], dtype=float) - row["conf_q"]
+    left_out = np.array([np.nan if w is None else row["conf_top"] - w for w in row["without"]], dtype=float)
+    labels = np.clip(np.fmax(alone, left_out), 0.0, 1.0)
+    out, start = [], 0
+    for pid, spans in zip(row["passage_ids"], row["spans"]):
+        n = len(spans)
+        if pid in by_id and n:
+            out.append(KeepExample(q.id, q.text, by_id[pid], tuple(tuple(s) for s in spans),
+                                   tuple(float(y) for y in labels[start:start + n])))
+        start += n
+    return out
+
+
+def _sentence_shifts(state: "FitState", questions: Sequence[Question]) -> dict[str, dict[str, Any]]:
+    """Question id → its row: read from the work folder and the records, the rest measured and appended to both."""
+    from ragsieve.data.jsonl import append_jsonl, read_jsonl
+
+    path = state.work / SHIFTS_FILE
+    done = {r["question_id"]: r for r in read_jsonl(path, skip_bad=True)} if path.exists() else {}
+    record = state.records / SHIFTS_FILE if state.records else None
+    by_id = {q.id: q for q in questions}
+    if record is not None and record.is_file():  # measured on another machine: taken for the same passages
+        for row in read_jsonl(record, skip_bad=True):
+            q = by_id.get(row["question_id"])
+            if q is not None and q.id not in done and row["passage_ids"] == [p.id for p in _top(state, q)]:
+                append_jsonl(path, row)
+                done[q.id] = row
+    todo = [q for q in questions if q.id not in done]
+    state.progress("sentences", len(questions) - len(todo), len(questions))
+    for q in todo:
+        row = _measure_question(state, q)
+        append_jsonl(path, row)  # a kill loses at most this question (its answers stay in the answer cache)
+        if record is not None:
+            append_jsonl(record, row)
+        done[q.id] = row
+        state.progress("sentences", sum(q.id in done for q in questions), len(questions))
+    return done
+
+
+def _top(state: "FitState", q: Question) -> list[Passage]:
+    """The question's top candidates in the start reranker's order (the passages a sieve would prune), or the
+    retriever's (``sentences.order``)."""
+    settings = state.config.sentences
+    if settings.order == "retriever":
+        return state.candidates[q.id][: settings.passages]
+    ranked = state.rankings.ranked(state.config.align.init, q)
+    return [state.candidates[q.id][i] for i, _ in ranked[: settings.passages]]
+
+
+def _measure_question(state: "FitState", q: Question) -> dict[str, Any]:
+    from ragsieve.prune import PrunedPassage, split_sentences
+
+    top = _top(state, q)
+    spans = [split_sentences(p.text) for p in top]
+    sentences = [Passage(f"{p.id}#{a}-{b}", p.text[a:b], p.title) for p, ss in zip(top, spans) for a, b in ss]
+    conf_q, conf_top, *alone = _confidence(state, q, [None, top, *[[s] for s in sentences]])
+    without: list[float | None] = [None] * len(sentences)
+    if state.config.sentences.leave_one_out and conf_top > conf_q and len(sentences) > 1:
+        contexts, at = [], 0
+        for i, (p, ss) in enumerate(zip(top, spans)):
+            for k in range(len(ss)):
+                cut = PrunedPassage(p, tuple(ss), (0.0,) * len(ss), tuple(j != k for j in range(len(ss))))
+                rest = [x for j, x in enumerate(top) if j != i]
+                contexts.append(rest[:i] + [cut.as_passage()] + rest[i:] if cut.n_kept else rest)
+        without = list(_confidence(state, q, contexts))
+    return {"question_id": q.id, "passage_ids": [p.id for p in top], "spans": [[list(s) for s in ss] for ss in spans],
+            "conf_q": float(conf_q), "conf_top": float(conf_top), "alone": [float(x) for x in alone],
+            "without": [None if w is None else float(w) for w in without]}
+
+
+def _confidence(state: "FitState", q: Question, contexts: Sequence[Sequence[Passage] | None]) -> list[float]:
+    """Conf(Q + context) for each context (None: closed book): the probe's, or 1 / 0 by whether the LLM's answer
+    contains a gold answer when there is no probe (an endpoint)."""
+    if state.probe is not None:
+        return [float(x) for x in state.probe.score_batch([q.text] * len(contexts), list(contexts))]
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.prompts import first_line
+
+    texts = [state.builder.closed_book(q.text).text if c is None else state.builder.with_context(q.text, c).text
+             for c in contexts]
+    return [float(contains_answer(first_line(a), q.answers)) for a, _ in state.answers.answers(texts)]
+
+
+def _train_head(state: "FitState", examples: Sequence["KeepExample"]) -> Path:
+    """The shipped keep head trained further on ``examples``, written to ``<out>/prune_head.safetensors``."""
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.prune.training import KeepHeadTrainer
+
+    target = state.out / HEAD_FILE
+    head = SentenceKeepHead()
+    report = KeepHeadTrainer(head, state.config.sentences.train, state.work / "keep_head").train(examples)
+    head.save(target)
+    state.fitted_head_report = report
+    log.info("fit: keep head trained on the LLM's sentence labels: epoch %d of %d, dev MAP %.3f",
+             report["chosen_epoch"], len(report["epochs"]), report["dev_map"])
+    return target
