@@ -24,10 +24,12 @@ on 2 cores. Writes ``bench/results/fit.json``.
 ``--ship`` then copies the fitted sieve (without ``work/``) to ``ragsieve/assets/sieves/default``
 and its metrics to ``results/fit/metrics.json``: how the shipped default sieve is built.
 ``--ship-finished`` ships a fit that already ran to the end with the same ``--out`` and ``--result``,
-without running it again. Neither replaces a shipped sieve whose sentence pruner the fit does not reproduce:
-the default prunes with the keep head (``pruner: prune-head``, chosen by ``experiments/prune_with_head.yaml``),
-which ``fit`` never chooses (it scores sentences zero-shot), so ``--ship`` refuses in one line before the fit
-starts, unless ``--keep-pruner`` carries the shipped pruning (pruner, threshold, best N) into the new sieve.
+without running it again. Neither replaces a shipped sieve whose sentence pruner the fit never tried:
+the default prunes with the keep head (``pruner: prune-head``); a fit whose grid tries it
+(``select.prune_scorers``, by default) ships what the answers choose, prunes with it or not; one whose grid leaves
+it out is refused in one line before the fit starts (``--ship``) or before copying (``--ship-finished``: a sieve
+whose recorded grid never pruned with it), unless ``--keep-pruner`` carries the shipped pruning (pruner,
+threshold, best N) into the new sieve.
 ``--prepare-only`` writes the QA file, builds (or loads) the cached index, prints the split sizes and
 exits before the LLM loads.
 
@@ -173,8 +175,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.dataset != "nq" and (args.ship or args.ship_finished or args.regrade):
         parser.error(f"--ship and --regrade concern the shipped NQ default sieve, not --dataset {args.dataset}")
-    if (args.ship or args.ship_finished) and not args.keep_pruner:
-        refuse_losing_the_pruner(None)  # before an hour of fitting, not after
+    if args.ship and not args.keep_pruner:  # before an hour of fitting, not after
+        refuse_losing_the_pruner(None, grid_scorers(args.config))
     if args.ship_finished:
         ship_finished(Path(args.out) / "sieve", Path(args.result), keep_pruner=args.keep_pruner)
         if args.records:
@@ -399,15 +401,30 @@ def shipped_sieve():
     return SieveConfig.model_validate_json(file.read_text()) if file.is_file() else None
 
 
-def refuse_losing_the_pruner(sieve) -> None:
-    """Exit in one line when shipping ``sieve`` (None: any sieve ``fit`` writes, which prunes with no pruner or
-    its start reranker) would replace a default that prunes with another sentence scorer (the keep head)."""
+def grid_scorers(config_file: str | None) -> list[str]:
+    """The sentence scorers a fit with ``config_file`` tries besides zero-shot (``select.prune_scorers``)."""
+    from ragsieve.config import build_config, read_mapping
+    from ragsieve.fit.config import SelectConfig
+
+    values = read_mapping(config_file).get("select") or {} if config_file else {}
+    return list(build_config(SelectConfig, values, source=config_file or "defaults").prune_scorers)
+
+
+def refuse_losing_the_pruner(sieve, scorers: list[str] | None = None) -> None:
+    """Exit in one line when shipping ``sieve`` (None: whatever a fit trying ``scorers`` chooses) would replace a
+    default that prunes with another sentence scorer (the keep head) that the fit's grid never tried: a refit whose
+    answers were asked of the shipped pruner and chose otherwise is a measured choice, not a silent loss."""
     current = shipped_sieve()
     if current is None or current.pruner is None:
         return
     if sieve is not None and sieve.pruner == current.pruner:
         return
-    would = "whatever `fit` chooses (zero-shot sentence scores, never the keep head)" if sieve is None else (
+    tried = scorers if sieve is None else sorted({row.get("prune_scorer") for row in
+                                                   sieve.metrics.get("selection", {}).get("grid", [])} - {None})
+    if current.pruner in tried:
+        return
+    would = "whatever `fit` chooses without trying it (its grid: zero-shot" + "".join(
+        f", {s}" for s in scorers or []) + ")" if sieve is None else (
         f"pruner {sieve.pruner!r}" if sieve.pruner else "no pruner of its own")
     raise SystemExit(f"not shipped: the default sieve prunes with {current.pruner!r} (best "
                      f"{current.prune_max_sentences} sentence(s), experiments/prune_with_head.yaml) and this sieve with "

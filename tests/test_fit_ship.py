@@ -1,7 +1,8 @@
 """bench/fit.py --ship cannot silently lose what the shipped default sieve prunes with (issue #72).
 
-The default prunes with the keep head (`pruner: prune-head`), which `ragsieve fit` never chooses; a refit shipped
-over it must keep it (--keep-pruner) or be refused in one line, before the hour-long fit starts.
+The default prunes with the keep head (`pruner: prune-head`). A refit whose grid tried it ships what the answers
+chose; one whose grid never tried it must keep it (--keep-pruner) or be refused in one line, before the hour-long
+fit starts.
 """
 
 from __future__ import annotations
@@ -52,17 +53,24 @@ def test_the_shipped_default_prunes_with_the_keep_head():
 def test_ship_refuses_in_one_line_before_the_fit_and_leaves_the_default(fit_bench, tmp_path, monkeypatch, capsys):
     module, target = fit_bench
     before = (target / "sieve.json").read_text()
-    for flag in ("--ship", "--ship-finished"):
-        monkeypatch.setattr(sys, "argv", ["fit.py", flag, "--out", str(tmp_path / "never")])
-        with pytest.raises(SystemExit) as refused:
-            module.main()
-        message = str(refused.value.code)
-        assert "\n" not in message and "'prune-head'" in message and "--keep-pruner" in message, message
+    config = tmp_path / "zero-shot-only.yaml"  # a grid that never prunes with the keep head
+    config.write_text("select: {prune_scorers: []}\n")
+    monkeypatch.setattr(sys, "argv", ["fit.py", "--ship", "--config", str(config), "--out", str(tmp_path / "never")])
+    with pytest.raises(SystemExit) as refused:
+        module.main()
+    message = str(refused.value.code)
+    assert "\n" not in message and "'prune-head'" in message and "--keep-pruner" in message, message
     assert not (tmp_path / "never").exists()  # refused before any QA file, index or fit
+    assert module.grid_scorers(str(REPO / "experiments" / "sieve_default.yaml")) == ["prune-head"]  # the default's
     folder, result, sieve = refit(tmp_path, prune_max_sentences=2, pruner="embedded:base")
     with pytest.raises(SystemExit, match="not shipped: the default sieve prunes with 'prune-head'"):
         module.ship(folder, sieve, json.loads(result.read_text()))
     assert (target / "sieve.json").read_text() == before and not (tmp_path / "results").exists()
+    # a refit whose grid asked the LLM's answers of the keep head and chose otherwise ships: a measured choice
+    tried = sieve.model_copy(update={"metrics": {"selection": {"grid": [{"prune_scorer": "prune-head"},
+                                                                          {"prune_scorer": "zero-shot"}]}}})
+    module.ship(folder, tried, json.loads(result.read_text()))
+    assert SieveConfig.model_validate_json((target / "sieve.json").read_text()).pruner == "embedded:base"
 
 
 def test_keep_pruner_ships_the_refit_with_the_keep_head(fit_bench, tmp_path, monkeypatch):
