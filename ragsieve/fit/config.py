@@ -67,8 +67,10 @@ class AlignConfig(StrictConfig):
 
 def _sentence_head_train() -> "KeepHeadTrainingConfig":
     # from the shipped head, not from scratch: a few hundred LLM-labelled questions refine what the annotations
-    # taught (its classifier is trained already, so it moves at a tenth of the from-scratch rate)
-    return KeepHeadTrainingConfig(epochs=2, learning_rate=2e-5, classifier_learning_rate=1e-4, dev_share=0.2)
+    # taught (its classifier is trained already, so it moves at a tenth of the from-scratch rate); a question's
+    # labelled passages are its top candidates, so its sentences also share one softmax (across passages, #69)
+    return KeepHeadTrainingConfig(epochs=2, learning_rate=2e-5, classifier_learning_rate=1e-4, dev_share=0.2,
+                                  across_weight=1.0)
 
 
 class SentenceLabelConfig(StrictConfig):
