@@ -218,6 +218,17 @@ def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path,
     fitted = load_reranker(str(out / "prune_head.safetensors"))  # a fitted sieve's own head, by its path
     assert isinstance(fitted, SentenceKeepHead) and fitted.folder == SentenceKeepHead().folder
     assert any(r.get("prune_scorer") == "prune_head.safetensors" for r in metrics["selection"]["grid"])  # in the grid
+    # a sieve that ships it names it by its file in the sieve folder, wherever the folder goes
+    from ragsieve import Sieve
+
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    (moved / "sieve.json").write_text(json.dumps({**written, "top_k": 1, "pruner": "prune_head.safetensors",
+                                                  "prune_max_sentences": 1, "prune_threshold": None}))
+    scorer = Sieve.load(moved).stages.pruner.scorer
+    assert isinstance(scorer, SentenceKeepHead) and all(
+        (a == b).all() for a, b in zip(scorer.branch.state_dict().values(), fitted.branch.state_dict().values()))
+    moved.rename(out)
     assert written["llm"] == endpoint and written["probe"] is None and written["beta"] is None
     assert metrics["preferences_from"] == "answers" and metrics["preference_groups"]["train"] >= 2
     assert "no probe, no gate" in metrics["skipped"] and "probe_test_auroc" not in metrics
