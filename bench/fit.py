@@ -256,9 +256,7 @@ def main() -> None:
             timed(cls, name)
         total = time.perf_counter()
         for phase in PHASES:
-            start = time.perf_counter()
-            getattr(fit, f"phase_{phase}")()
-            fit.timings[phase] = round(time.perf_counter() - start, 2)
+            fit.run_phase(phase)
         seconds = time.perf_counter() - total
     result = {
         "dataset": args.dataset,
@@ -369,10 +367,10 @@ def regrade(fit) -> None:
         raise SystemExit(f"regrade: the shipped sieve's reranker is {sieve.reranker!r} and its grader {sieve.grader!r}: "
                          "only a grader on the start reranker is regraded; refit instead")
     old = json.loads((target / "grader" / "grader_config.json").read_text())
-    fit.phase_split()
-    fit.phase_retrieve()
+    fit.run_phase("split")
+    fit.run_phase("retrieve")
     fit.reranker_spec = sieve.reranker
-    fit.phase_grade()
+    fit.run_phase("grade")
     from ragsieve.fit.select import Choice
 
     fit._save_grader(Choice(sieve.top_k, sieve.reranker, fit.f1_thresholds[sieve.reranker], "f1"), "f1")

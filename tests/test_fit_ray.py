@@ -80,9 +80,9 @@ def test_labels_answered_on_ray_fill_the_answer_cache(local_ray, fit_inputs, tmp
     fit = Fit(FitConfig(index=str(index), questions=str(qa), llm=str(tiny_llm_dir), out=str(tmp_path / "sieve"),
                         ray="local", max_new_tokens=3, max_prompt_tokens=400))
     fit.load()
-    fit.phase_split()
-    fit.phase_retrieve()
-    fit.phase_label()
+    fit.run_phase("split")
+    fit.run_phase("retrieve")
+    fit.run_phase("label")
     k = fit.config.top_k
     messages = [fit.builder.with_context(q.text, ctx).text for q in fit.questions
                 for ctx in ([], fit.candidates[q.id][:k])]

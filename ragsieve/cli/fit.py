@@ -80,7 +80,7 @@ def fit_cmd(
                     started.append(phase)
                     bar.note(f"fit: questions, index and {cfg.llm} loaded in {time.perf_counter() - t0:.0f}s; "
                              f"phases: {', '.join(PHASES)}")
-                for earlier in PHASES[: PHASES.index(phase)]:
+                for earlier in list(PHASES)[: list(PHASES).index(phase)]:
                     if earlier not in finished:
                         finished.add(earlier)
                         bar.update(tasks[earlier], completed=1, total=1)

@@ -65,59 +65,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: phase name → what it does, in order (progress reports use these names)
-PHASES = ("split", "retrieve", "label", "probe", "gate", "prefs", "rerank", "sentences", "grade", "select",
-          "evaluate")
+#: the phases in order, each a module's function over the shared state (progress reports use these names): a
+#: new phase is one entry here and the fields it leaves on :class:`~ragsieve.fit.state.FitState`
+PHASES: dict[str, Callable[[FitState], None]] = {
+    "split": split_train_dev_test, "retrieve": retrieve_candidates, "label": label_answers, "probe": fit_probe,
+    "gate": choose_beta, "prefs": measure_preferences, "rerank": align_reranker, "sentences": label_sentences,
+    "grade": calibrate_grade, "select": select_configuration, "evaluate": write_sieve,
+}
 
 
 class Fit(FitState):
     """One fit run: the phases in order over the shared state (:class:`~ragsieve.fit.state.FitState`).
 
     Resuming is each phase's own: it skips what its outputs under ``config.work`` / ``config.out`` (or the
-    records) already hold. ``phase_<name>`` runs one phase, for callers that run a few (``bench/fit.py``)."""
+    records) already hold. :meth:`run_phase` runs one phase, for callers that run a few (``bench/fit.py``)."""
 
     def run(self) -> SieveConfig:
         self.load()
         for phase in PHASES:
             self.on_phase(phase)
-            start = time.perf_counter()
-            getattr(self, f"phase_{phase}")()
-            self.timings[phase] = round(time.perf_counter() - start, 2)
+            self.run_phase(phase)
             log.info("fit: %s done in %.1fs", phase, self.timings[phase])
         return self.sieve
 
-    def phase_split(self) -> None:
-        split_train_dev_test(self)
-
-    def phase_retrieve(self) -> None:
-        retrieve_candidates(self)
-
-    def phase_label(self) -> None:
-        label_answers(self)
-
-    def phase_probe(self) -> None:
-        fit_probe(self)
-
-    def phase_gate(self) -> None:
-        choose_beta(self)
-
-    def phase_prefs(self) -> None:
-        measure_preferences(self)
-
-    def phase_rerank(self) -> None:
-        align_reranker(self)
-
-    def phase_sentences(self) -> None:
-        label_sentences(self)
-
-    def phase_grade(self) -> None:
-        calibrate_grade(self)
-
-    def phase_select(self) -> None:
-        select_configuration(self)
-
-    def phase_evaluate(self) -> None:
-        write_sieve(self)
+    def run_phase(self, name: str) -> None:
+        """Phase ``name`` (a key of :data:`PHASES`), its seconds kept in ``timings``."""
+        start = time.perf_counter()
+        PHASES[name](self)
+        self.timings[name] = round(time.perf_counter() - start, 2)
 
     def _save_grader(self, choice: "Choice", how: str = "dev answer accuracy") -> Optional[str]:
         """:func:`~ragsieve.fit.grade.save_grader` (``bench/fit.py --regrade`` calls it on a Fit)."""
