@@ -83,6 +83,10 @@ class SentenceLabelConfig(StrictConfig):
     # whose top passages: the reranker alignment starts from (what a sieve prunes), or the retriever's
     order: Literal["reranker", "retriever"] = "reranker"
     leave_one_out: bool = True  # also measure each sentence left out of the top passages (one long prompt each)
+    # the forgetting guard (ragsieve.fit.sentences.forgetting_guard): NQ held-out gold passages, answer sentence at
+    # best 1, fitted vs shipped head; 3 points on 400 questions, as the aligned reranker's guard allows 2 of MRR
+    guard_questions: int = Field(400, ge=1)
+    guard_margin: float = Field(0.03, gt=0, lt=1)
     train: KeepHeadTrainingConfig = Field(default_factory=_sentence_head_train)
 
 

@@ -29,7 +29,7 @@ def _sentence_label_metrics(state: "FitState") -> dict:
     return {"from": "probe Conf" if state.probe is not None else "answers", "questions": len(state.sentence_labels),
             "sentences": sum(len(e.labels) for e in examples),
             "to_keep": sum(y >= 0.5 for e in examples for y in e.labels),
-            "head": state.fitted_head.name if state.fitted_head else None,
+            "head": state.fitted_head.name if state.fitted_head else None, "guard": state.head_guard,
             "head_training": {k: report[k] for k in ("chosen_epoch", "dev_map", "epochs") if k in report}}
 
 

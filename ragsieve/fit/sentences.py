@@ -18,8 +18,10 @@ through the answer cache: a killed fit measures only what is missing.
 
 The shipped keep head is then trained on these labels (:class:`~ragsieve.prune.training.KeepHeadTrainer`, its
 loss taking them as soft targets; checkpointed per epoch under ``<work>/keep_head``) and written to
-``<out>/prune_head.safetensors``; the state gets ``sentence_labels`` (question id → its
-:class:`~ragsieve.prune.training.KeepExample` s) and ``fitted_head`` (that file, or None).
+``<out>/prune_head.safetensors``, unless it forgot what the annotations taught (:func:`forgetting_guard`: on NQ's
+held-out gold passages it must keep the answer sentence at best 1 non-inferiorly to the shipped head, at
+``sentences.guard_margin``; not measured without the bundled data); the state gets ``sentence_labels`` (question
+id → its :class:`~ragsieve.prune.training.KeepExample` s), ``head_guard`` and ``fitted_head`` (the file, or None).
 
 Off unless ``sentences.enabled``: the phase then leaves both empty.
 """
@@ -46,7 +48,7 @@ HEAD_FILE = "prune_head.safetensors"
 
 def label_sentences(state: "FitState") -> None:
     """Measure (or read) every train question's sentence shifts, label them, and train the fitted head."""
-    state.sentence_labels, state.fitted_head = {}, None
+    state.sentence_labels, state.fitted_head, state.head_guard = {}, None, {}
     settings = state.config.sentences
     if not settings.enabled:
         return
@@ -60,7 +62,14 @@ def label_sentences(state: "FitState") -> None:
     if not any(y > 0 for e in examples for y in e.labels):
         log.warning("fit: no sentence raised the LLM's confidence on the train questions: no fitted keep head")
         return
-    state.fitted_head = _train_head(state, examples)
+    head = _train_head(state, examples)
+    state.head_guard = forgetting_guard(head, settings.guard_questions, settings.guard_margin,
+                                        state.config.data_dir)
+    if state.head_guard.get("non_inferior") is False:  # it forgot what the annotations taught: not in the grid
+        head.rename(state.work / f"rejected-{HEAD_FILE}")
+        log.warning("fit: the fitted keep head is left out: %s", state.head_guard["verdict"])
+        return
+    state.fitted_head = head
 
 
 def examples_from_row(q: Question, candidates: Sequence[Passage], row: dict[str, Any]) -> list["KeepExample"]:
@@ -150,6 +159,45 @@ def _confidence(state: "FitState", q: Question, contexts: Sequence[Sequence[Pass
     texts = [state.builder.closed_book(q.text).text if c is None else state.builder.with_context(q.text, c).text
              for c in contexts]
     return [float(contains_answer(first_line(a), q.answers)) for a, _ in state.answers.answers(texts)]
+
+
+def forgetting_guard(head_file: Path, max_questions: int, margin: float, data_dir: str | None = None,
+                     n_boot: int = 2000) -> dict[str, Any]:
+    """Did training on the LLM's labels cost what the annotations taught? On the NQ questions every ragsieve study
+    holds out (:func:`~ragsieve.data.held_out_questions`: the shipped head never trained on them; a fit's own
+    questions are its user's), the share whose gold passage the fitted head cuts to a best sentence holding the
+    answer, against the shipped head's on the same questions: non-inferior at ``margin`` or not
+    (:func:`~ragsieve.eval.stats.non_inferior`). Without the bundled NQ data (a user's machine) nothing is
+    measured and the head stays (``non_inferior`` None)."""
+    from ragsieve.data import held_out_questions, load_dataset
+    from ragsieve.errors import RagsieveError
+    from ragsieve.eval.qa import contains_answer
+    from ragsieve.eval.stats import non_inferior
+    from ragsieve.prune import SentencePruner, split_sentences
+    from ragsieve.prune.head import SentenceKeepHead
+
+    try:
+        ds = load_dataset("nq-oracle", data_dir=data_dir)
+    except RagsieveError as why:
+        return {"non_inferior": None, "verdict": f"not measured: {str(why).splitlines()[0]}"}
+    pool = {p.id: p for p in ds.passages}
+    asked = []  # (question, its gold passage): a passage of 2+ sentences, one of them holding an answer
+    for q in held_out_questions(ds.questions, 0.2, 0):
+        gold = next((pool[i] for i in q.gold_passage_ids if i in pool), None)
+        spans = split_sentences(gold.text) if gold else []
+        if len(spans) > 1 and any(contains_answer(gold.text[a:b], q.answers) for a, b in spans):
+            asked.append((q, gold))
+        if len(asked) == max_questions:
+            break
+    hits = {}
+    for name, head in (("fitted", SentenceKeepHead(head_file)), ("shipped", SentenceKeepHead())):
+        best = SentencePruner(head, max_sentences=1)
+        hits[name] = [int(contains_answer(best.prune(q.text, [gold])[0].text, q.answers)) for q, gold in asked]
+    if not asked:
+        return {"non_inferior": None, "verdict": "not measured: no held-out NQ question with a gold passage"}
+    result = non_inferior(hits["fitted"], hits["shipped"], margin).to_dict()
+    return {**result, "metric": "answer sentence kept at best 1, NQ held-out gold passages",
+            "fitted": float(np.mean(hits["fitted"])), "shipped": float(np.mean(hits["shipped"]))}
 
 
 def _train_head(state: "FitState", examples: Sequence["KeepExample"]) -> Path:

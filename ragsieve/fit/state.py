@@ -48,6 +48,7 @@ class FitState:
     sentence_labels: dict[str, list]  # sentences: question id → its KeepExamples (LLM-derived labels)
     fitted_head: Optional[Path]  # sentences: the keep head trained on them (None: off, or nothing to learn)
     fitted_head_report: dict
+    head_guard: dict  # sentences: the fitted head against the shipped one on NQ held-out gold passages
     f1_thresholds: dict[str, float]  # grade: reranker spec → threshold
     shipped: "Choice"  # select, and what it read and found
     shipped_key: str
