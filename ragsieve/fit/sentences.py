@@ -136,7 +136,7 @@ def _measure_question(state: "FitState", q: Question) -> dict[str, Any]:
     conf_q, conf_top, *alone = _confidence(state, q, [None, top, *[[s] for s in sentences]])
     without: list[float | None] = [None] * len(sentences)
     if state.config.sentences.leave_one_out and conf_top > conf_q and len(sentences) > 1:
-        contexts, at = [], 0
+        contexts = []
         for i, (p, ss) in enumerate(zip(top, spans)):
             for k in range(len(ss)):
                 cut = PrunedPassage(p, tuple(ss), (0.0,) * len(ss), tuple(j != k for j in range(len(ss))))
@@ -161,8 +161,8 @@ def _confidence(state: "FitState", q: Question, contexts: Sequence[Sequence[Pass
     return [float(contains_answer(first_line(a), q.answers)) for a, _ in state.answers.answers(texts)]
 
 
-def forgetting_guard(head_file: Path, max_questions: int, margin: float, data_dir: str | None = None,
-                     n_boot: int = 2000) -> dict[str, Any]:
+def forgetting_guard(head_file: Path, max_questions: int, margin: float, data_dir: str | None = None
+                     ) -> dict[str, Any]:
     """Did training on the LLM's labels cost what the annotations taught? On the NQ questions every ragsieve study
     holds out (:func:`~ragsieve.data.held_out_questions`: the shipped head never trained on them; a fit's own
     questions are its user's), the share whose gold passage the fitted head cuts to a best sentence holding the
