@@ -88,6 +88,7 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert labelled["guard"]["non_inferior"] is False and (out / "work" / "rejected-prune_head.safetensors").is_file()
     assert {r["prune_scorer"] for r in pruned} == {"zero-shot", "prune-head"}
     assert {r["prune_scope"] for r in pruned} == {"passage", "across"}
+    assert {r["prune_token_cap"] for r in pruned} == {None, 48, 96}  # across within a token budget too
     assert (out / "frontier.png").is_file()
     assert all({"accuracy", "ci95", "prompt_tokens", "llm_seconds", "frontier_tokens"} <= set(r) for r in grid)
     best = max(r["correct_count"] for r in grid)

@@ -275,14 +275,17 @@ def test_the_fit_grid_prunes_with_stored_sentence_scores(bm25, tmp_path):
     candidates = {q.id: [Passage(str(j), t, f"t{j}") for j, t in enumerate(DOCS)] for q in questions}
     store = PairScores(tmp_path / "sentences", "sentences", {"scoring_key": "bm25"})
     config = SelectConfig(ks=[0, 1, 2], plain_ks=[1, 2], grade_quantiles=[], gate_quantiles=[],
-                          prune_quantiles=[0.9], prune_max_sentences=[1], prune_across_sentences=[2], race=False)
+                          prune_quantiles=[0.9], prune_max_sentences=[1], prune_across_sentences=[2],
+                          prune_token_caps=[12], race=False)
     selection = Selection(None, None, candidates, config, pruner=SentencePruner(bm25), sentence_store=store)
     selection.add_ranking(RETRIEVER, questions)
     selection.add_ranking("bm25", questions, bm25)
     grid = selection.grid([RETRIEVER, "bm25"], questions)
     pruned = [c for c in grid if c.prune != "off"]
     assert {(c.k, c.order) for c in pruned} == {(1, RETRIEVER), (2, RETRIEVER), (1, "bm25"), (2, "bm25")}
-    assert {c.prune for c in pruned} == {"q0.90", "best1", "across best2"}
+    assert {c.prune for c in pruned} == {"q0.90", "best1", "across best2", "across 12 tokens"}
+    budget = next(c for c in pruned if c.prune_token_cap == 12 and c.order == "bm25")  # RECOMP / EXIT-style budget
+    assert budget.k == 2 and sum(len(p.text.split()) for p in selection.passages(budget, questions[0])) <= 12
     assert all(c.gate == "off" and not c.plain for c in pruned)
     # across passages (issue #69): only for k >= 2, the best 2 sentences of both kept passages together
     across = next(c for c in pruned if c.prune_scope == "across" and c.order == "bm25")

@@ -126,6 +126,9 @@ class SelectConfig(StrictConfig):
     # and the best n sentences of all the kept passages together (issue #69: evidence spread over two passages
     # costs two sentences, not two passages), for k >= 2; [] tries none
     prune_across_sentences: list[int] = [2, 3]
+    # and the best sentences of all the kept passages within a token budget (what reaches the prompt, in the
+    # scorer's tokens), for k >= 2: the prune study's 48 and 96 tokens over the top 3 (results/prune_across); [] none
+    prune_token_caps: list[int] = [48, 96]
     # sentence scorers beside zero-shot (the start reranker's (question, title: sentence) pairs): each prune level
     # is tried with each, and the answers choose; a keep head (Provence-style, ragsieve.prune.head) by its spec
     prune_scorers: list[str] = ["prune-head"]
@@ -162,11 +165,11 @@ class SelectConfig(StrictConfig):
     race_batch: int = Field(40, ge=1)
     race_alpha: float = Field(0.01, gt=0, lt=1)
 
-    @field_validator("prune_max_sentences", "prune_across_sentences")
+    @field_validator("prune_max_sentences", "prune_across_sentences", "prune_token_caps")
     @classmethod
     def _caps(cls, value: list[int]) -> list[int]:
         if any(n < 1 for n in value):
-            raise ValueError("sentence caps must be >= 1")
+            raise ValueError("sentence and token caps must be >= 1")
         return sorted(set(value))
 
     @field_validator("ks", "plain_ks")

@@ -86,6 +86,7 @@ def _shipped_sieve(state: "FitState") -> SieveConfig:
         prune_threshold=shipped.prune_threshold if shipped.k > 0 else None,
         prune_max_sentences=shipped.prune_max if shipped.k > 0 else None,
         prune_scope=shipped.prune_scope if shipped.k > 0 else "passage",
+        prune_token_cap=shipped.prune_token_cap if shipped.k > 0 else None,
         pruner=_shipped_pruner(shipped, align_init),
         candidates=state.config.candidates, max_prompt_tokens=state.config.max_prompt_tokens,
         max_new_tokens=state.config.max_new_tokens,

@@ -191,6 +191,7 @@ class Choice:
     prune: str = "off"  # the prune level: off | q0.50 ... (a threshold) | best1 ... (a cap) | across best2 ...
     prune_scope: str = "passage"  # across: prune_max is the best sentences of all kept passages together
     prune_scorer: str = ZERO_SHOT  # the sentence scorer: the start reranker's pairs, or a keep head's spec
+    prune_token_cap: Optional[int] = None  # across: the best sentences of all kept passages within this many tokens
 
     @property
     def name(self) -> str:
@@ -223,7 +224,8 @@ class Choice:
         return {"name": self.name, "k": self.k, "order": self.order, "grade": self.grade,
                 "threshold": self.threshold, "placement": self.placement, "gate": self.gate, "beta": self.beta,
                 "prune": self.prune, "prune_threshold": self.prune_threshold, "prune_max": self.prune_max,
-                "prune_scope": self.prune_scope, "prune_scorer": self.prune_scorer}
+                "prune_scope": self.prune_scope, "prune_scorer": self.prune_scorer,
+                "prune_token_cap": self.prune_token_cap}
 
 
 class Selection:
@@ -285,6 +287,7 @@ class Selection:
                 betas += policy + [(float(np.quantile(conf, share)), f"q{share:.2f}") for share in c.gate_quantiles]
         prunes = [(*level, scorer) for scorer in self.scorers for level in self.prune_levels(sources, dev, scorer)]
         across = [(n, scorer) for scorer in self.scorers for n in (c.prune_across_sentences if dev else [])]
+        budgets = [(cap, scorer) for scorer in self.scorers for cap in (c.prune_token_caps if dev else [])]
         choices = [Choice(0)] if 0 in c.ks else []
         for source in sources:
             grades: list[tuple[Optional[float], str]] = [(None, "off")]
@@ -311,6 +314,11 @@ class Selection:
                         for n, scorer in (across if k > 1 else []):
                             choices.append(Choice(k, source, threshold, grade, placement, *betas[0], prune_max=n,
                                                   prune=f"across best{n}", prune_scope="across", prune_scorer=scorer))
+                        # and the best sentences of all of them within a token budget (RECOMP / EXIT-style)
+                        for cap, scorer in (budgets if k > 1 else []):
+                            choices.append(Choice(k, source, threshold, grade, placement, *betas[0],
+                                                  prune=f"across {cap} tokens", prune_scope="across",
+                                                  prune_scorer=scorer, prune_token_cap=cap))
         return choices
 
     def prune_levels(self, sources: Sequence[str], dev: Sequence[Question], scorer: str = ZERO_SHOT
@@ -408,7 +416,8 @@ class Selection:
         # the sieve's pruning on the stored sentence scores of the kept candidates
         kept, scorer = [r.index for r, _ in result.kept_results], choice.prune_scorer
         self.score_sentences([(q, i) for i in kept], scorer)
-        pruner = self.scorers[scorer][0].at(choice.prune_threshold, choice.prune_max, scope=choice.prune_scope)
+        pruner = self.scorers[scorer][0].at(choice.prune_threshold, choice.prune_max, scope=choice.prune_scope,
+                                            token_cap=choice.prune_token_cap)
         scores = np.concatenate([self._sentence_scores[scorer, q.id, i] for i in kept])
         return SieveStages(pruner=pruner).decide_prune(result, scores).kept
 
@@ -436,7 +445,8 @@ class Selection:
 
         for scorer in {c.prune_scorer for c in choices if c.prune != "off"}:  # each scorer's sentences in one batch
             unpruned = {replace(c, prune_threshold=None, prune_max=None, prune="off", prune_scope="passage",
-                                prune_scorer=ZERO_SHOT) for c in choices if c.prune != "off" and c.prune_scorer == scorer}
+                                prune_scorer=ZERO_SHOT, prune_token_cap=None)
+                        for c in choices if c.prune != "off" and c.prune_scorer == scorer}
             self.score_sentences([(q, i) for c in unpruned for q in questions for i in self._kept_indices(c, q)],
                                  scorer)
         prompts = [[self.prompt(c, q) for q in questions] for c in choices]

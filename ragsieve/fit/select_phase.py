@@ -135,7 +135,7 @@ def _sentence_scorers(state: "FitState") -> dict:
     for other cross-encoder weights than its own: then it is left out, and said); each with the store its
     scores outlive the run in, keyed by its weights. None of them when the grid prunes nothing."""
     c = state.config.select
-    if not (c.prune_quantiles or c.prune_max_sentences or c.prune_across_sentences):
+    if not (c.prune_quantiles or c.prune_max_sentences or c.prune_across_sentences or c.prune_token_caps):
         return {}
     from ragsieve.fit.select import ZERO_SHOT
     from ragsieve.prune import SentencePruner
