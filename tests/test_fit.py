@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from ragsieve.data.records import Passage
+from ragsieve.data.records import Passage, Question
 from ragsieve.errors import RagsieveError
 
 TOPICS = ["apples", "rivers", "castles", "comets", "violins", "glaciers", "tigers", "bridges", "lanterns", "deserts",
@@ -322,3 +322,20 @@ def test_frugal_fit_on_150_own_corpus_questions_does_not_ship_closed_book(tmp_pa
     assert selection["margin"] == metrics["margin"] == 0.02 and isinstance(metrics["decided"], bool)
     assert metrics["do_no_harm"]["power"]["detectable_difference"] > 0
     assert "held-out accuracy, dev + test" in result.out
+
+
+def test_sentence_labels_rise_above_the_questions_typical_sentence():
+    """A weak LLM's Conf moves a little for any text: a sentence's label is how far its shift rises above the
+    question's median sentence, over the best one's margin (at least min_shift); right / wrong answers stay as they
+    are (issue #71)."""
+    from ragsieve.fit.sentences import examples_from_row
+
+    passages = [Passage("a", "One. Two."), Passage("b", "Three. Four.")]
+    row = {"passage_ids": ["a", "b"], "spans": [[[0, 4], [5, 9]], [[0, 6], [7, 12]]], "conf_q": 0.10,
+           "conf_top": 0.30, "alone": [0.12, 0.13, 0.22, 0.12], "without": [0.30, 0.30, 0.25, 0.30]}
+    labels = [y for e in examples_from_row(Question("q", "q"), passages, row) for y in e.labels]
+    assert labels == pytest.approx([0.0, 0.0526, 1.0, 0.0], abs=1e-3)  # shifts .02 .03 .12 .02 over median .025
+    flat = {**row, "alone": [0.12, 0.13, 0.13, 0.12], "without": [None] * 4}  # nothing stands out by 0.05
+    assert max(y for e in examples_from_row(Question("q", "q"), passages, flat) for y in e.labels) < 0.25
+    answers = {**row, "conf_q": 0.0, "conf_top": 1.0, "alone": [1.0, 1.0, 1.0, 0.0], "without": [1.0] * 4}
+    assert [e.labels for e in examples_from_row(Question("q", "q"), passages, answers)] == [(1.0, 1.0), (1.0, 0.0)]

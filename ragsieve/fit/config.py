@@ -83,6 +83,9 @@ class SentenceLabelConfig(StrictConfig):
     # whose top passages: the reranker alignment starts from (what a sieve prunes), or the retriever's
     order: Literal["reranker", "retriever"] = "reranker"
     leave_one_out: bool = True  # also measure each sentence left out of the top passages (one long prompt each)
+    # labels are shifts over the question's largest, at least this: a question whose sentences barely move Conf
+    # keeps low labels (examples_from_row)
+    min_shift: float = Field(0.05, gt=0, le=1)
     # the forgetting guard (ragsieve.fit.sentences.forgetting_guard): NQ held-out gold passages, answer sentence at
     # best 1, fitted vs shipped head; 3 points on 400 questions, as the aligned reranker's guard allows 2 of MRR
     guard_questions: int = Field(400, ge=1)
