@@ -424,6 +424,22 @@ def test_a_keep_head_carries_on_from_the_rank_forward_and_reads_only_what_the_ra
     assert own_reads == [1]
 
 
+def test_a_keep_head_checks_a_foreign_cross_encoder_once(tiny_cross_encoder_dir, monkeypatch):
+    """The stages are built per /v1/filter request: a cross-encoder of other weights is refused once, not by
+    reading both weights files on every request."""
+    import ragsieve.artifacts
+    from ragsieve.prune.head import SentenceKeepHead
+    from ragsieve.registry import load_reranker
+
+    head = SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1)
+    foreign = load_reranker("embedded:base", backend="torch")
+    reads = []
+    real = ragsieve.artifacts.weights_key
+    monkeypatch.setattr(ragsieve.artifacts, "weights_key", lambda *a, **k: reads.append(a) or real(*a, **k))
+    assert not head.read_rank_states(foreign) and not head.read_rank_states(foreign)
+    assert len(reads) == 2 and head.rank is None  # this head's weights and the foreign ones, the first time only
+
+
 def torch_seed_branch(head) -> None:
     """Random keep-classifier weights: the untrained zero classifier scores every sentence 0."""
     import torch

@@ -50,7 +50,7 @@ HEAD_FILE = "prune_head.safetensors"
 
 def label_sentences(state: "FitState") -> None:
     """Measure (or read) every train question's sentence shifts, label them, and train the fitted head."""
-    state.sentence_labels, state.fitted_head, state.head_guard = {}, None, {}
+    state.sentence_labels, state.fitted_head, state.head_guard, state.fitted_head_report = {}, None, {}, {}
     settings = state.config.sentences
     if not settings.enabled:
         return
@@ -59,8 +59,10 @@ def label_sentences(state: "FitState") -> None:
     state.sentence_labels = {qid: examples_from_row(by_id[qid], state.candidates[qid], row, settings.min_shift)
                              for qid, row in rows.items() if qid in by_id}
     examples = [e for group in state.sentence_labels.values() for e in group]
-    log.info("fit: sentence labels for %d train questions, %d sentences, %d at >= 0.5", len(state.sentence_labels),
-             sum(len(e.labels) for e in examples), sum(y >= 0.5 for e in examples for y in e.labels))
+    from ragsieve.prune.training import KEEP_LABEL
+
+    log.info("fit: sentence labels for %d train questions, %d sentences, %d to keep", len(state.sentence_labels),
+             sum(len(e.labels) for e in examples), sum(y >= KEEP_LABEL for e in examples for y in e.labels))
     if not any(y > 0 for e in examples for y in e.labels):
         log.warning("fit: no sentence raised the LLM's confidence on the train questions: no fitted keep head")
         return

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -87,6 +88,9 @@ class SentenceKeepHead(BaseRanker):
         self.rank: "CrossEncoderRanker | None" = None  # the reranker whose forward leaves this head's trunk states
         self.precision = "torch"  # the forward's backend: fp32, or the reranker's (torch-bf16) once reading it
         self.serving_branch: "BertBranch | None" = None  # the branch as BERT layers, once reading the rank's states
+        # cross-encoders this head cannot carry on from: the stages are built per request (/v1/filter), and each
+        # check reads two weights files
+        self._refused: "weakref.WeakSet[CrossEncoderRanker]" = weakref.WeakSet()
 
     @classmethod
     def untrained(cls, folder: str | Path | None = None, branch_layers: int = 2, **kwargs: Any) -> SentenceKeepHead:
@@ -118,13 +122,13 @@ class SentenceKeepHead(BaseRanker):
         from ragsieve.artifacts import weights_key
 
         cross = _cross_encoder_in(ranker)
-        if cross is None:
+        if cross is None or cross in self._refused:
             return False
         if cross is self.rank:
             return True
-        if not Path(cross.model_dir).is_dir() or weights_key(cross.model_dir) != weights_key(self.folder):
-            return False
-        if cross.record_states(len(self.encoder.encoder.layer)) is None:
+        if (not Path(cross.model_dir).is_dir() or weights_key(cross.model_dir) != weights_key(self.folder)
+                or cross.record_states(len(self.encoder.encoder.layer)) is None):
+            self._refused.add(cross)
             return False
         self.rank, self.precision = cross, cross.backend
         self.serving_branch = self.branch.as_bert(self.encoder.config)  # its weights as they are now: inference only
