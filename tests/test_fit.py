@@ -175,6 +175,10 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert again_written["metrics"]["selection"]["answer_cache"]["answered"] == 0  # every answer from the records
     assert len((records / "shifts.jsonl").read_text().splitlines()) == len(shifts)  # no shift measured again
     assert (records / "sentence_shifts.jsonl").read_text().splitlines() == sentence_rows  # nor a sentence's
+    # the head's recorded rejection stands for the same labels and settings: not trained again
+    assert json.loads((records / "head_check.json").read_text())["kept"] is False
+    assert not (elsewhere / "work" / "keep_head").exists()
+    assert again_written["metrics"]["sentence_labels"]["guard"] == labelled["guard"]
     assert scored_rows() == rows_before  # no candidate of the start reranker scored again
     recorded_check = json.loads((records / "align_check.json").read_text())
     assert recorded_check["kept"] == check["kept"] and recorded_check["align_key"]

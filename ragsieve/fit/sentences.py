@@ -24,6 +24,8 @@ loss taking them as soft targets; checkpointed per epoch under ``<work>/keep_hea
 held-out gold passages it must keep the answer sentence at best 1 non-inferiorly to the shipped head, at
 ``sentences.guard_margin``; not measured without the bundled data); the state gets ``sentence_labels`` (question
 id → its :class:`~ragsieve.prune.training.KeepExample` s), ``head_guard`` and ``fitted_head`` (the file, or None).
+The verdict is kept in ``<work>/head_check.json`` and ``<records>/head_check.json``, keyed by the labels and
+settings: a rerun takes it without training again, and a rejection recorded elsewhere stands on a new machine.
 
 Off unless ``sentences.enabled``: the phase then leaves both empty.
 """
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 
 SHIFTS_FILE = "sentence_shifts.jsonl"
 HEAD_FILE = "prune_head.safetensors"
+HEAD_CHECK_FILE = "head_check.json"  # the trained head's guard verdict, keyed by its labels and settings
 
 
 def label_sentences(state: "FitState") -> None:
@@ -66,14 +69,62 @@ def label_sentences(state: "FitState") -> None:
     if not any(y > 0 for e in examples for y in e.labels):
         log.warning("fit: no sentence raised the LLM's confidence on the train questions: no fitted keep head")
         return
+    key = _head_key(state)
+    decided = _decided_head(state, key)
+    if decided is not None:  # trained and guarded before on these labels and settings: the decision stands
+        state.head_guard, state.fitted_head_report = decided["guard"], decided["report"]
+        state.fitted_head = state.out / HEAD_FILE if decided["kept"] else None
+        return
     head = _train_head(state, examples)
     state.head_guard = forgetting_guard(head, settings.guard_questions, settings.guard_margin,
                                         state.config.data_dir)
-    if state.head_guard.get("non_inferior") is False:  # it forgot what the annotations taught: not in the grid
-        head.rename(state.work / f"rejected-{HEAD_FILE}")
+    kept = state.head_guard.get("non_inferior") is not False
+    if not kept:  # it forgot what the annotations taught: not in the grid
+        head.replace(state.work / f"rejected-{HEAD_FILE}")
         log.warning("fit: the fitted keep head is left out: %s", state.head_guard["verdict"])
-        return
-    state.fitted_head = head
+    _record_head_decision(state, key, kept)
+    state.fitted_head = head if kept else None
+
+
+def _head_key(state: "FitState") -> str:
+    """The labels and settings a fitted head is trained and guarded on (a change of either trains it again)."""
+    import hashlib
+    import json
+
+    settings = state.config.sentences
+    labels = sorted([qid, [[e.passage.id, [round(y, 6) for y in e.labels]] for e in group]]
+                    for qid, group in state.sentence_labels.items())
+    return hashlib.sha1(json.dumps([labels, settings.model_dump(), state.config.data_dir], sort_keys=True,
+                                   default=str).encode()).hexdigest()
+
+
+def _decided_head(state: "FitState", key: str) -> dict[str, Any] | None:
+    """The recorded decision for ``key``: ``<work>/head_check.json`` (with the kept head in ``<out>``), or a
+    rejection in ``<records>/head_check.json`` made on another machine (a kept head needs its weights: trained
+    again there)."""
+    import json
+
+    check = state.work / HEAD_CHECK_FILE
+    if check.is_file():
+        decided = json.loads(check.read_text())
+        if decided.get("key") == key and (not decided["kept"] or (state.out / HEAD_FILE).is_file()):
+            return decided
+    record = state.records / HEAD_CHECK_FILE if state.records else None
+    if record is not None and record.is_file():
+        decided = json.loads(record.read_text())
+        if decided.get("key") == key and not decided["kept"]:
+            (state.out / HEAD_FILE).unlink(missing_ok=True)
+            return decided
+    return None
+
+
+def _record_head_decision(state: "FitState", key: str, kept: bool) -> None:
+    from ragsieve.atomic import write_json_atomic
+
+    decided = {"key": key, "kept": kept, "guard": state.head_guard, "report": state.fitted_head_report}
+    write_json_atomic(state.work / HEAD_CHECK_FILE, decided)
+    if state.records is not None:
+        write_json_atomic(state.records / HEAD_CHECK_FILE, decided)
 
 
 def examples_from_row(q: Question, candidates: Sequence[Passage], row: dict[str, Any], min_shift: float = 0.05
