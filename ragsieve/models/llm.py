@@ -8,12 +8,13 @@ Both expose ``generate(user_messages, ...) -> list[str]``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 from ragsieve.artifacts import cache_rebuild, check_model_folder
 from ragsieve.atomic import atomic_directory
@@ -423,6 +424,27 @@ def _embedded_cache_dir(name: str) -> Path:
     return cache_dir() / "models" / f"{name}-v{_CACHE_FORMAT}"
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers parses the GGUF file's header anew for the tokenizer, the config and the weights; in pure
+    Python each parse of SmolLM2's 49k-token vocabulary takes ≈ 6 s. Within this block a file is parsed once."""
+    import gguf
+
+    original, parsed = gguf.GGUFReader, {}
+
+    def read_once(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in parsed:
+            parsed[key] = original(path, mode)
+        return parsed[key]
+
+    gguf.GGUFReader = read_once
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _convert_gguf_to_cache(name: str) -> Path:
     """Dequantise an embedded GGUF once and keep a safetensors copy.
 
@@ -444,8 +466,9 @@ def _convert_gguf_to_cache(name: str) -> Path:
         if (target / "config.json").exists():  # another process finished while we waited
             return target
         log.info("converting %s (first load, ~20 s) into %s", gguf_path.name, target)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        with _gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         # The weights are now plain fp32; drop the GGUF quantiser so save_pretrained
         # writes ordinary safetensors that load without gguf installed.
         model.hf_quantizer = None
