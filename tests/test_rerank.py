@@ -160,9 +160,11 @@ if slow:  # slow steps so the parent can kill between two saves
 train_cross_encoder(recs, cfg, sys.argv[2], checkpoint_dir=sys.argv[3])
 """)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    # uninterrupted reference (its own checkpoint folder)
-    subprocess.run([sys.executable, str(script), "fast", str(tmp_path / "ref"), str(tmp_path / "ref-ckpt")],
-                   check=True, env=env, capture_output=True)
+    # the uninterrupted reference (its own checkpoint folder), trained beside the run that is killed
+    ref_err = (tmp_path / "ref.err").open("w")  # a file: a full pipe would block it
+    reference = subprocess.Popen([sys.executable, str(script), "fast", str(tmp_path / "ref"),
+                                  str(tmp_path / "ref-ckpt")], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=ref_err)
     ckpts = tmp_path / "ckpt"
     proc = subprocess.Popen([sys.executable, str(script), "slow", str(tmp_path / "out"), str(ckpts)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -173,6 +175,9 @@ train_cross_encoder(recs, cfg, sys.argv[2], checkpoint_dir=sys.argv[3])
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "out" / "model.safetensors").exists()
+    reference.wait(300)
+    ref_err.close()
+    assert reference.returncode == 0, (tmp_path / "ref.err").read_text()[-2000:]
     subprocess.run([sys.executable, str(script), "fast", str(tmp_path / "out"), str(ckpts)], check=True, env=env,
                    capture_output=True)
     card = json.loads((tmp_path / "out" / TRAINING_CARD).read_text())
