@@ -15,13 +15,21 @@ REPO = Path(__file__).resolve().parents[1]
 STATUS = re.compile(r"^(?P<task>.+): (?P<done>[\d,]+)/(?P<total>[\d,]+) \(\d+%\), [\d.,]+/s, \S+ left$")
 
 
-def _ragsieve(*args, cwd: Path) -> tuple[int, str, str]:
-    """Run the real command in a child process, stdout and stderr to files (not a terminal), as in a CI log."""
+def _start(*args, cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """Start the real command in a child process, stdout and stderr to files in ``cwd`` (not a terminal), as in a
+    CI log."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAGSIEVE_PROGRESS_SECONDS": "30"}
+    cwd.mkdir(parents=True, exist_ok=True)
     with open(cwd / "stdout.log", "w") as out, open(cwd / "stderr.log", "w") as err:
-        code = subprocess.run([sys.executable, "-m", "ragsieve.cli", *map(str, args)], stdout=out, stderr=err,
-                              cwd=cwd, env=env, timeout=300).returncode
+        return subprocess.Popen([sys.executable, "-m", "ragsieve.cli", *map(str, args)], stdout=out, stderr=err,
+                                cwd=cwd, env=env), cwd
+
+
+def _finish(started: tuple[subprocess.Popen, Path]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a command :func:`_start` started."""
+    proc, cwd = started
+    code = proc.wait(timeout=300)
     return code, (cwd / "stdout.log").read_text(), (cwd / "stderr.log").read_text()
 
 
@@ -76,15 +84,8 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
                                                      tiny_cross_encoder_dir):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"This passage is about {t}."}) + "\n" for t in TOPICS))
-    code, out, err = _ragsieve("index", "--passages", corpus, "--out", tmp_path / "dense", "--kind", "dense",
-                               cwd=tmp_path)
-    assert code == 0, err
-    # the first line says what is built and on which encoder backend (issue #74)
-    assert err.startswith("index: building a dense index over 24 passages (encoder on ")
-    assert "embedding: started, 24 to do" in err and "embedding: done, 24/24 in " in err
-    # stdout holds the result only
-    assert " ".join(out.split()) == f"indexed 24 passages from 1 path(s) (dense) → {tmp_path / 'dense'}"
-
+    indexing = _start("index", "--passages", corpus, "--out", tmp_path / "dense", "--kind", "dense",
+                      cwd=tmp_path / "index-run")
     index, qa, endpoint = fit_inputs
     config = tmp_path / "fit.yaml"
     config.write_text(
@@ -93,9 +94,18 @@ def test_fit_and_index_print_progress_lines_to_a_log(fit_inputs, tmp_path, tiny_
         f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 1, train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
     )
     sieve = tmp_path / "sieve"
-    code, out, err = _ragsieve("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", sieve,
-                               "--config", config, "--gate", "none", "--generator", endpoint, "--max-questions", 12,
-                               cwd=tmp_path)
+    fitting = _start("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", sieve,
+                     "--config", config, "--gate", "none", "--generator", endpoint, "--max-questions", 12,
+                     cwd=tmp_path / "fit-run")  # beside the index build: two processes, two logs
+    code, out, err = _finish(indexing)
+    assert code == 0, err
+    # the first line says what is built and on which encoder backend (issue #74)
+    assert err.startswith("index: building a dense index over 24 passages (encoder on ")
+    assert "embedding: started, 24 to do" in err and "embedding: done, 24/24 in " in err
+    # stdout holds the result only
+    assert " ".join(out.split()) == f"indexed 24 passages from 1 path(s) (dense) → {tmp_path / 'dense'}"
+
+    code, out, err = _finish(fitting)
     assert code == 0, err
     lines = err.splitlines()
     assert lines[0].startswith("fit: questions, index and ") and " loaded in " in lines[0]
