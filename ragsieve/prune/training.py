@@ -33,6 +33,7 @@ from pydantic import Field
 
 from ragsieve.config import StrictConfig
 from ragsieve.data.records import Passage
+from ragsieve.progress import report
 from ragsieve.prune.head import SentenceKeepHead, TrunkStates
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class KeepHeadTrainer:
             groups.append({"params": list(branch.layers.parameters()), "lr": self.config.learning_rate})
         optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
         state = self._resume(checkpoint, optimizer)
+        report("keep head epochs", state["epoch"], self.config.epochs)
         for epoch in range(state["epoch"], self.config.epochs):
             branch.train()
             losses = [self._step(optimizer, [examples[i] for i in batch], [read[i] for i in batch])
@@ -106,6 +108,7 @@ class KeepHeadTrainer:
             score = self._dev_map([examples[i] for i in dev], [read[i] for i in dev])
             state["history"].append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "dev_map": score})
             log.info("keep head: epoch %d, loss %.4f, dev MAP %.4f", epoch + 1, np.mean(losses), score)
+            report("keep head epochs", epoch + 1, self.config.epochs)
             if score > state["best_map"]:
                 state["best_map"], state["best"] = score, {k: v.clone() for k, v in branch.state_dict().items()}
             state["epoch"] = epoch + 1
@@ -240,12 +243,13 @@ class KeepHeadTrainer:
         order = sorted(range(len(examples)), key=lambda i: len(examples[i].query) + len(examples[i].passage.full_text))
         out: list[TrunkStates | None] = [None] * len(examples)
         step = self.head.batch_size * 16
+        report("keep head states", 0, len(order))  # a log reads a task's first report as "N to do"
         for lo in range(0, len(order), step):
             part = [examples[i] for i in order[lo: lo + step]]
             got = self.head.trunk_states([e.query for e in part], [e.passage for e in part], [e.spans for e in part])
             for i, r in zip(order[lo: lo + step], got):
                 out[i] = r
-            log.info("keep head: read %d / %d training passages", min(lo + step, len(order)), len(order))
+            report("keep head states", min(lo + step, len(order)), len(order))  # minutes for a fit's passages
         return out  # type: ignore[return-value]
 
     def _resume(self, path: Path | None, optimizer) -> dict[str, Any]:
