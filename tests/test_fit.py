@@ -81,10 +81,10 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert selection["n_configurations"] == len(grid) > 20 and selection["plot"] == "frontier.png"
     # sentences pruned per passage and across passages (issue #69), each by zero-shot pairs and by the keep head
     pruned = [r for r in grid if r["prune"] != "off"]
-    # a keep head trained on this LLM's sentence labels (issue #71: the probe's Conf shifts) must keep NQ's held-out
-    # answer sentences non-inferiorly to the shipped head; 12 questions cannot show it at 0.1 points: left out
+    # a keep head trained on this LLM's sentence labels (issue #71: its gold answers' likelihood) must keep NQ's
+    # held-out answer sentences non-inferiorly to the shipped head; 12 questions cannot show it at 0.1 points: left out
     labelled = metrics["sentence_labels"]
-    assert labelled["from"] == "probe Conf" and labelled["head"] is None and labelled["guard"]["n"] == 12
+    assert labelled["from"] == "answer likelihood" and labelled["head"] is None and labelled["guard"]["n"] == 12
     assert labelled["guard"]["non_inferior"] is False and (out / "work" / "rejected-prune_head.safetensors").is_file()
     assert {r["prune_scorer"] for r in pruned} == {"zero-shot", "prune-head"}
     assert {r["prune_scope"] for r in pruned} == {"passage", "across"}
@@ -150,8 +150,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
     assert answers and all(set(r) == {"key", "generation", "seconds"} for r in answers)
     assert shifts and all(set(r) == {"question_id", "conf_q", "inc", "candidate_ids"} for r in shifts)
     sentence_rows = (records / "sentence_shifts.jsonl").read_text().splitlines()
-    assert sentence_rows and all(set(json.loads(r)) == {"question_id", "passage_ids", "spans", "conf_q", "conf_top",
-                                                        "alone", "without"} for r in sentence_rows)
+    assert sentence_rows and all(set(json.loads(r)) == {"question_id", "signal", "passage_ids", "spans", "conf_q",
+                                                        "conf_top", "alone", "without"} for r in sentence_rows)
     assert not any("know about" in line for line in (records / "answers.jsonl").read_text().splitlines())
     # the candidates' scores by id, per reranker weights: the selection on a new machine ranks nothing again
     from ragsieve.registry import reranker_scores_key

@@ -96,6 +96,22 @@ def test_smollm2_hidden_states_and_answer(smollm2):
     assert "paris" in smollm2.generate(["What is the capital of France?"], max_new_tokens=12)[0].lower()
 
 
+def test_a_gold_answer_is_likelier_after_the_sentence_that_holds_it_in_any_batch(smollm2):
+    """`continuation_logprob`, the fit's sentence signal (issue #71): left-padded batches give each pair's own
+    value, and the sentence holding the answer makes it likelier than closed book or an unrelated sentence."""
+    ask = "Answer briefly.\n{}Question: Who wrote Hamlet?"
+    prompts = [smollm2.format_prompt(ask.format(c)) for c in (
+        "", "Context: Paris is the capital of France and its largest city.\n",
+        "Context: Hamlet is a tragedy written by William Shakespeare sometime between 1599 and 1601.\n")]
+    answers = ["William Shakespeare"] * 3
+    batched = smollm2.continuation_logprob(prompts, answers, batch_size=3)
+    one_by_one = np.array([smollm2.continuation_logprob([p], [a])[0] for p, a in zip(prompts, answers)])
+    np.testing.assert_allclose(batched, one_by_one, atol=1e-4)
+    assert batched[2] > max(batched[0], batched[1])
+    with pytest.raises(RagsieveError, match="empty continuation"):
+        smollm2.continuation_logprob(prompts[:1], [""])
+
+
 @pytest.mark.integration
 def test_gguf_cache_concurrent_conversion(tmp_path):
     """Two processes converting at once: one converts, both load the same complete cache."""

@@ -82,6 +82,11 @@ class SentenceLabelConfig(StrictConfig):
     passages: int = Field(3, ge=1)
     # whose top passages: the reranker alignment starts from (what a sieve prunes), or the retriever's
     order: Literal["reranker", "retriever"] = "reranker"
+    # what a sentence does to a local LLM: the likelihood of a gold answer after it (RECOMP's signal: on run 6's 241
+    # NQ train questions SmolLM2's answer likelihood ranked the answer-bearing sentence first for 89 % of 38
+    # questions, its probe's Conf shift for 17 %, a random sentence 12-14 %), or the probe's Conf. An endpoint-only
+    # fit measures by its right / wrong answers either way.
+    signal: Literal["answer", "conf"] = "answer"
     leave_one_out: bool = True  # also measure each sentence left out of the top passages (one long prompt each)
     # labels are shifts over the question's largest, at least this: a question whose sentences barely move Conf
     # keeps low labels (examples_from_row)

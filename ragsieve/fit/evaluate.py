@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 
 def _sentence_label_metrics(state: "FitState") -> dict:
     """What the sentences phase measured (ragsieve.fit.sentences) and the head it trained, if any."""
+    from ragsieve.fit.sentences import measured_by
     from ragsieve.prune.training import KEEP_LABEL
 
     examples = [e for group in state.sentence_labels.values() for e in group]
     report = state.fitted_head_report
-    return {"from": "probe Conf" if state.probe is not None else "answers", "questions": len(state.sentence_labels),
+    return {"from": measured_by(state), "questions": len(state.sentence_labels),
             "sentences": sum(len(e.labels) for e in examples),
             "to_keep": sum(y >= KEEP_LABEL for e in examples for y in e.labels),
             "head": state.fitted_head.name if state.fitted_head else None, "guard": state.head_guard,

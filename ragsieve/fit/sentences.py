@@ -12,9 +12,12 @@ the top ``sentences.passages`` candidates of the start reranker (or of the retri
 
 and labelled by how far ``max(alone, left out)`` rises above the question's median sentence, over the best
 one's margin (at least ``sentences.min_shift``), clipped to [0, 1]: a graded target, 1 for the sentence that helps
-this LLM most. Conf is the probe's where a local copy of
-the LLM exists, else the LLM's answer itself (1 when it contains a gold answer, 0 otherwise: an endpoint-only
-fit), so one formula serves both. Each question's measurements are appended to ``<work>/sentence_shifts.jsonl``
+this LLM most. "Conf" is what :func:`measured_by` names: for a local LLM, by default the likelihood of a gold
+answer after the prompt (the geometric mean of its token probabilities, RECOMP's signal), or the probe's Conf
+(``sentences.signal: conf``); for an endpoint-only fit the LLM's answer itself (1 when it contains a gold answer,
+0 otherwise), so one formula serves all three. On SmolLM2 the probe's Conf shifts hardly told the sentence holding
+the answer from the others (results/fit/README.md); the answer's likelihood did.
+Each question's measurements are appended to ``<work>/sentence_shifts.jsonl``
 (and ``<records>/sentence_shifts.jsonl``: ids, spans and numbers, no text) as they are made, and every answer goes
 through the answer cache: a killed fit measures only what is missing.
 
@@ -158,18 +161,34 @@ def examples_from_row(q: Question, candidates: Sequence[Passage], row: dict[str,
     return out
 
 
+def measured_by(state: "FitState") -> str:
+    """What a sentence's shift is measured in: ``answer likelihood``, ``probe Conf`` or ``answers`` (endpoint)."""
+    if state.endpoint_only:
+        return "answers"
+    return "answer likelihood" if state.config.sentences.signal == "answer" else "probe Conf"
+
+
+def _row_signal(state: "FitState", row: dict[str, Any]) -> str:
+    # rows written before the signal was recorded were measured by the probe's Conf, or answers for an endpoint
+    return row.get("signal") or ("answers" if state.endpoint_only else "probe Conf")
+
+
 def _sentence_shifts(state: "FitState", questions: Sequence[Question]) -> dict[str, dict[str, Any]]:
-    """Question id → its row: read from the work folder and the records, the rest measured and appended to both."""
+    """Question id → its row: read from the work folder and the records, the rest measured and appended to both.
+    Rows of another signal are not reused."""
     from ragsieve.data.jsonl import append_jsonl, read_jsonl
 
+    signal = measured_by(state)
     path = state.work / SHIFTS_FILE
-    done = {r["question_id"]: r for r in read_jsonl(path, skip_bad=True)} if path.exists() else {}
+    done = {r["question_id"]: r for r in read_jsonl(path, skip_bad=True)
+            if _row_signal(state, r) == signal} if path.exists() else {}
     record = state.records / SHIFTS_FILE if state.records else None
     by_id = {q.id: q for q in questions}
     if record is not None and record.is_file():  # measured on another machine: taken for the same passages
         for row in read_jsonl(record, skip_bad=True):
             q = by_id.get(row["question_id"])
-            if q is not None and q.id not in done and row["passage_ids"] == [p.id for p in _top(state, q)]:
+            if (q is not None and q.id not in done and _row_signal(state, row) == signal
+                    and row["passage_ids"] == [p.id for p in _top(state, q)]):
                 append_jsonl(path, row)
                 done[q.id] = row
     todo = [q for q in questions if q.id not in done]
@@ -210,15 +229,24 @@ def _measure_question(state: "FitState", q: Question) -> dict[str, Any]:
                 rest = [x for j, x in enumerate(top) if j != i]
                 contexts.append(rest[:i] + [cut.as_passage()] + rest[i:] if cut.n_kept else rest)
         without = list(_confidence(state, q, contexts))
-    return {"question_id": q.id, "passage_ids": [p.id for p in top], "spans": [[list(s) for s in ss] for ss in spans],
+    return {"question_id": q.id, "signal": measured_by(state), "passage_ids": [p.id for p in top],
+            "spans": [[list(s) for s in ss] for ss in spans],
             "conf_q": float(conf_q), "conf_top": float(conf_top), "alone": [float(x) for x in alone],
             "without": [None if w is None else float(w) for w in without]}
 
 
 def _confidence(state: "FitState", q: Question, contexts: Sequence[Sequence[Passage] | None]) -> list[float]:
-    """Conf(Q + context) for each context (None: closed book): the probe's, or 1 / 0 by whether the LLM's answer
-    contains a gold answer when there is no probe (an endpoint)."""
-    if state.probe is not None:
+    """Conf(Q + context) for each context (None: closed book), as :func:`measured_by` names it: the likelihood of
+    the likeliest of the question's first three gold answers (the geometric mean of its token probabilities), the
+    probe's Conf, or 1 / 0 by whether an endpoint's answer contains a gold answer."""
+    signal = measured_by(state)
+    if signal == "answer likelihood":
+        prompts = [state.builder.chat_prompt(q.text, c or ()) for c in contexts]
+        golds = [a for a in q.answers if a.strip()][:3]
+        logp = state.llm.continuation_logprob([p for p in prompts for _ in golds], [a for _ in prompts for a in golds],
+                                              batch_size=state.config.batch_size)
+        return [float(x) for x in np.exp(logp.reshape(len(prompts), len(golds)).max(axis=1))]
+    if signal == "probe Conf":
         return [float(x) for x in state.probe.score_batch([q.text] * len(contexts), list(contexts))]
     from ragsieve.eval.qa import contains_answer
     from ragsieve.prompts import first_line

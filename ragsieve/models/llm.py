@@ -106,6 +106,45 @@ class LocalLLM:
             return text, False
         return self.tokenizer.decode(ids[: max(max_tokens, 0)]), True
 
+    # -- scoring ----------------------------------------------------------------
+    def continuation_logprob(self, prompts: Sequence[str], continuations: Sequence[str], *,
+                             batch_size: int = 8) -> "np.ndarray":
+        """Mean log-probability per token of each continuation right after its (already formatted) prompt: how
+        readily this LLM would say a gold answer given a context, one teacher-forced forward per pair (RECOMP
+        labels a compressor's sentences by it).
+
+        Example::
+
+            llm.continuation_logprob([llm.format_prompt("Who wrote Hamlet?")], ["William Shakespeare"])
+        """
+        import numpy as np
+        import torch
+
+        if len(prompts) != len(continuations):
+            raise RagsieveError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        pairs = [(self.tokenizer(p, add_special_tokens=False)["input_ids"],
+                  self.tokenizer(c, add_special_tokens=False)["input_ids"]) for p, c in zip(prompts, continuations)]
+        if any(not c for _, c in pairs):
+            raise RagsieveError("an empty continuation has no log-probability")
+        out = np.zeros(len(pairs), dtype=np.float64)
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))  # less padding
+        pad = self.tokenizer.pad_token_id
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo: lo + batch_size]
+            seqs = [pairs[i][0] + pairs[i][1] for i in idx]
+            width = max(map(len, seqs))
+            ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs], device=self.device)
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs], device=self.device)
+            with torch.inference_mode():  # left padding: positions count from each row's first real token
+                logits = self.model(input_ids=ids, attention_mask=mask,
+                                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            for row, i in enumerate(idx):
+                cont = pairs[i][1]
+                at = torch.arange(width - len(cont) - 1, width - 1, device=self.device)
+                out[i] = float(logp[row, at, torch.tensor(cont, device=self.device)].mean())
+        return out
+
     # -- generation -----------------------------------------------------------
     def generate(
         self,
