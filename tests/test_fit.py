@@ -63,7 +63,8 @@ def test_fit_builds_a_sieve_that_loads_and_resumes(fit_inputs, tmp_path, tiny_ll
         tmp_path, f"layers: [1, 2]\ncandidates: 6\nprobe: {{hidden: 8, epochs: 5, lr: 0.01}}\n"
         f"align: {{init: {tiny_cross_encoder_dir}, n_pos: 2, n_neg: 2,"
         f" train: {{lr: 0.001, batch_size: 4, max_length: 64, replay_ratio: 0.5}}}}\n"
-        "sentences: {enabled: true, passages: 2, train: {epochs: 1}, guard_questions: 12, guard_margin: 0.001}\n")
+        "sentences: {enabled: true, passages: 2, leave_one_out: true, train: {epochs: 1}, guard_questions: 12,"
+        " guard_margin: 0.001}\n")
     records = tmp_path / "records"
     result = cli("fit", "--index", index, "--questions", qa, "--llm", tiny_llm_dir, "--out", out,
                  "--config", config, "--gate", "budget=0.5", "--generator", endpoint, "--records", records)

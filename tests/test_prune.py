@@ -477,6 +477,14 @@ def test_a_keep_head_trains_and_a_rerun_goes_on_from_its_last_checkpointed_epoch
     second = KeepHeadTrainer(again, config.model_copy(update={"epochs": 2}), tmp_path).train(examples)
     assert [e["epoch"] for e in second["epochs"]] == [1, 2]
     assert second["epochs"][0] == first["epochs"][0]
+    # other labels on the same passages (a fit's labels from another signal) train afresh: a checkpoint of the old
+    # labels, finished or not, is not theirs
+    from dataclasses import replace
+
+    relabelled = [replace(e, labels=tuple(1.0 - y for y in e.labels)) for e in examples]
+    third = KeepHeadTrainer(SentenceKeepHead.untrained(tiny_cross_encoder_dir, branch_layers=1),
+                            config.model_copy(update={"epochs": 2}), tmp_path).train(relabelled)
+    assert [e["epoch"] for e in third["epochs"]] == [1, 2] and third["epochs"][0] != first["epochs"][0]
 
 
 def test_a_keep_head_trained_across_passages_batches_whole_questions_and_learns_one_scale(tiny_cross_encoder_dir):

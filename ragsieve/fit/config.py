@@ -87,7 +87,9 @@ class SentenceLabelConfig(StrictConfig):
     # questions, its probe's Conf shift for 17 %, a random sentence 12-14 %), or the probe's Conf. An endpoint-only
     # fit measures by its right / wrong answers either way.
     signal: Literal["answer", "conf"] = "answer"
-    leave_one_out: bool = True  # also measure each sentence left out of the top passages (one long prompt each)
+    # also measure each sentence left out of the top passages: what a multi-hop question loses without a bridge
+    # sentence, at one long prompt per sentence (≈ 3x the phase's time on 2 cores: on for a larger machine)
+    leave_one_out: bool = False
     # labels are shifts over the question's largest, at least this: a question whose sentences barely move Conf
     # keeps low labels (examples_from_row)
     min_shift: float = Field(0.05, gt=0, le=1)

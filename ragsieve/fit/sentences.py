@@ -4,7 +4,8 @@ and a keep head trained on them.
 A keep head shipped with ragsieve learned from dataset annotations (supporting facts, answer sentences) that a
 user's corpus does not have. Here the labels come from the user's LLM on the user's train questions, as RECOMP
 and LooComp label a compressor's sentences by what they do to the LM: for each train question, every sentence of
-the top ``sentences.passages`` candidates of the start reranker (or of the retriever) is measured twice,
+the top ``sentences.passages`` candidates of the start reranker (or of the retriever) is measured alone and, with
+``sentences.leave_one_out``, left out:
 
 * **alone**: Conf(Q + sentence) − Conf(Q), what the sentence adds by itself (sufficiency);
 * **left out**: Conf(Q + top passages) − Conf(Q + top passages without it), what the context loses without it

@@ -87,10 +87,11 @@ class KeepHeadTrainer:
         import torch
 
         states_key = self._states_key(examples)
-        # a checkpoint belongs to these states, this config (but for the epochs: a run may be extended) and the
-        # branch's shape
+        # a checkpoint belongs to these states, these labels (a fit's labels change with its signal on the same
+        # passages), this config (but for the epochs: a run may be extended) and the branch's shape
         checkpoint = None if self.work_dir is None else self.work_dir / "checkpoint-{}.pt".format(_digest(
-            [states_key, self.config.model_dump(exclude={"epochs"}), len(self.head.branch.layers)]))
+            [states_key, [e.labels for e in examples], self.config.model_dump(exclude={"epochs"}),
+             len(self.head.branch.layers)]))
         read = self._trunk_states(examples, states_key)
         train, dev = self._split(examples)
         branch = self.head.branch
