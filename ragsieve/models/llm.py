@@ -135,13 +135,14 @@ class LocalLLM:
             width = max(map(len, seqs))
             ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs], device=self.device)
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs], device=self.device)
+            keep = max(len(pairs[i][1]) for i in idx) + 1  # the vocabulary projection of the answers' positions only
             with torch.inference_mode():  # left padding: positions count from each row's first real token
-                logits = self.model(input_ids=ids, attention_mask=mask,
+                logits = self.model(input_ids=ids, attention_mask=mask, logits_to_keep=keep,
                                     position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
             logp = torch.log_softmax(logits.float(), dim=-1)
             for row, i in enumerate(idx):
                 cont = pairs[i][1]
-                at = torch.arange(width - len(cont) - 1, width - 1, device=self.device)
+                at = torch.arange(keep - len(cont) - 1, keep - 1, device=self.device)
                 out[i] = float(logp[row, at, torch.tensor(cont, device=self.device)].mean())
         return out
 
