@@ -94,8 +94,9 @@ class SentenceLabelConfig(StrictConfig):
     # keeps low labels (examples_from_row)
     min_shift: float = Field(0.05, gt=0, le=1)
     # the forgetting guard (ragsieve.fit.sentences.forgetting_guard): NQ held-out gold passages, answer sentence at
-    # best 1, fitted vs shipped head; 3 points on 400 questions, as the aligned reranker's guard allows 2 of MRR
-    guard_questions: int = Field(400, ge=1)
+    # best 1, fitted vs shipped head; 3 points, as the aligned reranker's guard allows 2 of MRR. All 518 such
+    # held-out questions: on 400, run 6's fitted head (71.25 % vs 71.5 %, 23 vs 24 discordant) could not show 3 points
+    guard_questions: int = Field(600, ge=1)
     guard_margin: float = Field(0.03, gt=0, lt=1)
     train: KeepHeadTrainingConfig = Field(default_factory=_sentence_head_train)
 
