@@ -196,8 +196,8 @@ def test_endpoint_only_fit_learns_preferences_from_answers(fit_inputs, tmp_path,
         tmp_path, f"candidates: 4\nalign: {{init: {tiny_cross_encoder_dir}, n_pos: 1, n_neg: 3, guard: false,"
         f" train: {{lr: 0.001, batch_size: 4, max_length: 64}}}}\n"
         "select: {ks: [0, 1, 2], plain_ks: [1, 2], n_boot: 200}\n"
-        "sentences: {enabled: true, passages: 2, order: retriever, train: {epochs: 1}, guard_questions: 12,"
-        " guard_margin: 0.5}\n")
+        "sentences: {enabled: true, passages: 2, order: retriever, leave_one_out: true, train: {epochs: 1},"
+        " guard_questions: 12, guard_margin: 0.5}\n")
     result = cli("fit", "--index", index, "--questions", qa, "--llm", endpoint, "--out", out, "--config", config,
                  "--objective", "tokens=400")
     assert result.code == 0, result.err
