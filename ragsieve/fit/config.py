@@ -82,10 +82,10 @@ class SentenceLabelConfig(StrictConfig):
     passages: int = Field(3, ge=1)
     # whose top passages: the reranker alignment starts from (what a sieve prunes), or the retriever's
     order: Literal["reranker", "retriever"] = "reranker"
-    # what a sentence does to a local LLM: the likelihood of a gold answer after it (RECOMP's signal: on run 6's 241
-    # NQ train questions SmolLM2's answer likelihood ranked the answer-bearing sentence first for 89 % of 38
-    # questions, its probe's Conf shift for 17 %, a random sentence 12-14 %), or the probe's Conf. An endpoint-only
-    # fit measures by its right / wrong answers either way.
+    # what a sentence does to a local LLM: the likelihood of a gold answer after it (RECOMP's signal: on run 6's 233
+    # NQ train questions with an answer sentence among others, SmolLM2's answer likelihood labelled it first for
+    # 93 %, its probe's Conf shift for 17 %, a random sentence 14 %: studies/sentence_label_signal.py), or the
+    # probe's Conf. An endpoint-only fit measures by its right / wrong answers either way.
     signal: Literal["answer", "conf"] = "answer"
     # also measure each sentence left out of the top passages: what a multi-hop question loses without a bridge
     # sentence, at one long prompt per sentence (≈ 3x the phase's time on 2 cores: on for a larger machine)
