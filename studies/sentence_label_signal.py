@@ -27,14 +27,18 @@ def main() -> None:
     from ragsieve.eval.qa import contains_answer
     from ragsieve.eval.stats import bootstrap_metric
     from ragsieve.fit.sentences import SHIFTS_FILE, examples_from_row
+    from ragsieve.paths import cache_dir
     from ragsieve.retrieve import load_index
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("fit", type=Path, help="bench/fit.py's --out (holds qa.jsonl and sieve/work)")
-    parser.add_argument("--index", type=Path, help="the fit's index (default: the one cached index)")
+    parser.add_argument("--index", type=Path, help="the fit's index (default: the cache's index, when it has one)")
     args = parser.parse_args()
     qa = {r["id"]: r for r in read_jsonl(args.fit / "qa.jsonl")}
-    index = args.index or next((Path.home() / ".cache" / "ragsieve" / "indexes").iterdir())
+    cached = sorted((cache_dir() / "indexes").glob("*")) if args.index is None else []
+    if args.index is None and len(cached) != 1:
+        parser.error(f"{len(cached)} indexes in {cache_dir() / 'indexes'}: name the fit's with --index")
+    index = args.index or cached[0]
     pool = {p.id: p for p in load_index(index).passages}
     by_signal: dict[str, list[dict]] = {}
     for row in read_jsonl(args.fit / "sieve" / "work" / SHIFTS_FILE):

@@ -128,13 +128,11 @@ class LocalLLM:
             raise RagsieveError("an empty continuation has no log-probability")
         out = np.zeros(len(pairs), dtype=np.float64)
         order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))  # less padding
-        pad = self.tokenizer.pad_token_id
         for lo in range(0, len(order), batch_size):
             idx = order[lo: lo + batch_size]
-            seqs = [pairs[i][0] + pairs[i][1] for i in idx]
-            width = max(map(len, seqs))
-            ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs], device=self.device)
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs], device=self.device)
+            batch = self.tokenizer.pad({"input_ids": [pairs[i][0] + pairs[i][1] for i in idx]}, padding=True,
+                                       return_tensors="pt").to(self.device)  # on the left (see __init__)
+            ids, mask = batch["input_ids"], batch["attention_mask"]
             keep = max(len(pairs[i][1]) for i in idx) + 1  # the vocabulary projection of the answers' positions only
             with torch.inference_mode():  # left padding: positions count from each row's first real token
                 logits = self.model(input_ids=ids, attention_mask=mask, logits_to_keep=keep,
