@@ -57,6 +57,20 @@ def test_sieve_load_and_each_stage_acts(sieve_dir, tiny_llm):
     assert [p.id for p in kept.kept] == ["answer"] and [v.relevant for v in kept.verdicts] == [True, False]
 
 
+def test_a_sieve_built_from_a_changed_config_runs_as_changed(sieve_dir, tiny_llm):
+    """Sieve(config, folder) uses the config it is given (components still found in the folder), not the folder's
+    sieve.json: how a study tries a grid point of a fitted sieve without writing a folder."""
+    from ragsieve import Sieve
+
+    folder, _ = sieve_dir
+    loaded = Sieve.load(folder, llm=tiny_llm)
+    assert [p.id for p in loaded.filter(QUESTIONS[0], DOCS).selected] == ["answer", "stuffed"]
+    changed = Sieve(loaded.config.model_copy(update={"top_k": 1, "grader": None}), folder, llm=tiny_llm)
+    kept = changed.filter(QUESTIONS[0], DOCS)
+    assert [p.id for p in kept.kept] == ["answer"] and not kept.verdicts
+    assert changed.gate is not None  # the probe, in the folder, still loads by its relative name
+
+
 def test_sieve_answer_traces_every_stage(sieve_dir, tiny_llm, tmp_path):
     from ragsieve import Sieve
     from ragsieve.retrieve import build_index

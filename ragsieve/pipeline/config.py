@@ -7,12 +7,16 @@ refused here, in one line, before a model is loaded or a folder is created.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Optional
 
 from pydantic import Field, model_validator
 
 from ragsieve.config import StrictConfig
 from ragsieve.models.specs import DEFAULT_LLM
+
+if TYPE_CHECKING:
+    from ragsieve.pipeline.sieve_config import SieveConfig
 
 DEFAULT_PROBE = "embedded:smollm2-nq"
 
@@ -58,10 +62,15 @@ class PipelineConfig(StrictConfig):
         """With a sieve, the same config with the sieve's stages and sizes filled in (paths resolved)."""
         if not self.sieve:
             return self
-        from ragsieve.pipeline.sieve_config import read_sieve_config, resolve_component, sieve_folder
+        from ragsieve.pipeline.sieve_config import read_sieve_config, sieve_folder
 
         folder = sieve_folder(self.sieve)
-        sc = read_sieve_config(folder)
+        return self.with_sieve(read_sieve_config(folder), folder)
+
+    def with_sieve(self, sc: "SieveConfig", folder: str | Path) -> "PipelineConfig":
+        """This config with the stages and sizes of sieve config ``sc`` (its components found in ``folder``): how
+        a folder's ``sieve.json``, or a :class:`~ragsieve.pipeline.sieve.Sieve` built from a changed config, runs."""
+        from ragsieve.pipeline.sieve_config import resolve_component
 
         def part(value: str | None) -> str | None:
             return resolve_component(folder, value) if value else None

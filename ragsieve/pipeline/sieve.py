@@ -65,7 +65,8 @@ class Sieve:
 
         if self.folder is None:
             raise RagsieveError("this sieve has no folder yet: save it first")
-        return PipelineConfig(sieve=str(self.folder))
+        # this object's config, not the folder's sieve.json: a sieve loaded and then changed runs as changed
+        return PipelineConfig().with_sieve(self.config, self.folder)
 
     @cached_property
     def stages(self) -> SieveStages:
