@@ -37,6 +37,7 @@ from studies.rerank_align import RerankAlignExperiment
 from studies.rerank_align_guard import RerankAlignGuardStudy
 from studies.rerank_base import RerankBaseStudy
 from studies.rerank_distill import RerankDistillStudy
+from studies.sieve_answers import SieveAnswersStudy
 
 EXPERIMENTS: dict[str, type["Experiment"]] = {
     "probe_nq": ProbeExperiment,
@@ -53,6 +54,7 @@ EXPERIMENTS: dict[str, type["Experiment"]] = {
     "prune_head": PruneHeadStudy,
     "prune_across": PruneAcrossStudy,
     "cascade": CascadeStudy,
+    "sieve_answers": SieveAnswersStudy,
 }
 
 
