@@ -499,6 +499,14 @@ def shipped_rows(results: dict[str, dict[str, Any]], ship_from: str) -> dict[str
     return out
 
 
+def write_outcomes(out_dir: Path, dataset: str, rows: dict[str, dict[str, Any]]) -> None:
+    """Every row's per-question outcomes (``rows_<dataset>.jsonl``: name, right / wrong, prompt tokens), what the
+    paired comparisons of a later study read back (:func:`_outcomes`)."""
+    with open(Path(out_dir) / f"rows_{dataset}.jsonl", "w", encoding="utf-8") as f:
+        for r in rows.values():
+            f.write(json.dumps({k: r[k] for k in ("name", "correct", "tokens_each")}) + "\n")
+
+
 def _outcomes(out_dir: Path, dataset: str, name: str) -> dict[str, Any]:
     """A row's per-question outcomes as a study wrote them (``rows_<dataset>.jsonl``)."""
     with open(Path(out_dir) / f"rows_{dataset}.jsonl", encoding="utf-8") as f:
@@ -584,9 +592,7 @@ class PruneStudy:
             result = run_dataset(dataset, config, out_dir, llm, builder, shipped)
             if config.ship_to and dataset == config.ship_from and result["default_prune_choice"]["prune"] != "off":
                 shipped = result["default_prune_choice"]
-            with open(out_dir / f"rows_{dataset}.jsonl", "w", encoding="utf-8") as f:
-                for r in result["rows"].values():
-                    f.write(json.dumps({k: r[k] for k in ("name", "correct", "tokens_each")}) + "\n")
+            write_outcomes(out_dir, dataset, result["rows"])
             results[dataset] = public(result)
             write_json(out_dir / "metrics.json", results)
             write_report(out_dir, results, config)

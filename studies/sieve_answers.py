@@ -265,7 +265,7 @@ class SieveAnswersStudy:
         from ragsieve.models import load_local_llm
         from ragsieve.prompts.builder import PromptBuilder
         from studies.common import write_json
-        from studies.prune import public
+        from studies.prune import public, write_outcomes
 
         out_dir.mkdir(parents=True, exist_ok=True)
         llm = load_local_llm(config.llm)
@@ -274,9 +274,7 @@ class SieveAnswersStudy:
         results: dict[str, Any] = {}
         for setting in config.settings:
             result = run_setting(setting, config, out_dir, llm, builder, memo)
-            with open(out_dir / f"rows_{setting}.jsonl", "w", encoding="utf-8") as f:
-                for r in result["rows"].values():
-                    f.write(json.dumps({k: r[k] for k in ("name", "correct", "tokens_each")}) + "\n")
+            write_outcomes(out_dir, setting, result["rows"])
             results[setting] = public(result)
             write_json(out_dir / "metrics.json", results)
             write_report(out_dir, results, config)
