@@ -88,3 +88,36 @@ def test_labels_answered_on_ray_fill_the_answer_cache(local_ray, fit_inputs, tmp
                 for ctx in ([], fit.candidates[q.id][:k])]
     fit.answers.answers(messages)
     assert fit.answers.answered == 0 and fit.answers.unique == len(set(messages))  # every one from the cache
+
+
+def test_sentence_shifts_on_ray_equal_the_single_process_path(local_ray, fit_inputs, tmp_path, tiny_llm_dir):
+    """The sentences phase on Ray measures the rows one process measures (the answer's likelihood, alone and left
+    out), matched back by question, and a rerun measures nothing again."""
+    from ragsieve.fit.config import FitConfig
+    from ragsieve.fit.run import Fit
+    from ragsieve.fit.sentence_shifts import measure_sentences
+    from ragsieve.fit.sentences import SHIFTS_FILE, _confidence, _sentence_shifts, _top
+
+    index, qa, _ = fit_inputs
+    fit = Fit(FitConfig(index=str(index), questions=str(qa), llm=str(tiny_llm_dir), out=str(tmp_path / "sieve"),
+                        ray="local", max_new_tokens=3, max_prompt_tokens=400,
+                        sentences={"enabled": True, "order": "retriever", "passages": 2, "leave_one_out": True}))
+    fit.load()
+    fit.run_phase("split")
+    fit.run_phase("retrieve")
+    train = fit.splits["train"]
+    rows = _sentence_shifts(fit, train)
+    assert set(rows) == {q.id for q in train}
+    for q in train:
+        expected = measure_sentences(q, _top(fit, q), "answer likelihood", lambda c, q=q: _confidence(fit, q, c),
+                                     True)
+        got = rows[q.id]
+        assert {k: got[k] for k in ("passage_ids", "spans", "signal")} == {
+            k: expected[k] for k in ("passage_ids", "spans", "signal")}
+        np.testing.assert_allclose([got["conf_q"], got["conf_top"], *got["alone"]],
+                                   [expected["conf_q"], expected["conf_top"], *expected["alone"]], atol=1e-4)
+        assert [w is None for w in got["without"]] == [w is None for w in expected["without"]]
+        np.testing.assert_allclose([w for w in got["without"] if w is not None],
+                                   [w for w in expected["without"] if w is not None], atol=1e-4)
+    lines = (fit.work / SHIFTS_FILE).read_text().count("\n")
+    assert _sentence_shifts(fit, train) == rows and (fit.work / SHIFTS_FILE).read_text().count("\n") == lines

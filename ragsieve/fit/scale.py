@@ -1,9 +1,11 @@
-"""Ray Data scale-out for the two heavy phases of ``ragsieve fit`` (``--ray ADDRESS|local``).
+"""Ray Data scale-out for the heavy phases of ``ragsieve fit`` (``--ray ADDRESS|local``).
 
 * **Conf(Q+C)** over question × candidate (the prefs phase): one row per question, scored
   by :class:`ConfidenceShiftScorer`, an actor that loads the LLM and the probe once.
 * **Correctness generations** (the label and evaluate phases): one row per prompt,
   answered by :class:`RequestAnswerer`, an actor that loads the LLM once.
+* **Sentence shifts** (the sentences phase): one row per question, measured by
+  :class:`SentenceShiftMeasurer` with :func:`~ragsieve.fit.sentence_shifts.measure_sentences`.
 
 Each actor computes exactly what the single-process path computes for its rows (the same
 :meth:`~ragsieve.probe.model.ConfidenceProbe.score_batch` call per question, the same
@@ -71,6 +73,69 @@ class RequestAnswerer:
         gens = answer_requests(self.llm, self.builder, requests, max_new_tokens=self.max_new_tokens,
                                batch_size=self.batch_size)
         return {"generation": np.array([json.dumps(asdict(g)) for g in gens], dtype=object)}
+
+
+class SentenceShiftMeasurer:
+    """Ray actor: a question's ``sentence_shifts.jsonl`` row (its top passages' sentences alone and left out), in
+    the answer's likelihood or (``probe`` given) the probe's Conf, as the single-process phase measures it."""
+
+    def __init__(self, llm: str, signal: str, probe: str | None = None, max_prompt_tokens: int = 1024,
+                 batch_size: int = 8, leave_one_out: bool = False, threads: int = 1):
+        from ragsieve.models import load_local_llm
+        from ragsieve.prompts.builder import PromptBuilder
+
+        set_actor_threads(threads)
+        self.llm = load_local_llm(llm)
+        self.builder = PromptBuilder(self.llm, None, max_prompt_tokens)
+        self.signal, self.batch_size, self.leave_one_out = signal, batch_size, leave_one_out
+        self.probe = None
+        if probe is not None:
+            from ragsieve.probe.model import ConfidenceProbe
+
+            self.probe = ConfidenceProbe.load(probe, self.llm, batch_size=batch_size)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from ragsieve.data.records import Question
+        from ragsieve.fit.sentence_shifts import answer_likelihood, measure_sentences
+
+        rows = []
+        for item in batch["item"]:
+            d = json.loads(item)
+            q = Question(d["question_id"], d["question"], tuple(d["answers"]))
+
+            def confidence(contexts, q=q):
+                if self.probe is not None:
+                    return [float(x) for x in self.probe.score_batch([q.text] * len(contexts), list(contexts))]
+                return answer_likelihood(self.llm, self.builder, q, contexts, self.batch_size)
+
+            top = [Passage(**p) for p in d["passages"]]
+            rows.append(json.dumps(measure_sentences(q, top, self.signal, confidence, self.leave_one_out)))
+        return {"row": np.array(rows, dtype=object)}
+
+
+def ray_sentence_shifts(
+    address: str, rows: Sequence[dict], *, llm: str, signal: str, probe: str | None = None,
+    max_prompt_tokens: int = 1024, batch_size: int = 8, leave_one_out: bool = False,
+) -> dict[str, dict]:
+    """question_id → its sentence-shift row, for rows ``{question_id, question, answers, passages}``."""
+    if not rows:
+        return {}
+    init_ray(address)
+    import ray
+
+    items = [{"item": json.dumps({"question_id": r["question_id"], "question": r["question"],
+                                  "answers": list(r["answers"]),
+                                  "passages": [p if isinstance(p, dict) else asdict(p) for p in r["passages"]]})}
+             for r in rows]
+    workers = min(cluster_cpus(), len(items))
+    out = ray.data.from_items(items, override_num_blocks=workers).map_batches(
+        SentenceShiftMeasurer,
+        fn_constructor_kwargs={"llm": llm, "signal": signal, "probe": probe, "max_prompt_tokens": max_prompt_tokens,
+                               "batch_size": batch_size, "leave_one_out": leave_one_out},
+        batch_size=max(1, len(items) // workers), concurrency=workers, num_cpus=1,
+    ).take_all()
+    measured = [json.loads(row["row"]) for row in out]
+    return {row["question_id"]: row for row in measured}
 
 
 def request_to_json(request: LabelRequest) -> str:

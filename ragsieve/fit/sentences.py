@@ -20,7 +20,10 @@ answer after the prompt (the geometric mean of its token probabilities, RECOMP's
 the answer from the others (results/fit/README.md); the answer's likelihood did.
 Each question's measurements are appended to ``<work>/sentence_shifts.jsonl``
 (and ``<records>/sentence_shifts.jsonl``: ids, spans and numbers, no text) as they are made, and every answer goes
-through the answer cache: a killed fit measures only what is missing.
+through the answer cache: a killed fit measures only what is missing. With ``--ray`` (a local LLM) the questions
+are measured on Ray Data actors, a round of a few questions per actor at a time
+(:func:`~ragsieve.fit.scale.ray_sentence_shifts`, the same
+:func:`~ragsieve.fit.sentence_shifts.measure_sentences`).
 
 The shipped keep head is then trained on these labels (:class:`~ragsieve.prune.training.KeepHeadTrainer`, its
 loss taking them as soft targets; checkpointed per epoch under ``<work>/keep_head``) and written to
@@ -43,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ragsieve.data.records import Passage, Question
+from ragsieve.fit.sentence_shifts import answer_likelihood, measure_sentences
 
 if TYPE_CHECKING:
     from ragsieve.fit.state import FitState
@@ -194,14 +198,38 @@ def _sentence_shifts(state: "FitState", questions: Sequence[Question]) -> dict[s
                 done[q.id] = row
     todo = [q for q in questions if q.id not in done]
     state.progress("sentences", len(questions) - len(todo), len(questions))
-    for q in todo:
-        row = _measure_question(state, q)
-        append_jsonl(path, row)  # a kill loses at most this question (its answers stay in the answer cache)
-        if record is not None:
-            append_jsonl(record, row)
-        done[q.id] = row
+    for measured in _measured(state, todo):
+        for row in measured:  # a kill loses at most the round in flight (answers stay in the answer cache)
+            append_jsonl(path, row)
+            if record is not None:
+                append_jsonl(record, row)
+            done[row["question_id"]] = row
         state.progress("sentences", sum(q.id in done for q in questions), len(questions))
     return done
+
+
+def _measured(state: "FitState", todo: Sequence[Question]):
+    """Rows of ``todo`` a round at a time: on Ray (``--ray``, a local LLM) rounds of a few questions per worker,
+    else one question per round in this process."""
+    if not (state.config.ray and not state.endpoint_only):
+        for q in todo:
+            yield [_measure_question(state, q)]
+        return
+    from ragsieve.cluster import cluster_cpus, init_ray
+    from ragsieve.fit.scale import ray_sentence_shifts
+
+    init_ray(state.config.ray)
+    size = 4 * max(1, cluster_cpus())  # a round per a few questions each: a kill loses little, actors load once
+    signal = measured_by(state)
+    for start in range(0, len(todo), size):
+        chunk = todo[start:start + size]
+        rows = ray_sentence_shifts(
+            state.config.ray, [{"question_id": q.id, "question": q.text, "answers": q.answers,
+                                "passages": _top(state, q)} for q in chunk],
+            llm=state.config.llm, signal=signal, probe=str(state.out / "probe") if signal == "probe Conf" else None,
+            max_prompt_tokens=state.config.max_prompt_tokens, batch_size=state.config.batch_size,
+            leave_one_out=state.config.sentences.leave_one_out)
+        yield [rows[q.id] for q in chunk]
 
 
 def _top(state: "FitState", q: Question) -> list[Passage]:
@@ -215,38 +243,17 @@ def _top(state: "FitState", q: Question) -> list[Passage]:
 
 
 def _measure_question(state: "FitState", q: Question) -> dict[str, Any]:
-    from ragsieve.prune import PrunedPassage, split_sentences
-
-    top = _top(state, q)
-    spans = [split_sentences(p.text) for p in top]
-    sentences = [Passage(f"{p.id}#{a}-{b}", p.text[a:b], p.title) for p, ss in zip(top, spans) for a, b in ss]
-    conf_q, conf_top, *alone = _confidence(state, q, [None, top, *[[s] for s in sentences]])
-    without: list[float | None] = [None] * len(sentences)
-    if state.config.sentences.leave_one_out and conf_top > conf_q and len(sentences) > 1:
-        contexts = []
-        for i, (p, ss) in enumerate(zip(top, spans)):
-            for k in range(len(ss)):
-                cut = PrunedPassage(p, tuple(ss), (0.0,) * len(ss), tuple(j != k for j in range(len(ss))))
-                rest = [x for j, x in enumerate(top) if j != i]
-                contexts.append(rest[:i] + [cut.as_passage()] + rest[i:] if cut.n_kept else rest)
-        without = list(_confidence(state, q, contexts))
-    return {"question_id": q.id, "signal": measured_by(state), "passage_ids": [p.id for p in top],
-            "spans": [[list(s) for s in ss] for ss in spans],
-            "conf_q": float(conf_q), "conf_top": float(conf_top), "alone": [float(x) for x in alone],
-            "without": [None if w is None else float(w) for w in without]}
+    return measure_sentences(q, _top(state, q), measured_by(state), lambda c: _confidence(state, q, c),
+                             state.config.sentences.leave_one_out)
 
 
 def _confidence(state: "FitState", q: Question, contexts: Sequence[Sequence[Passage] | None]) -> list[float]:
-    """Conf(Q + context) for each context (None: closed book), as :func:`measured_by` names it: the likelihood of
-    the likeliest of the question's first three gold answers (the geometric mean of its token probabilities), the
-    probe's Conf, or 1 / 0 by whether an endpoint's answer contains a gold answer."""
+    """Conf(Q + context) for each context (None: closed book), as :func:`measured_by` names it: the answer's
+    likelihood (:func:`answer_likelihood`), the probe's Conf, or 1 / 0 by whether an endpoint's answer contains a
+    gold answer."""
     signal = measured_by(state)
     if signal == "answer likelihood":
-        prompts = [state.builder.chat_prompt(q.text, c or ()) for c in contexts]
-        golds = [a for a in q.answers if a.strip()][:3]
-        logp = state.llm.continuation_logprob([p for p in prompts for _ in golds], [a for _ in prompts for a in golds],
-                                              batch_size=state.config.batch_size)
-        return [float(x) for x in np.exp(logp.reshape(len(prompts), len(golds)).max(axis=1))]
+        return answer_likelihood(state.llm, state.builder, q, contexts, state.config.batch_size)
     if signal == "probe Conf":
         return [float(x) for x in state.probe.score_batch([q.text] * len(contexts), list(contexts))]
     from ragsieve.eval.qa import contains_answer
