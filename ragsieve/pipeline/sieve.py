@@ -13,6 +13,7 @@ Example::
     sieve.should_retrieve("who wrote hamlet?")            # GateDecision(confidence, retrieve)
     kept = sieve.filter("who wrote hamlet?", passages)    # reranked, graded, what to keep
     sieve.answer("who wrote hamlet?", retriever=load_index("index/mine")).answer
+    wider = Sieve(sieve.config.model_copy(update={"top_k": 2}), sieve.folder)   # runs as changed, no new folder
 """
 
 from __future__ import annotations
