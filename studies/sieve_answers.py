@@ -203,6 +203,9 @@ def run_setting(setting: str, config: SieveAnswersConfig, out_dir: Path, llm, bu
     rows = {name: answered(name, contexts, test) for name, (contexts, _) in plain_rows.items()}
     for name, row in config.sieves.items():
         rows[name] = answered(name, through(load_row_sieve(row, llm), test), test)
+    first = next(iter(config.sieves), None)  # every other sieve against the first (a new head against today's)
+    for name in list(config.sieves)[1:]:
+        rows[name]["vs_first_sieve"] = {"against": first, **_vs(rows[name], rows[first], prune_config)}
     rows["gold sentences"] = _gold_row(dataset, test, ds, prune_config, builder, cache)
     cache.close()
     plain_names = list(plain_rows)
@@ -255,6 +258,15 @@ def write_report(out_dir: Path, results: dict[str, Any], config: SieveAnswersCon
                     lines.append(f"| {name} | {vs['accuracy_diff']:+.3f} [{vs['accuracy_ci95'][0]:+.3f}, "
                                  f"{vs['accuracy_ci95'][1]:+.3f}] | {vs['mcnemar_p']:.3g} | "
                                  f"{'yes' if vs['non_inferiority']['non_inferior'] else 'no'} |")
+        versus = [(name, r["vs_first_sieve"]) for name, r in res["rows"].items() if "vs_first_sieve" in r]
+        if versus:
+            lines += ["", "Each sieve against the first on the same questions:", "",
+                      "| sieve | against | Δ accuracy [95 % CI] | right only with it / only with the other | "
+                      "McNemar p | non-inferior at δ |", "|---|---|---|---|---|---|"]
+            for name, vs in versus:
+                lines.append(f"| {name} | {vs['against']} | {vs['accuracy_diff']:+.3f} [{vs['accuracy_ci95'][0]:+.3f}, "
+                             f"{vs['accuracy_ci95'][1]:+.3f}] | {vs['a_only']} / {vs['b_only']} | {vs['mcnemar_p']:.3g} | "
+                             f"{'yes' if vs['non_inferiority']['non_inferior'] else 'no'} |")
         lines += ["", "Dev (best plain chosen here): " + "; ".join(
             f"{name} {r['accuracy']:.3f} at {r['prompt_tokens']:.0f} tokens" for name, r in res["dev_plain"].items()),
             ""]
