@@ -29,10 +29,12 @@ LLM_OUTPUT_KEYS = {"generation", "prediction"}
 LLM_OUTPUT_MAX_WORDS = 60
 # Keys of our own prose in result JSON (notes on a measurement, a rule, a split's description).
 OWN_PROSE_KEYS = {"note", "llm_share_note", "why", "int8_why", "rule", "split", "protocol", "synthetic_method",
-                  "intervals", "skipped", "chance", "metric"}
+                  "intervals", "skipped", "chance", "metric", "reason", "verdict", "estimated_on", "from",
+                  "best_plain_from"}
 # metric: what a guard measured; skipped: why fit skipped a stage (an endpoint has no probe) or
 # a round was skipped; chance: what the labeller check took as chance; int8_why: a student's int8 verdict (ragsieve's
-# own words)
+# own words); reason / verdict: fit's and the statistics' decisions in a line; estimated_on / from / best_plain_from:
+# which questions an estimate or a choice came from
 # A configuration of fit's grid, by name ("top2, reranker, grade f1, best last, gate q0.75"): ragsieve's own words
 FIT_CONFIGURATION = re.compile(r"^(closed book|top\d+(, [\w:./-]+( [\w:./-]+)*)*)$")
 # Keys that hold dataset text in the formats ragsieve writes: any non-empty string there is text.
