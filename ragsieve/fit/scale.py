@@ -96,7 +96,7 @@ class SentenceShiftMeasurer:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ragsieve.data.records import Question
-        from ragsieve.fit.sentence_shifts import answer_likelihood, measure_sentences
+        from ragsieve.fit.sentence_shifts import answer_likelihood, measure_sentences, probe_confidence
 
         rows = []
         for item in batch["item"]:
@@ -105,7 +105,7 @@ class SentenceShiftMeasurer:
 
             def confidence(contexts, q=q):
                 if self.probe is not None:
-                    return [float(x) for x in self.probe.score_batch([q.text] * len(contexts), list(contexts))]
+                    return probe_confidence(self.probe, q, contexts)
                 return answer_likelihood(self.llm, self.builder, q, contexts, self.batch_size)
 
             top = [Passage(**p) for p in d["passages"]]
@@ -120,22 +120,31 @@ def ray_sentence_shifts(
     """question_id → its sentence-shift row, for rows ``{question_id, question, answers, passages}``."""
     if not rows:
         return {}
-    init_ray(address)
-    import ray
-
     items = [{"item": json.dumps({"question_id": r["question_id"], "question": r["question"],
                                   "answers": list(r["answers"]),
                                   "passages": [p if isinstance(p, dict) else asdict(p) for p in r["passages"]]})}
              for r in rows]
-    workers = min(cluster_cpus(), len(items))
-    out = ray.data.from_items(items, override_num_blocks=workers).map_batches(
-        SentenceShiftMeasurer,
-        fn_constructor_kwargs={"llm": llm, "signal": signal, "probe": probe, "max_prompt_tokens": max_prompt_tokens,
-                               "batch_size": batch_size, "leave_one_out": leave_one_out},
-        batch_size=max(1, len(items) // workers), concurrency=workers, num_cpus=1,
-    ).take_all()
+    out = _on_actors(address, items, SentenceShiftMeasurer,
+                     {"llm": llm, "signal": signal, "probe": probe, "max_prompt_tokens": max_prompt_tokens,
+                      "batch_size": batch_size, "leave_one_out": leave_one_out})
     measured = [json.loads(row["row"]) for row in out]
     return {row["question_id"]: row for row in measured}
+
+
+def _on_actors(address: str, items: list[dict], actor: type, kwargs: dict, batch_size: int | None = None
+               ) -> list[dict]:
+    """``items`` mapped by ``actor`` (built once per worker with ``kwargs``) on Ray Data, one single-CPU actor per
+    cluster CPU; ``batch_size`` None hands each actor one block of the items."""
+    init_ray(address)
+    import ray
+
+    workers = min(cluster_cpus(), len(items))
+    # one block per actor and no repartition: on a small cluster the actors hold every CPU, so a
+    # shuffle task would wait for a CPU forever
+    return ray.data.from_items(items, override_num_blocks=workers).map_batches(
+        actor, fn_constructor_kwargs=kwargs, batch_size=batch_size or max(1, len(items) // workers),
+        concurrency=workers, num_cpus=1,
+    ).take_all()
 
 
 def request_to_json(request: LabelRequest) -> str:
@@ -155,18 +164,9 @@ def ray_confidence_shifts(
     """question_id → [Conf(Q), Conf(Q+C_1), ...] for rows ``{question_id, question, passages: [dict]}``."""
     if not rows:
         return {}
-    init_ray(address)
-    import ray
-
     items = [{"question_id": r["question_id"], "question": r["question"],
               "passages": json.dumps([p if isinstance(p, dict) else asdict(p) for p in r["passages"]])} for r in rows]
-    workers = min(cluster_cpus(), len(items))
-    # one block per actor and no repartition: on a small cluster the actors hold every CPU, so a
-    # shuffle task would wait for a CPU forever
-    out = ray.data.from_items(items, override_num_blocks=workers).map_batches(
-        ConfidenceShiftScorer, fn_constructor_kwargs={"llm": llm, "probe": str(probe), "batch_size": batch_size},
-        batch_size=max(1, len(items) // workers), concurrency=workers, num_cpus=1,
-    ).take_all()
+    out = _on_actors(address, items, ConfidenceShiftScorer, {"llm": llm, "probe": str(probe), "batch_size": batch_size})
     return {row["question_id"]: json.loads(row["scores"]) for row in out}
 
 
@@ -177,17 +177,9 @@ def ray_answer_requests(
     """Every request answered and labelled on Ray, returned in the order given."""
     if not requests:
         return []
-    init_ray(address)
-    import ray
-
-    workers = min(cluster_cpus(), len(requests))
-    rows = [{"request": request_to_json(r)} for r in requests]
-    out = ray.data.from_items(rows, override_num_blocks=workers).map_batches(
-        RequestAnswerer,
-        fn_constructor_kwargs={"llm": llm, "max_prompt_tokens": max_prompt_tokens,
-                               "max_new_tokens": max_new_tokens, "batch_size": batch_size},
-        batch_size=batch_size, concurrency=workers, num_cpus=1,
-    ).take_all()
+    out = _on_actors(address, [{"request": request_to_json(r)} for r in requests], RequestAnswerer,
+                     {"llm": llm, "max_prompt_tokens": max_prompt_tokens, "max_new_tokens": max_new_tokens,
+                      "batch_size": batch_size}, batch_size=batch_size)
     by_key: dict[str, LabeledGeneration] = {}
     for row in out:
         g = LabeledGeneration(**json.loads(row["generation"]))

@@ -47,3 +47,8 @@ def answer_likelihood(llm, builder, q: Question, contexts: Sequence[Sequence[Pas
     logp = llm.continuation_logprob([p for p in prompts for _ in golds], [a for _ in prompts for a in golds],
                                     batch_size=batch_size)
     return [float(x) for x in np.exp(logp.reshape(len(prompts), len(golds)).max(axis=1))]
+
+
+def probe_confidence(probe, q: Question, contexts: Sequence[Sequence[Passage] | None]) -> list[float]:
+    """For each context (None: closed book), the probe's Conf(Q + context)."""
+    return [float(x) for x in probe.score_batch([q.text] * len(contexts), list(contexts))]

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ragsieve.data.records import Passage, Question
-from ragsieve.fit.sentence_shifts import answer_likelihood, measure_sentences
+from ragsieve.fit.sentence_shifts import answer_likelihood, measure_sentences, probe_confidence
 
 if TYPE_CHECKING:
     from ragsieve.fit.state import FitState
@@ -255,7 +255,7 @@ def _confidence(state: "FitState", q: Question, contexts: Sequence[Sequence[Pass
     if signal == "answer likelihood":
         return answer_likelihood(state.llm, state.builder, q, contexts, state.config.batch_size)
     if signal == "probe Conf":
-        return [float(x) for x in state.probe.score_batch([q.text] * len(contexts), list(contexts))]
+        return probe_confidence(state.probe, q, contexts)
     from ragsieve.eval.qa import contains_answer
     from ragsieve.prompts import first_line
 
